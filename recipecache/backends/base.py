@@ -1,0 +1,98 @@
+"""The one small interface every backend implements: bytes under keys, plus a lease primitive.
+
+Backends know nothing of envelopes, stats or torch. Keys are ``<namespace>/<hex>``
+strings built by the store (:func:`recipecache.keys.storage_key`); lease names are keys
+too. A backend must
+
+* publish atomically: a reader sees the old value, the new value or nothing, never a
+  partial value;
+* raise :class:`~recipecache.errors.BackendError` with a counted reason for any failure
+  of the service itself (down, slow, full, I/O error) and nothing else;
+* implement leases as an atomic *add-with-expiry* (the one lock primitive, as in
+  python-diskcache) plus compare-and-renew and compare-and-delete on the owner token.
+  An expired lease counts as absent, so a dead holder's lease is taken over.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}/[0-9a-f]{8,128}$")
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """What a backend knows about one stored value without reading it."""
+
+    key: str
+    size: int
+    #: last access (filesystem) or 0.0 where the backend does not track it
+    atime: float
+
+
+def check_key(key: str) -> str:
+    """Refuse keys that are not ``<namespace>/<hex>``: they could escape a directory."""
+    if not _KEY.match(key):
+        raise ConfigError(f"bad backend key {key!r}")
+    return key
+
+
+class Backend(ABC):
+    """Bytes under keys, and leases. See the module docstring for the contract."""
+
+    #: the store URL with any password replaced by ``***``
+    url: str
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """The value stored under ``key``, or None."""
+
+    @abstractmethod
+    def put(self, key: str, value: bytes) -> None:
+        """Publish ``value`` under ``key`` atomically; the last writer wins."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key`` if present."""
+
+    @abstractmethod
+    def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
+        """Every stored entry, optionally of one namespace."""
+
+    @abstractmethod
+    def lease_add(self, name: str, token: str, ttl: float) -> bool:
+        """Take the lease ``name`` for ``ttl`` seconds if it is free or expired."""
+
+    @abstractmethod
+    def lease_renew(self, name: str, token: str, ttl: float) -> bool:
+        """Extend the lease if ``token`` still holds it; False if it was lost."""
+
+    @abstractmethod
+    def lease_release(self, name: str, token: str) -> None:
+        """Drop the lease if ``token`` still holds it."""
+
+    def evict(self, max_bytes: int) -> int:
+        """Delete least-recently-used entries until at most ``max_bytes`` remain; returns bytes freed.
+
+        The default works from :meth:`scan`; backends with their own eviction (Redis's
+        ``maxmemory-policy``) still honour an explicit prune.
+        """
+        entries = sorted(self.scan(), key=lambda e: e.atime)
+        total = sum(e.size for e in entries)
+        freed = 0
+        for entry in entries:
+            if total - freed <= max_bytes:
+                break
+            self.delete(entry.key)
+            freed += entry.size
+        return freed
+
+    def close(self) -> None:
+        """Release connections or handles; the backend is not used afterwards."""

@@ -1,0 +1,71 @@
+"""An in-process backend: for unit tests of the logic above backends, and ``memory://``.
+
+It obeys the full backend contract (including lease expiry against an injectable
+clock), so the conformance suite runs on it like on the real backends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+from .base import Backend, Clock, EntryInfo, check_key
+
+
+class MemoryBackend(Backend):
+    def __init__(self, *, clock: Clock = time.time) -> None:
+        self.url = "memory://"
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._values: dict[str, bytes] = {}
+        self._atimes: dict[str, float] = {}
+        self._leases: dict[str, tuple[str, float]] = {}
+
+    def get(self, key: str) -> bytes | None:
+        with self._lock:
+            value = self._values.get(check_key(key))
+            if value is not None:
+                self._atimes[key] = self._clock()
+            return value
+
+    def put(self, key: str, value: bytes) -> None:
+        with self._lock:
+            self._values[check_key(key)] = bytes(value)
+            self._atimes[key] = self._clock()
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._values.pop(key, None)
+            self._atimes.pop(key, None)
+
+    def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
+        with self._lock:
+            items = [(k, len(v), self._atimes.get(k, 0.0)) for k, v in self._values.items()]
+        for key, size, atime in items:
+            if namespace is None or key.startswith(namespace + "/"):
+                yield EntryInfo(key, size, atime)
+
+    def lease_add(self, name: str, token: str, ttl: float) -> bool:
+        with self._lock:
+            now = self._clock()
+            held = self._leases.get(check_key(name))
+            if held is not None and held[1] > now:
+                return False
+            self._leases[name] = (token, now + ttl)
+            return True
+
+    def lease_renew(self, name: str, token: str, ttl: float) -> bool:
+        with self._lock:
+            now = self._clock()
+            held = self._leases.get(name)
+            if held is None or held[0] != token or held[1] <= now:
+                return False
+            self._leases[name] = (token, now + ttl)
+            return True
+
+    def lease_release(self, name: str, token: str) -> None:
+        with self._lock:
+            held = self._leases.get(name)
+            if held is not None and held[0] == token:
+                del self._leases[name]

@@ -1,0 +1,193 @@
+"""The Redis backend, for many nodes: redis-py with a connection pool.
+
+Keys (all under ``rc:`` so an ACL can confine the user to ``~rc:*``)::
+
+    rc:e:<key>                   the value, or a chunk manifest for large values
+    rc:c:<key>:<gen>:<i>         chunk i of generation gen
+    rc:l:<key>                   a lease: the owner token, with a PX expiry
+
+Values above ``chunk_size`` are split: the chunks are written first under a fresh
+generation id, then the manifest is swapped in with one ``SET ... GET``; a reader that
+finds a manifest fetches every chunk in one ``MGET`` and treats a missing chunk as a
+miss, so nobody ever sees a partial value. The old generation's chunks are deleted after
+the swap. Leases are ``SET NX PX`` plus Lua compare-and-renew / compare-and-delete.
+
+Every Redis failure becomes a :class:`BackendError`: ``backend_down`` (connection),
+``backend_slow`` (socket timeout), ``backend_full`` (OOM under ``maxmemory``) or
+``backend_error``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+import redis.exceptions
+
+from ..errors import BackendError
+from .base import Backend, EntryInfo, check_key
+
+#: Every command this backend sends, as ACL names; deploy/ builds its ACL user from this
+#: list. redis-py also sends ``CLIENT SETINFO`` on connect (Redis >= 7.2) and ignores a
+#: refusal, so the user needs no ``client`` rights. Lua scripts run with the caller's
+#: rights, so their commands are listed too.
+ACL_COMMANDS = (
+    "get", "getrange", "set", "del", "mget", "scan", "pexpire", "evalsha", "script|load", "ping", "auth", "hello",
+)
+
+_MANIFEST = b"RCM1"
+_MANIFEST_HEAD = struct.Struct(">4sIQ")  # magic, chunk count, total size; then the generation id
+
+# Publish a value and hand back the previous one only if it was a chunk manifest (whose
+# chunks the caller then deletes): a plain ``SET ... GET`` would ship the whole old value
+# back over the network on every overwrite.
+_SWAP = """
+local old = redis.call('getrange', KEYS[1], 0, 63)
+if ARGV[2] == '' then
+  redis.call('set', KEYS[1], ARGV[1])
+else
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+if string.sub(old, 1, 4) == 'RCM1' then
+  return old
+end
+return false
+"""
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
+def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
+    if isinstance(exc, redis.exceptions.TimeoutError):
+        reason = "backend_slow"
+    elif isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.AuthenticationError)):
+        reason = "backend_down"
+    elif isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("OOM"):
+        reason = "backend_full"
+    else:
+        reason = "backend_error"
+    return BackendError(reason, f"redis {what}: {exc}")
+
+
+class RedisBackend(Backend):
+    def __init__(
+        self,
+        url: str,
+        *,
+        redacted_url: str,
+        ttl: float | None = None,
+        chunk_size: int = 8 * 1024 * 1024,
+        timeout: float = 5.0,
+    ) -> None:
+        self.url = redacted_url
+        self.ttl_ms = int(ttl * 1000) if ttl else None
+        self.chunk_size = chunk_size
+        self._client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            health_check_interval=30,
+        )
+        self._swap = self._client.register_script(_SWAP)
+        self._renew = self._client.register_script(_RENEW)
+        self._release = self._client.register_script(_RELEASE)
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except redis.exceptions.RedisError as exc:
+            raise _error(exc, what) from None
+
+    def ping(self) -> None:
+        """Raise BackendError unless the server answers; used to validate a URL up front."""
+        self._call("ping", self._client.ping)
+
+    # -- values --------------------------------------------------------------------
+    def get(self, key: str) -> bytes | None:
+        value = self._call("get", self._client.get, "rc:e:" + check_key(key))
+        if value is None or not value.startswith(_MANIFEST):
+            return value
+        count, total, gen = self._parse_manifest(value)
+        chunks = self._call("mget", self._client.mget, [self._chunk_key(key, gen, i) for i in range(count)])
+        if any(c is None for c in chunks):
+            return None  # the entry is being replaced or was partly evicted: a plain miss
+        data = b"".join(chunks)
+        return data if len(data) == total else None
+
+    def put(self, key: str, value: bytes) -> None:
+        entry = "rc:e:" + check_key(key)
+        if len(value) > self.chunk_size:
+            gen = secrets.token_hex(8)
+            count = -(-len(value) // self.chunk_size)
+            view = memoryview(value)
+            pipe = self._client.pipeline(transaction=False)
+            for i in range(count):
+                pipe.set(self._chunk_key(key, gen, i), view[i * self.chunk_size : (i + 1) * self.chunk_size], px=self.ttl_ms)
+            self._call("set chunks", pipe.execute)
+            value = _MANIFEST_HEAD.pack(_MANIFEST, count, len(value)) + gen.encode()
+        old = self._call("set", self._swap, keys=[entry], args=[value, self.ttl_ms or ""])
+        if old:
+            self._delete_chunks(key, old)
+
+    def delete(self, key: str) -> None:
+        old = self._call("get", self._client.get, "rc:e:" + check_key(key))
+        self._call("del", self._client.delete, "rc:e:" + key)
+        if old is not None and old.startswith(_MANIFEST):
+            self._delete_chunks(key, old)
+
+    def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
+        pattern = f"rc:e:{namespace}/*" if namespace else "rc:e:*"
+        cursor = 0
+        while True:
+            cursor, keys = self._call("scan", self._client.scan, cursor, match=pattern, count=500)
+            if keys:
+                pipe = self._client.pipeline(transaction=False)
+                for k in keys:
+                    pipe.get(k)
+                values = self._call("get", pipe.execute)
+                for k, v in zip(keys, values, strict=True):
+                    if v is not None:
+                        size = self._parse_manifest(v)[1] if v.startswith(_MANIFEST) else len(v)
+                        yield EntryInfo(k.decode()[len("rc:e:"):], size, 0.0)
+            if cursor == 0:
+                return
+
+    # -- chunks --------------------------------------------------------------------
+    @staticmethod
+    def _chunk_key(key: str, gen: str, index: int) -> str:
+        return f"rc:c:{key}:{gen}:{index}"
+
+    @staticmethod
+    def _parse_manifest(value: bytes) -> tuple[int, int, str]:
+        _magic, count, total = _MANIFEST_HEAD.unpack_from(value)
+        return count, total, value[_MANIFEST_HEAD.size :].decode()
+
+    def _delete_chunks(self, key: str, manifest: bytes) -> None:
+        count, _total, gen = self._parse_manifest(manifest)
+        self._call("del", self._client.delete, *[self._chunk_key(key, gen, i) for i in range(count)])
+
+    # -- leases --------------------------------------------------------------------
+    def lease_add(self, name: str, token: str, ttl: float) -> bool:
+        return bool(self._call("lease", self._client.set, "rc:l:" + check_key(name), token, nx=True, px=int(ttl * 1000)))
+
+    def lease_renew(self, name: str, token: str, ttl: float) -> bool:
+        return bool(self._call("lease renew", self._renew, keys=["rc:l:" + check_key(name)], args=[token, int(ttl * 1000)]))
+
+    def lease_release(self, name: str, token: str) -> None:
+        self._call("lease release", self._release, keys=["rc:l:" + check_key(name)], args=[token])
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,165 @@
+"""``recipecache``: the admin command line (argparse -> store -> one operation -> exit code).
+
+Exit status: 0 on success, 1 when the operation found a problem (bad entries left by
+``verify``, a backend that failed), 2 for bad input. Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from . import admin
+from .errors import BackendError, ConfigError
+from .sizes import format_size, parse_size
+from .store import Store, open_store
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error instead of usage plus error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _store(args: argparse.Namespace) -> Store:
+    return open_store(args.url, namespace=args.namespace)
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True) if args.json else text)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    store = _store(args)
+    namespaces: dict[str, dict[str, int]] = {}
+    for info in store.backend.scan(None):
+        ns = namespaces.setdefault(info.key.split("/", 1)[0], {"entries": 0, "bytes": 0})
+        ns["entries"] += 1
+        ns["bytes"] += info.size
+    data = {"url": store.url, "namespaces": namespaces,
+            "entries": sum(n["entries"] for n in namespaces.values()),
+            "bytes": sum(n["bytes"] for n in namespaces.values())}
+    lines = [f"store {store.url}: {data['entries']} entries, {format_size(data['bytes'])}"]
+    lines += [f"  {name:<24} {n['entries']:>8} entries {format_size(n['bytes']):>12}" for name, n in sorted(namespaces.items())]
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    reports = list(admin.inspect_entries(_store(args)))
+    lines = [f"{'STORAGE KEY':<40} {'SIZE':>10}  {'CREATED':<19}  {'PRODUCER':<20} STATUS"]
+    for r in reports:
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.header.created)) if r.header else "?"
+        producer = f"{r.header.host}/rank{r.header.rank}" if r.header else "?"
+        lines.append(f"{r.storage_key[:40]:<40} {format_size(r.size):>10}  {created:<19}  {producer[:20]:<20} "
+                     f"{r.problem or ('signed' if r.header and r.header.signed else 'ok')}")
+    _emit(args, [r.to_dict() for r in reports], "\n".join(lines))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    store = _store(args)
+    bad = [r for r in admin.inspect_entries(store) if r.problem is not None]
+    total = sum(1 for _ in store.entries())
+    if args.fix:
+        for r in bad:
+            store.backend.delete(r.storage_key)
+    verb = "removed" if args.fix else "found"
+    _emit(args, {"checked": total + (len(bad) if args.fix else 0), "bad": [r.to_dict() for r in bad], "fixed": args.fix},
+          "\n".join([f"bad {r.storage_key}: {r.problem}" for r in bad]
+                    + [f"{len(bad)} bad entries {verb} in namespace {store.namespace}"]))
+    return 1 if bad and not args.fix else 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    limit = parse_size(args.max_size)
+    freed = _store(args).backend.evict(limit)
+    _emit(args, {"freed_bytes": freed, "max_size": limit}, f"freed {format_size(freed)} (cap {format_size(limit)})")
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    store = _store(args)
+    removed = admin.clear(store, None if args.all else store.namespace)
+    scope = "all namespaces" if args.all else f"namespace {store.namespace}"
+    _emit(args, {"removed": removed}, f"removed {removed} entries from {scope}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    store = _store(args)
+    count = admin.export_namespace(store, Path(args.file))
+    _emit(args, {"exported": count, "file": args.file}, f"exported {count} entries of namespace {store.namespace} to {args.file}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    store = _store(args)
+    imported, refused = admin.import_file(store, Path(args.file))
+    _emit(args, {"imported": imported, "refused": refused},
+          f"imported {imported} entries into namespace {store.namespace}; refused {refused} that failed verification")
+    return 1 if refused else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="recipecache", description="Inspect and manage a recipecache store.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", help="store URL (default: $RECIPECACHE_URL or the filesystem default)")
+    common.add_argument("--namespace", help="namespace (default: $RECIPECACHE_NAMESPACE or 'default')")
+    common.add_argument("--json", action="store_true", help="print JSON")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(func=fn)
+        return p
+
+    add("stats", cmd_stats, "entries and bytes per namespace")
+    add("ls", cmd_ls, "list the entries of a namespace with their producer and status")
+    add("verify", cmd_verify, "check every entry's checksum and signature").add_argument(
+        "--fix", action="store_true", help="remove bad entries")
+    add("prune", cmd_prune, "evict least-recently-used entries down to a size").add_argument(
+        "--max-size", required=True, help="size cap, e.g. 10GiB")
+    add("clear", cmd_clear, "remove every entry of a namespace").add_argument(
+        "--all", action="store_true", help="every namespace")
+    add("export", cmd_export, "write a namespace's verified entries to a file").add_argument("file")
+    add("import", cmd_import, "verify and load an exported file into a namespace").add_argument("file")
+    for extension in _EXTENSIONS:
+        extension(sub)
+    return parser
+
+
+def _sim_parser(sub: Any) -> None:
+    from .sim.cli import add_parser
+
+    add_parser(sub)
+
+
+#: subcommands that live with their own layer
+_EXTENSIONS: list[Callable[[Any], None]] = [_sim_parser]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"recipecache: error: {exc}", file=sys.stderr)
+        return 2
+    except BackendError as exc:
+        print(f"recipecache: error: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

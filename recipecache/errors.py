@@ -1,0 +1,41 @@
+"""Exceptions of recipecache.
+
+Two families matter to callers:
+
+* :class:`ConfigError` is bad *input* (a malformed URL, an unknown option, an unusable
+  directory). It is raised at configuration time and the CLIs turn it into a one-line
+  error with exit status 2.
+* :class:`BackendError` is a backend that is down, slow, full or otherwise unusable at
+  run time. The store never lets it reach training code: it degrades to a local compile
+  and counts ``reason``.
+"""
+
+from __future__ import annotations
+
+
+class RecipeCacheError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(RecipeCacheError, ValueError):
+    """Bad configuration or input; the message is one readable line."""
+
+
+class BackendError(RecipeCacheError):
+    """A backend operation failed; ``reason`` is the counted miss/fallback reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class VerificationError(RecipeCacheError):
+    """An envelope failed its checksum, signature or format check.
+
+    ``reason`` is ``corrupt`` (damaged or truncated bytes) or ``unsigned`` /
+    ``bad_signature`` (refused because a secret is configured).
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

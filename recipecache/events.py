@@ -1,0 +1,113 @@
+"""Per-process event log: one JSON object per line, the trace format of the simulator.
+
+Enabled by ``RECIPECACHE_EVENT_LOG=<directory>``; each process appends to
+``<directory>/events-rank<RANK>-<pid>.jsonl``. Every record has at least::
+
+    {"time": <unix seconds, float>, "rank": <int>, "key": <str>, "event": <str>, "duration": <seconds, float>}
+
+``event`` is one of :data:`EVENT_KINDS`. ``time`` is when the event *ended*, so an
+event covers ``[time - duration, time]``. Extra fields (``reason``, ``bytes``,
+``step``, ``shape``) may appear; readers must ignore fields they do not know.
+
+Lines are written with one ``write`` call on a file opened in append mode, so lines of
+different threads never interleave, and flushed at once so a killed process loses at
+most the line it was writing. A reader skips a truncated last line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: hit: served from the store; miss: not in the store (``reason`` says why);
+#: compile: the caller's compile ran here (``duration`` = compile seconds);
+#: wait: waited for another process's compile (``duration`` = seconds waited);
+#: put: published an artifact; fallback: compiled locally because the store could not
+#: help (``reason``); takeover: took a lease whose holder had died;
+#: step: a training step ended (written by integrations; ``step`` = index).
+EVENT_KINDS = ("hit", "miss", "compile", "wait", "put", "fallback", "takeover", "step")
+
+
+def process_rank() -> int:
+    """The global rank of this process as torchrun sets it (``RANK``), else 0."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+class EventLog:
+    """Append-only JSON-lines writer; cheap no-op when ``path`` is None."""
+
+    def __init__(self, path: str | os.PathLike[str] | None, *, rank: int | None = None) -> None:
+        self.rank = process_rank() if rank is None else rank
+        self._lock = threading.Lock()
+        self._file = None
+        self.path: Path | None = None
+        if path is not None:
+            self.path = Path(path)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - long-lived
+            except OSError as exc:
+                log.warning("recipecache: event log %s not writable (%s); events are not recorded", path, exc)
+                self._file = None
+
+    @classmethod
+    def from_env(cls) -> EventLog:
+        """The log named by ``RECIPECACHE_EVENT_LOG`` (a directory), or a disabled log."""
+        directory = os.environ.get("RECIPECACHE_EVENT_LOG")
+        if not directory:
+            return cls(None)
+        rank = process_rank()
+        return cls(Path(directory) / f"events-rank{rank}-{os.getpid()}.jsonl", rank=rank)
+
+    @property
+    def enabled(self) -> bool:
+        return self._file is not None
+
+    def record(self, event: str, key: str, duration: float = 0.0, **extra: Any) -> None:
+        if self._file is None:
+            return
+        rec = {"time": time.time(), "rank": self.rank, "key": key, "event": event, "duration": round(duration, 6)}
+        rec.update(extra)
+        line = json.dumps(rec, separators=(",", ":")) + "\n"
+        with self._lock:
+            try:
+                self._file.write(line)
+                self._file.flush()
+            except (OSError, ValueError):  # disk full, or closed at interpreter exit
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Yield the records of one event-log file or of every ``*.jsonl`` in a directory.
+
+    Records come file by file in file order; a line that does not parse (a torn last
+    line) is skipped.
+    """
+    p = Path(path)
+    files = sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(rec, dict) and "event" in rec:
+                    yield rec

@@ -1,0 +1,28 @@
+"""Human sizes (``64MB``, ``1.5GiB``, ``4096``) for URLs and CLI options."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import ConfigError
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text``; raises ConfigError with the accepted forms on anything else."""
+    m = _SIZE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ConfigError(f"bad size {text!r}: use a number with an optional unit such as 512MB, 10GiB or 1000000")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def format_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -1,0 +1,248 @@
+"""The store: envelopes, verification, stats and degradation on top of one backend.
+
+The store is what training code talks to. Its promises:
+
+* ``get`` returns verified bytes or None. A damaged entry is deleted and counted as a
+  ``corrupt`` miss; with a secret configured an unsigned or badly signed entry is
+  refused (and deleted) the same way, so nothing that failed verification ever reaches a
+  caller that would load it.
+* ``get_or_compile`` runs the caller's compile at most once per key across processes
+  and hosts (single-flight, :mod:`recipecache.lease`), except when the backend cannot
+  help, in which case it compiles locally.
+* Nothing a backend does (down, slow, full, corrupt) raises into the caller. A failure
+  opens a short circuit breaker: for ``retry_after`` seconds the backend is not asked at
+  all (each skipped call still counts under the failure's reason), so an outage costs
+  one timeout, not one per lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from . import envelope
+from .backends.base import Backend, EntryInfo
+from .config import StoreSettings, open_backend
+from .errors import BackendError, VerificationError
+from .events import EventLog
+from .keys import storage_key
+from .lease import HeldLease, SingleFlight
+from .stats import Stats
+
+log = logging.getLogger(__name__)
+
+#: Seconds a failed backend is left alone before the store tries it again.
+RETRY_AFTER_S = 5.0
+
+
+@dataclass
+class Flight:
+    """One key's trip through single-flight: a hit, a follower's result, or the duty to compile.
+
+    ``data`` is set for ``hit`` and ``follower``. A ``leader`` (or ``fallback``) must
+    compile and then :meth:`publish`, or :meth:`release` if it cannot; using the flight
+    as a context manager releases the lease in every case.
+    """
+
+    store: Store
+    key: str
+    role: Literal["hit", "follower", "leader", "fallback"]
+    data: bytes | None = None
+    reason: str | None = None
+    waited_s: float = 0.0
+    lease: HeldLease | None = field(default=None, repr=False)
+
+    def publish(self, data: bytes) -> None:
+        self.store.put(self.key, data)
+        self.release()
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    def __enter__(self) -> Flight:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Store:
+    def __init__(self, backend: Backend, settings: StoreSettings, *, events: EventLog | None = None) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.namespace = settings.namespace
+        self.events = events if events is not None else EventLog.from_env()
+        self._stats = Stats()
+        self._flight = SingleFlight(backend, ttl=settings.lease_ttl)
+        self._lock = threading.Lock()
+        self._broken_until = 0.0
+        self._broken_reason: str | None = None
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    # -- degradation ---------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a backend call; raise BackendError at once while the breaker is open."""
+        with self._lock:
+            if self._broken_reason is not None:
+                if time.monotonic() < self._broken_until:
+                    raise BackendError(self._broken_reason, "backend unavailable (retrying later)")
+                log.info("recipecache: retrying backend %s", self.backend.url)
+        try:
+            result = fn(*args)
+        except BackendError as exc:
+            with self._lock:
+                first = self._broken_reason is None
+                self._broken_reason = exc.reason
+                self._broken_until = time.monotonic() + RETRY_AFTER_S
+            if first:
+                log.warning(
+                    "recipecache: %s failed on %s (%s: %s); compiling locally, retrying the cache in %.0f s",
+                    what, self.backend.url, exc.reason, exc, RETRY_AFTER_S,
+                )
+            raise
+        with self._lock:
+            if self._broken_reason is not None:
+                log.warning("recipecache: backend %s is back", self.backend.url)
+                self._broken_reason = None
+        return result
+
+    # -- bytes ---------------------------------------------------------------------
+    def _read(self, key: str) -> tuple[bytes | None, str]:
+        """Verified payload or (None, reason); deletes entries that fail verification."""
+        skey = storage_key(self.namespace, key)
+        try:
+            blob = self._call("get", self.backend.get, skey)
+        except BackendError as exc:
+            return None, exc.reason
+        if blob is None:
+            return None, "not_found"
+        try:
+            _header, payload = envelope.open_envelope(blob, key=key, secret=self.settings.secret)
+        except VerificationError as exc:
+            log.warning("recipecache: refusing entry %s: %s", key, exc)
+            self._stats.count("deleted_bad")
+            try:
+                self._call("delete", self.backend.delete, skey)
+            except BackendError:
+                pass
+            return None, exc.reason
+        self._stats.count("bytes_read", len(payload))
+        return payload, "hit"
+
+    def get(self, key: str) -> bytes | None:
+        """The verified artifact under ``key``, or None (a miss, counted by reason)."""
+        start = time.perf_counter()
+        data, reason = self._read(key)
+        if data is None:
+            self._stats.reason("misses", reason)
+            self.events.record("miss", key, time.perf_counter() - start, reason=reason)
+        else:
+            self._stats.count("hits")
+            self.events.record("hit", key, time.perf_counter() - start, bytes=len(data))
+        return data
+
+    def put(self, key: str, data: bytes) -> None:
+        """Publish ``data`` under ``key``; a failure is logged and counted, never raised."""
+        start = time.perf_counter()
+        blob = envelope.seal(key, data, secret=self.settings.secret)
+        try:
+            self._call("put", self.backend.put, storage_key(self.namespace, key), blob)
+        except BackendError as exc:
+            self._stats.reason("put_failures", exc.reason)
+            return
+        self._stats.count("puts")
+        self._stats.count("bytes_written", len(data))
+        self.events.record("put", key, time.perf_counter() - start, bytes=len(data))
+
+    # -- single flight -------------------------------------------------------------
+    def begin(self, key: str, *, wait_timeout: float | None = None) -> Flight:
+        """Look ``key`` up; on a miss either wait for the process compiling it or become its compiler."""
+        data = self.get(key)
+        if data is not None:
+            return Flight(self, key, "hit", data=data)
+        timeout = self.settings.wait_timeout if wait_timeout is None else wait_timeout
+        try:
+            outcome = self._call(
+                "lease", self._flight.run, storage_key(self.namespace, key), lambda: self._read(key)[0], timeout
+            )
+        except BackendError as exc:
+            return self._fallback(key, exc.reason)
+        if outcome.waited_s:
+            self._stats.count("waits")
+            self._stats.add_seconds("wait_s", outcome.waited_s)
+            self.events.record("wait", key, outcome.waited_s)
+        if outcome.role == "timeout":
+            return self._fallback(key, "wait_timeout", waited_s=outcome.waited_s)
+        if outcome.role == "follower":
+            self._stats.count("follower")
+            self._stats.count("hits")
+            return Flight(self, key, "follower", data=outcome.value, waited_s=outcome.waited_s)
+        self._stats.count("leader")
+        if outcome.takeover:
+            self._stats.count("takeovers")
+            self.events.record("takeover", key)
+        return Flight(self, key, "leader", lease=outcome.lease, waited_s=outcome.waited_s)
+
+    def _fallback(self, key: str, reason: str, waited_s: float = 0.0) -> Flight:
+        self._stats.reason("fallback", reason)
+        self.events.record("fallback", key, reason=reason)
+        return Flight(self, key, "fallback", reason=reason, waited_s=waited_s)
+
+    def get_or_compile(self, key: str, compile_fn: Callable[[], bytes], *, wait_timeout: float | None = None) -> bytes:
+        """The artifact for ``key``, compiled by exactly one process across the job when possible."""
+        with self.begin(key, wait_timeout=wait_timeout) as flight:
+            if flight.data is not None:
+                return flight.data
+            start = time.perf_counter()
+            data = compile_fn()
+            self.record_compile(key, time.perf_counter() - start)
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise TypeError(f"compile_fn must return bytes, not {type(data).__name__}")
+            data = bytes(data)
+            flight.publish(data)
+            return data
+
+    def record_compile(self, key: str, seconds: float) -> None:
+        """Count a compile this process ran (integrations that compile outside get_or_compile call it)."""
+        self._stats.count("compiles")
+        self._stats.add_seconds("compile_s", seconds)
+        self.events.record("compile", key, seconds)
+
+    # -- admin ---------------------------------------------------------------------
+    def entries(self, namespace: str | None = None) -> Iterator[EntryInfo]:
+        """Entries of ``namespace`` (default: this store's) as the backend lists them; may raise BackendError."""
+        return self.backend.scan(namespace or self.namespace)
+
+    def stats(self) -> dict[str, Any]:
+        out = self._stats.snapshot()
+        out.update(url=self.backend.url, namespace=self.namespace, signed=self.settings.secret is not None)
+        return out
+
+    def close(self) -> None:
+        self.events.close()
+        self.backend.close()
+
+
+def open_store(
+    url: str | None = None,
+    *,
+    namespace: str | None = None,
+    secret: str | bytes | None = None,
+) -> Store:
+    """Open the store ``url`` names (None: ``$RECIPECACHE_URL`` or the filesystem default).
+
+    Raises :class:`~recipecache.errors.ConfigError` for a malformed URL or unusable
+    directory; a backend that is merely unreachable is not an error here (the store
+    degrades at use).
+    """
+    settings = StoreSettings.resolve(url, namespace=namespace, secret=secret)
+    return Store(open_backend(settings.url), settings)

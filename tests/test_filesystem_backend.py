@@ -1,0 +1,92 @@
+"""Filesystem specifics: LRU order, size cap on put, permissions, symlinks, interrupted writes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recipecache.backends.filesystem import STALE_TEMP_S, FilesystemBackend
+from recipecache.config import open_backend
+from recipecache.errors import ConfigError
+
+NS = "t"
+
+
+def k(n: int) -> str:
+    return f"{NS}/{n:064x}"
+
+
+def test_eviction_is_least_recently_used(tmp_path: Path) -> None:
+    b = FilesystemBackend(tmp_path / "c")
+    for i in range(4):
+        b.put(k(i), bytes(1000))
+        os.utime(b._object_path(k(i)), (1000 + i, 1000 + i))
+    b.get(k(0))  # now the most recently used
+    b.evict(2000)
+    assert sorted(e.key for e in b.scan(NS)) == sorted([k(0), k(3)])
+
+
+def test_size_cap_from_url_applies_on_put(tmp_path: Path) -> None:
+    b = open_backend(f"file://{tmp_path / 'c'}?max_size=10KB")
+    for i in range(30):
+        b.put(k(i), bytes(1000))
+    assert sum(e.size for e in b.scan(NS)) <= 10_000
+
+
+def test_refuses_group_writable_root(tmp_path: Path) -> None:
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o777)
+    with pytest.raises(ConfigError, match="writable by group or others"):
+        FilesystemBackend(root)
+
+
+def test_refuses_symlinked_root(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(ConfigError, match="symlink"):
+        FilesystemBackend(tmp_path / "link")
+
+
+def test_planted_symlink_is_not_followed(tmp_path: Path) -> None:
+    b = FilesystemBackend(tmp_path / "c")
+    b.put(k(1), b"real")
+    secret = tmp_path / "outside"
+    secret.write_bytes(b"not yours")
+    path = b._object_path(k(1))
+    path.unlink()
+    path.symlink_to(secret)
+    assert b.get(k(1)) is None
+    assert not path.is_symlink(), "the planted link is removed"
+    assert secret.read_bytes() == b"not yours"
+
+
+_KILL_BEFORE_RENAME = """
+import os, sys
+from recipecache.backends.filesystem import FilesystemBackend
+b = FilesystemBackend(sys.argv[1])
+def die(*a, **kw):
+    os._exit(9)  # the writer dies after writing the temp file, before publishing it
+os.replace = die
+b.put(sys.argv[2], b"x" * 5_000_000)
+"""
+
+
+def test_interrupted_write_is_never_visible(tmp_path: Path) -> None:
+    b = FilesystemBackend(tmp_path / "c")
+    b.put(k(1), b"old")
+    proc = subprocess.run([sys.executable, "-c", _KILL_BEFORE_RENAME, str(tmp_path / "c"), k(1)], check=False)
+    assert proc.returncode == 9
+    assert b.get(k(1)) == b"old"
+    temps = [p for p in (tmp_path / "c").rglob(".tmp-*")]
+    assert temps, "the dead writer left its temp file behind"
+    old = time.time() - STALE_TEMP_S - 10
+    for t in temps:
+        os.utime(t, (old, old))
+    b.evict(10**9)
+    assert not list((tmp_path / "c").rglob(".tmp-*")), "stale temp files are cleaned"

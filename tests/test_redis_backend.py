@@ -1,0 +1,111 @@
+"""Redis specifics against real redis-server processes: outages, corruption, torn chunked writes, ACL users."""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+import recipecache
+from recipecache.backends.redis import RedisBackend
+from recipecache.config import open_backend
+from recipecache.keys import storage_key
+from redis_server import RedisServer
+
+pytestmark = pytest.mark.redis
+
+
+def test_server_stopped_mid_run_degrades_and_recovers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("recipecache.store.RETRY_AFTER_S", 0.0)
+    server = RedisServer(tmp_path / "r")
+    server.start()
+    try:
+        store = recipecache.open_store(server.url + "?timeout=1", namespace="outage")
+        assert store.get_or_compile("a", lambda: b"A") == b"A"
+        server.stop()
+        # the job keeps training: no exception, local compiles, counted reasons
+        assert store.get("a") is None
+        assert store.get_or_compile("b", lambda: b"B") == b"B"
+        store.put("c", b"C")
+        stats = store.stats()
+        assert stats["misses_by_reason"].get("backend_down", 0) >= 2
+        assert stats["fallback_by_reason"] == {"backend_down": 1}
+        assert stats["put_failures_by_reason"].get("backend_down", 0) >= 1
+        server.start()
+        assert store.get_or_compile("d", lambda: b"D") == b"D"
+        assert store.get("d") == b"D"
+    finally:
+        server.stop()
+
+
+def test_unreachable_url_is_a_backend_error_not_a_hang() -> None:
+    backend = open_backend("redis://127.0.0.1:1/0?timeout=0.5")
+    assert isinstance(backend, RedisBackend)
+    with pytest.raises(recipecache.BackendError) as info:
+        backend.ping()
+    assert info.value.reason == "backend_down"
+
+
+@pytest.mark.parametrize("size", [100, 50_000])
+def test_corrupt_entry_in_redis_is_deleted_and_recompiled(redis_url: str, size: int) -> None:
+    namespace = "c" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url + "?chunk_size=4KiB", namespace=namespace)
+    store.put("k", b"v" * size)
+    client = redis.Redis.from_url(redis_url)
+    entry = f"rc:e:{storage_key(namespace, 'k')}"
+    if size > 4096:  # a chunked value: damage a byte of its last chunk
+        entry = sorted(client.keys(f"rc:c:{storage_key(namespace, 'k')}:*"))[-1]
+    client.setrange(entry, 50, b"\xff\xfe")
+    assert store.get("k") is None
+    assert store.stats()["misses_by_reason"] == {"corrupt": 1}
+    assert client.get(f"rc:e:{storage_key(namespace, 'k')}") is None
+    assert store.get_or_compile("k", lambda: b"v" * size) == b"v" * size
+
+
+_DIE_BEFORE_MANIFEST = """
+import os, sys
+from recipecache.config import open_backend
+b = open_backend(sys.argv[1] + "?chunk_size=4KiB")
+def die(*args, **kw):
+    os._exit(9)  # every chunk is written; the writer dies before swapping the manifest in
+b._swap = die
+b.put(sys.argv[2], b"new" * 10_000)
+"""
+
+
+def test_interrupted_chunked_write_is_never_visible(redis_url: str) -> None:
+    key = f"torn/{secrets.token_hex(32)}"
+    backend = open_backend(redis_url + "?chunk_size=4KiB")
+    backend.put(key, b"old" * 10_000)
+    proc = subprocess.run([sys.executable, "-c", _DIE_BEFORE_MANIFEST, redis_url, key], check=False)
+    assert proc.returncode == 9
+    assert backend.get(key) == b"old" * 10_000
+    assert len(redis.Redis.from_url(redis_url).keys(f"rc:c:{key}:*")) == 2 * 8, "the dead writer's chunks exist"
+
+
+def test_ttl_option_sets_expiry(redis_url: str) -> None:
+    key = f"ttl/{secrets.token_hex(32)}"
+    open_backend(redis_url + "?ttl=100&chunk_size=4KiB").put(key, b"x" * 10_000)
+    client = redis.Redis.from_url(redis_url)
+    assert 0 < client.pttl(f"rc:e:{key}") <= 100_000
+    assert all(0 < client.pttl(c) <= 100_000 for c in client.keys(f"rc:c:{key}:*"))
+
+
+def test_password_and_acl_user(tmp_path: Path) -> None:
+    from recipecache.backends.redis import ACL_COMMANDS
+
+    rules = " ".join("+" + c for c in ACL_COMMANDS)
+    config = f"user default off\nuser cache on >pw-123 ~rc:* resetchannels -@all {rules}\n"
+    with RedisServer(tmp_path / "r", config=config) as server:
+        base = f"redis://cache:pw-123@127.0.0.1:{server.port}/0"
+        store = recipecache.open_store(base, namespace="acl")
+        assert "pw-123" not in store.url
+        assert store.get_or_compile("k", lambda: b"v" * 20_000_000) == b"v" * 20_000_000
+        assert store.get("k") == b"v" * 20_000_000
+        bad = recipecache.open_store(f"redis://cache:wrong@127.0.0.1:{server.port}/0", namespace="acl")
+        assert bad.get("k") is None
+        assert bad.stats()["misses_by_reason"] == {"backend_down": 1}

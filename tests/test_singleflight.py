@@ -1,0 +1,82 @@
+"""Single-flight across real processes, on the filesystem backend and on a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import recipecache
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+@pytest.fixture(params=["filesystem", "redis"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "filesystem":
+        return f"file://{tmp_path / 'cache'}"
+    request.applymarker(pytest.mark.redis)
+    return str(request.getfixturevalue("redis_url"))
+
+
+def test_16_processes_race_on_50_keys(url: str, tmp_path: Path) -> None:
+    namespace = "race" + secrets.token_hex(4)
+    counts = tmp_path / "compiles.log"
+    procs = [
+        subprocess.Popen([sys.executable, str(WORKERS / "race_worker.py"), url, namespace, str(counts), "50",
+                          str(tmp_path / f"out{i}.json")])
+        for i in range(16)
+    ]
+    for p in procs:
+        assert p.wait(timeout=240) == 0
+    compiled = Counter(counts.read_text().split())
+    assert len(compiled) == 50
+    assert set(compiled.values()) == {1}, f"keys compiled more than once: {[k for k, n in compiled.items() if n > 1]}"
+    outs = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(16)]
+    assert all(o["results"] == outs[0]["results"] for o in outs), "every process got identical bytes"
+    assert sum(o["stats"]["leader"] for o in outs) == 50
+    assert sum(o["stats"]["fallback"] for o in outs) == 0
+
+
+def test_leader_killed_mid_compile_is_taken_over(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECIPECACHE_LEASE_TTL", "1")
+    namespace = "kill" + secrets.token_hex(4)
+    ready = tmp_path / "ready"
+    leader = subprocess.Popen([sys.executable, str(WORKERS / "stuck_leader.py"), url, namespace, "k", str(ready)])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert leader.poll() is None and time.monotonic() < deadline, "leader never started compiling"
+            time.sleep(0.05)
+        leader.send_signal(signal.SIGKILL)
+        leader.wait()
+        store = recipecache.open_store(url, namespace=namespace)
+        assert store.get_or_compile("k", lambda: b"from the follower", wait_timeout=60) == b"from the follower"
+        stats = store.stats()
+        assert stats["takeovers"] == 1 and stats["leader"] == 1 and stats["fallback"] == 0
+        assert stats["waits"] == 1 and stats["wait_s"] > 0
+    finally:
+        leader.kill()
+
+
+def test_follower_gives_up_after_its_deadline(url: str, tmp_path: Path) -> None:
+    namespace = "slow" + secrets.token_hex(4)
+    ready = tmp_path / "ready"
+    leader = subprocess.Popen([sys.executable, str(WORKERS / "stuck_leader.py"), url, namespace, "k", str(ready)])
+    try:
+        while not ready.exists():
+            assert leader.poll() is None
+            time.sleep(0.05)
+        store = recipecache.open_store(url, namespace=namespace)
+        assert store.get_or_compile("k", lambda: b"local", wait_timeout=0.5) == b"local"
+        assert store.stats()["fallback_by_reason"] == {"wait_timeout": 1}
+    finally:
+        leader.kill()
+        leader.wait()
