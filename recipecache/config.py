@@ -4,7 +4,7 @@ One URL picks the backend::
 
     file:///path[?max_size=10GiB]                       the default (embedded, no server)
     redis://[user:password@]host:port/db[?ttl=86400&chunk_size=8MiB&timeout=5]
-    rediss://...                                        Redis over TLS
+    rediss://...[?ssl_ca_certs=/path/ca.pem&ssl_certfile=...&ssl_keyfile=...]   Redis over TLS
     memory://                                           in-process, for tests
 
 Environment: ``RECIPECACHE_URL`` (the URL), ``RECIPECACHE_DIR`` (the filesystem default's
@@ -105,6 +105,10 @@ class StoreSettings:
         )
 
 
+#: redis-py's own TLS settings, passed through in a ``rediss://`` URL's query
+_REDIS_TLS_OPTIONS = {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"}
+
+
 def _query_options(parts: urllib.parse.SplitResult, allowed: set[str]) -> dict[str, str]:
     options = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
     unknown = sorted(set(options) - allowed)
@@ -138,7 +142,7 @@ def open_backend(url: str) -> Backend:
     if scheme in ("redis", "rediss"):
         from .backends.redis import RedisBackend
 
-        options = _query_options(parts, {"ttl", "chunk_size", "timeout"})
+        options = _query_options(parts, {"ttl", "chunk_size", "timeout", *_REDIS_TLS_OPTIONS})
         try:
             parts.port  # noqa: B018 - raises ValueError for a non-numeric or out-of-range port
         except ValueError:
@@ -148,7 +152,8 @@ def open_backend(url: str) -> Backend:
         db = parts.path.lstrip("/")
         if db and not db.isdigit():
             raise ConfigError(f"bad database {db!r} in cache URL {redact(url)!r}: use a number such as /0")
-        plain_url = urllib.parse.urlunsplit(parts._replace(query=""))
+        tls = urllib.parse.urlencode({k: v for k, v in options.items() if k in _REDIS_TLS_OPTIONS})
+        plain_url = urllib.parse.urlunsplit(parts._replace(query=tls))
         return RedisBackend(
             plain_url,
             redacted_url=redact(url),

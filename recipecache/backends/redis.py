@@ -26,6 +26,8 @@ from typing import Any
 
 import redis
 import redis.exceptions
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from ..errors import BackendError
 from .base import Backend, EntryInfo, check_key
@@ -100,6 +102,9 @@ class RedisBackend(Backend):
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             health_check_interval=30,
+            # one quick retry for a dropped connection; redis-py's default retries turn a
+            # wrong password or a dead server into seconds of stall per call
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
         )
         self._swap = self._client.register_script(_SWAP)
         self._renew = self._client.register_script(_RENEW)
