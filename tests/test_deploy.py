@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import redis
+
+import recipecache
 import yaml
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -678,6 +680,12 @@ def test_tls_conf_serves_the_job_user_over_tls(tmp_path: Path) -> None:
             ssl=True, ssl_ca_certs=str(certs / "ca.crt"),
         )  # fmt: skip
         assert r.set("rc:tls", b"1") and r.get("rc:tls") == b"1"
+        # the store itself over rediss://, the CA passed through the URL as the README says
+        store = recipecache.open_store(
+            f"rediss://recipecache:{JOB_PASSWORD}@127.0.0.1:{tls_port}/0?ssl_ca_certs={certs / 'ca.crt'}", namespace="tls"
+        )
+        store.put("k", b"over tls")
+        assert store.get("k") == b"over tls" and store.stats()["hits"] == 1
         env = dict(
             os.environ, REDIS_TLS="1", REDIS_TLS_CA=str(certs / "ca.crt"), REDIS_PORT=str(tls_port),
             REDIS_PASSWORD_FILE=str(deployed.workdir / "password"),
