@@ -1,0 +1,73 @@
+"""Run a real 2-rank job, replay its event logs with the simulator, compare stall seconds.
+
+    python benchmarks/sim_fidelity.py                 # run examples/train.py, then compare
+    python benchmarks/sim_fidelity.py --no-run --run-dir DIR   # compare an existing run
+
+The job is ``recipecache-run --nproc N --cache file://<run-dir>/cache SCRIPT`` with
+``RECIPECACHE_EVENT_LOG=<run-dir>/events``; the launcher's report (``--report``, default
+``<run-dir>/report.json``) holds the measured ``total.stall_s``. Target: the prediction
+within 20% of the measurement. Exit status 1 when it is not, 2 when the run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from recipecache.errors import ConfigError
+from recipecache.sim.fidelity import replay
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_job(run_dir: Path, nproc: int, script: Path, extra: list[str]) -> None:
+    launcher = shutil.which("recipecache-run")
+    if launcher is None:
+        sys.exit("recipecache-run is not on PATH (pip install -e . once the launcher exists)")
+    cmd = [launcher, "--nproc", str(nproc), "--cache", f"file://{run_dir / 'cache'}", *extra, str(script)]
+    env = dict(os.environ, RECIPECACHE_EVENT_LOG=str(run_dir / "events"))
+    print("$", shlex.join(cmd), flush=True)
+    if subprocess.run(cmd, cwd=run_dir, env=env, check=False).returncode != 0:
+        print("the job failed", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", type=Path, help="where the run's events, cache and report live (default: a temp dir)")
+    ap.add_argument("--report", type=Path, help="the launcher's report JSON (default: <run-dir>/report.json)")
+    ap.add_argument("--field", default="total.stall_s", help="dotted path of the measured stall in the report")
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--script", type=Path, default=REPO / "examples" / "train.py")
+    ap.add_argument("--launcher-args", default="", help="extra launcher arguments, shell-quoted")
+    ap.add_argument("--no-run", action="store_true", help="only replay an existing --run-dir")
+    ap.add_argument("--tolerance", type=float, default=0.20)
+    args = ap.parse_args()
+    if args.no_run and args.run_dir is None:
+        ap.error("--no-run needs --run-dir")
+    run_dir = (args.run_dir or Path(tempfile.mkdtemp(prefix="sim-fidelity-"))).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not args.no_run:
+        run_job(run_dir, args.nproc, args.script.resolve(), shlex.split(args.launcher_args))
+    try:
+        result = replay(run_dir / "events", args.report or run_dir / "report.json", args.field)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    r = result.report
+    print(f"trace: {r.ranks} ranks, {r.steps} steps, {r.shapes} keys; "
+          f"predicted {r.compile_events} compiles, {r.wait_events} waits, job stall {r.stall_s:.2f} s")
+    print(f"stall (compile + wait, summed over ranks): measured {result.measured_s:.2f} s, "
+          f"predicted {result.predicted_s:.2f} s, relative error {result.relative_error:.1%} "
+          f"(target {args.tolerance:.0%})")
+    return 0 if result.relative_error <= args.tolerance else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

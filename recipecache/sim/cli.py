@@ -1,0 +1,125 @@
+"""``recipecache sim``: the simulator on the command line (a table, or JSON with ``--json``).
+
+Bad input raises :class:`~recipecache.errors.ConfigError`; the ``recipecache`` main
+turns it into a one-line error and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .api import compare, simulate
+from .model import DISTRIBUTIONS, POLICIES, SCHEDULES, Costs, Report, Scenario
+
+_COSTS = Costs()
+
+#: table columns: (heading, Report attribute, format)
+_COLUMNS = (
+    ("compiles", "compile_events", "{:d}"),
+    ("delays", "compile_delays", "{:d}"),
+    ("waits", "wait_events", "{:d}"),
+    ("fetches", "fetch_events", "{:d}"),
+    ("stall_s", "stall_s", "{:.1f}"),
+    ("wasted_s", "wasted_compile_s", "{:.1f}"),
+    ("prewarm_s", "prewarm_s", "{:.1f}"),
+    ("wall_s", "wall_s", "{:.1f}"),
+)
+#: figures compared against policy none with --compare
+_RATIOS = ("stall_s", "compile_delays", "compile_events", "wall_s")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``sim`` on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "sim", help="simulate compile stalls of a data-parallel job per cache policy",
+        description="Simulate how much time N lockstep ranks lose to compiles, with and without "
+                    "a shared single-flight cache.")
+    p.add_argument("--ranks", type=int, help="data-parallel ranks N (default 8, or the trace's)")
+    p.add_argument("--shapes", type=int, help="distinct shapes S (default 16)")
+    p.add_argument("--steps", type=int,
+                   help="training steps (default: iid 1000, adversarial 1+N*(S-1), trace: all)")
+    p.add_argument("--policy", default="singleflight", choices=POLICIES)
+    p.add_argument("--schedule", default="iid", choices=SCHEDULES)
+    p.add_argument("--trace", help="event-log directory to replay (RECIPECACHE_EVENT_LOG of a run)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--distribution", default="zipf", choices=DISTRIBUTIONS, help="iid shape distribution")
+    p.add_argument("--zipf-exponent", type=float, default=1.0)
+    p.add_argument("--weights", help="iid shape weights, comma-separated (fixes S)")
+    p.add_argument("--compile-s", type=float, default=_COSTS.compile_s, help="median compile seconds per shape")
+    p.add_argument("--compile-spread", type=float, default=_COSTS.compile_spread,
+                   help="lognormal sigma of compile times (0: all equal)")
+    p.add_argument("--compute-s", type=float, default=_COSTS.compute_s, help="compute seconds per step")
+    p.add_argument("--fetch-latency-s", type=float, default=_COSTS.fetch_latency_s)
+    p.add_argument("--bandwidth", type=float, default=_COSTS.bandwidth_mb_s, help="store bandwidth, MB/s")
+    p.add_argument("--artifact-mb", type=float, default=_COSTS.artifact_mb, help="artifact size, MB")
+    p.add_argument("--compare", action="store_true", help="every policy on the same schedule, with ratios vs none")
+    p.add_argument("--plot", metavar="FILE.png", help="also plot stall vs ranks and vs shapes per policy")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def _weights(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(w) for w in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--weights must be comma-separated numbers, not {text!r}") from None
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    costs = Costs(compile_s=args.compile_s, compile_spread=args.compile_spread, compute_s=args.compute_s,
+                  fetch_latency_s=args.fetch_latency_s, bandwidth_mb_s=args.bandwidth, artifact_mb=args.artifact_mb)
+    return Scenario(schedule=args.schedule, ranks=args.ranks, shapes=args.shapes, steps=args.steps, seed=args.seed,
+                    costs=costs, distribution=args.distribution, zipf_exponent=args.zipf_exponent,
+                    weights=_weights(args.weights), trace=Path(args.trace) if args.trace else None)
+
+
+def ratios(reports: dict[str, Report]) -> dict[str, dict[str, float | None]]:
+    """Each policy's figures over policy none's (None where none's figure is 0)."""
+    base = reports.get("none")
+    if base is None:
+        return {}
+    return {policy: {f: (getattr(r, f) / getattr(base, f) if getattr(base, f) else None) for f in _RATIOS}
+            for policy, r in reports.items()}
+
+
+def table(reports: dict[str, Report]) -> str:
+    first = next(iter(reports.values()))
+    lines = [f"schedule {first.schedule}: {first.ranks} ranks, {first.shapes} shapes, {first.steps} steps; "
+             f"worst case N*(S-1)+1 = {first.worst_case_delays} compile delays"]
+    vs_none = ratios(reports)
+    heading = f"{'policy':<13}" + "".join(f"{h:>11}" for h, _, _ in _COLUMNS)
+    lines.append(heading + (f"{'stall/none':>12}" if vs_none else ""))
+    for policy, r in reports.items():
+        row = f"{policy:<13}" + "".join(f"{fmt.format(getattr(r, attr)):>11}" for _, attr, fmt in _COLUMNS)
+        if vs_none:
+            ratio = vs_none[policy]["stall_s"]
+            row += f"{'-' if ratio is None else f'{ratio:.3f}':>12}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    scenario = scenario_from_args(args)
+    if args.compare:
+        reports = compare(scenario=scenario)
+    else:
+        reports = {args.policy: simulate(args.policy, scenario)}
+    if args.plot:
+        from .plot import plot_sweeps
+
+        plot_sweeps(args.plot, scenario)
+    if args.json:
+        data: dict[str, Any] = reports[args.policy].to_dict() if not args.compare else {
+            "policies": {p: r.to_dict() for p, r in reports.items()}, "vs_none": ratios(reports)}
+        print(json.dumps(data, indent=2))
+    else:
+        print(table(reports))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0

@@ -1,0 +1,192 @@
+"""The simulator's data: what a job costs (:class:`Costs`), what it meets (:class:`Workload`),
+what a policy made of it (:class:`Report`), and the scenario knobs (:class:`Scenario`).
+
+The workload holds only *first meetings*: the (step, rank, shape) where a rank meets a
+shape for the first time. A later meeting of the same shape on the same rank is served
+from the process's own in-memory cache (as torch.compile does) and costs nothing, so the
+engine never needs to look at it; this is what lets 1024 ranks x 10,000 steps run in
+seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+
+#: none: every rank compiles every shape it meets; shared: a store without coordination
+#: (fetch what some rank has finished, else compile too); singleflight: wait for the rank
+#: already compiling; prewarm: the shape set compiled up front across ranks, then singleflight.
+POLICIES = ("none", "shared", "singleflight", "prewarm")
+SCHEDULES = ("iid", "adversarial", "trace")
+DISTRIBUTIONS = ("zipf", "uniform")
+
+DEFAULT_RANKS = 8
+DEFAULT_SHAPES = 16
+DEFAULT_IID_STEPS = 1000
+
+
+def worst_case_delays(ranks: int, shapes: int) -> int:
+    """The Gaudi docs' closed form: N ranks each compiling S shapes alone stall N*(S-1)+1 steps."""
+    return ranks * (shapes - 1) + 1 if shapes else 0
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds and sizes that price a step; defaults are a mid-size torch.compile job.
+
+    ``compile_spread`` is the sigma of a lognormal around ``compile_s`` (its median), drawn
+    once per shape: real compile times vary by graph, not by which rank compiles it.
+    """
+
+    compile_s: float = 20.0
+    compile_spread: float = 0.0
+    compute_s: float = 0.5
+    fetch_latency_s: float = 0.005
+    bandwidth_mb_s: float = 500.0
+    artifact_mb: float = 20.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{f.name.replace('_', '-')} must be a finite number >= 0, not {value}")
+        if self.bandwidth_mb_s == 0:
+            raise ConfigError("bandwidth must be > 0 MB/s")
+
+    @property
+    def fetch_s(self) -> float:
+        """One artifact download: latency plus size over bandwidth."""
+        return self.fetch_latency_s + self.artifact_mb / self.bandwidth_mb_s
+
+    def compile_times(self, shapes: int, rng: np.random.Generator) -> np.ndarray:
+        if self.compile_spread == 0:
+            return np.full(shapes, self.compile_s)
+        return self.compile_s * rng.lognormal(0.0, self.compile_spread, shapes)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything that fixes a workload; the policy is applied afterwards, so one workload
+    serves every policy of a comparison.
+
+    ``ranks``/``shapes``/``steps`` left None take the schedule's natural value: the trace's
+    own, the adversarial schedule's full length ``1 + N*(S-1)``, or the module defaults.
+    ``weights`` (iid only) overrides ``distribution`` and fixes the number of shapes.
+    """
+
+    schedule: str = "iid"
+    ranks: int | None = None
+    shapes: int | None = None
+    steps: int | None = None
+    seed: int = 0
+    costs: Costs = field(default_factory=Costs)
+    distribution: str = "zipf"
+    zipf_exponent: float = 1.0
+    weights: tuple[float, ...] | None = None
+    trace: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"unknown schedule {self.schedule!r} (choose from {', '.join(SCHEDULES)})")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ConfigError(f"unknown distribution {self.distribution!r} (choose from {', '.join(DISTRIBUTIONS)})")
+        for name, least in (("ranks", 1), ("shapes", 1), ("steps", 0)):
+            value = getattr(self, name)
+            if value is not None and value < least:
+                raise ConfigError(f"{name} must be >= {least}, not {value}")
+        if not math.isfinite(self.zipf_exponent) or self.zipf_exponent < 0:
+            raise ConfigError(f"zipf exponent must be >= 0, not {self.zipf_exponent}")
+        if self.schedule == "trace":
+            if self.trace is None:
+                raise ConfigError("schedule trace needs a trace directory (--trace DIR)")
+            if self.shapes is not None or self.weights is not None:
+                raise ConfigError("the trace fixes the shapes; drop --shapes/--weights with schedule trace")
+        elif self.trace is not None:
+            raise ConfigError(f"a trace directory only applies to schedule trace, not {self.schedule}")
+        if self.weights is not None:
+            if self.schedule != "iid":
+                raise ConfigError("weights only apply to schedule iid")
+            if any(not math.isfinite(w) or w < 0 for w in self.weights) or not sum(self.weights) > 0:
+                raise ConfigError("weights must be >= 0 with a positive sum")
+            if self.shapes is not None and self.shapes != len(self.weights):
+                raise ConfigError(f"{len(self.weights)} weights given for {self.shapes} shapes")
+
+    def replace(self, **changes: Any) -> Scenario:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A scenario turned into numbers: first meetings sorted by (step, rank, order met).
+
+    ``compute_s[t]`` is step t's compute time, the same on every rank (lockstep makes a
+    step as long as its slowest rank, so per-rank compute spread would only add a constant).
+    """
+
+    scenario: Scenario
+    ranks: int
+    shapes: int
+    steps: int
+    step: np.ndarray
+    rank: np.ndarray
+    shape: np.ndarray
+    compute_s: np.ndarray
+    compile_s: np.ndarray
+    fetch_s: float
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    rank: int
+    compiles: int
+    compile_s: float
+    waits: int
+    wait_s: float
+    fetches: int
+    fetch_s: float
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one policy did to one workload.
+
+    ``stall_s`` is job time lost to the cache: ``wall_s - compute_s`` where ``compute_s``
+    is the same job with every artifact already in memory (prewarm time included).
+    ``rank_stall_s`` is the sum over ranks of the seconds each spent compiling or waiting,
+    which is what each process's metrics file calls ``stall_s``. ``compile_delays``
+    counts steps in which at least one rank compiled (prewarm compiles are not in a step).
+    ``wasted_compile_s`` is compile work beyond the first compile of each shape.
+    ``first_meetings`` counts the (rank, shape) pairs met: the events the engine played.
+    """
+
+    policy: str
+    schedule: str
+    ranks: int
+    shapes: int
+    steps: int
+    first_meetings: int
+    compile_events: int
+    compile_delays: int
+    worst_case_delays: int
+    wait_events: int
+    fetch_events: int
+    compile_s: float
+    wasted_compile_s: float
+    wait_s: float
+    fetch_s: float
+    prewarm_s: float
+    compute_s: float
+    wall_s: float
+    stall_s: float
+    rank_stall_s: float
+    per_rank: list[RankFigures]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,93 @@
+"""Synthetic schedules: which shape each rank meets at each step.
+
+* ``iid``: every (step, rank) draws a shape independently. The default distribution is
+  Zipf with exponent 1 over the S shapes (shape 0 most common): bucketed sequence
+  lengths in real data are skewed, and the rare tail is what keeps compiling late into
+  training. ``uniform`` and explicit ``weights`` are the alternatives.
+* ``adversarial``: the worst case of the Gaudi docs. Step 0 every rank meets shape 0
+  together; then rank by rank, each step one rank meets one shape new to it (rank r meets
+  shape s at step ``1 + r*(S-1) + s-1``) while the others meet shape 0 again. Without a
+  shared cache every such step is a compile: ``N*(S-1)+1`` delays. Steps past that are
+  all known shapes; ``steps`` below it cuts the schedule short.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .model import DEFAULT_IID_STEPS, DEFAULT_RANKS, DEFAULT_SHAPES, Scenario, Workload
+
+#: cells (step x rank) drawn per batch: bounds memory at ~20 MB whatever the job size
+_BATCH_CELLS = 1 << 20
+
+
+def _rngs(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """Independent streams for costs and shapes: changing the schedule keeps the compile times."""
+    costs, shapes = np.random.default_rng(seed).spawn(2)
+    return costs, shapes
+
+
+def shape_weights(scenario: Scenario, shapes: int) -> np.ndarray:
+    """Normalised probabilities of the iid schedule's shapes."""
+    if scenario.weights is not None:
+        w = np.asarray(scenario.weights, dtype=float)
+    elif scenario.distribution == "uniform":
+        w = np.ones(shapes)
+    else:
+        w = 1.0 / np.arange(1, shapes + 1) ** scenario.zipf_exponent
+    return w / w.sum()
+
+
+def _fold_first_meetings(draw: np.ndarray, first: np.ndarray, offset: int) -> None:
+    """Fold one batch of draws (steps x ranks) into ``first``: flat cell index of each
+    (rank, shape)'s first meeting, indexed ``rank * S + shape``."""
+    steps, ranks = draw.shape
+    shapes = first.size // ranks
+    codes = (np.arange(ranks, dtype=np.int64) * shapes)[None, :] + draw
+    np.minimum.at(first, codes.ravel(), np.arange(offset, offset + steps * ranks, dtype=np.int64))
+
+
+def iid_workload(scenario: Scenario) -> Workload:
+    ranks = scenario.ranks or DEFAULT_RANKS
+    shapes = len(scenario.weights) if scenario.weights is not None else scenario.shapes or DEFAULT_SHAPES
+    steps = DEFAULT_IID_STEPS if scenario.steps is None else scenario.steps
+    cost_rng, shape_rng = _rngs(scenario.seed)
+    cdf = np.cumsum(shape_weights(scenario, shapes))
+    cdf[-1] = 1.0  # a uniform draw below 1 always lands on a shape despite rounding
+    never = np.iinfo(np.int64).max
+    first = np.full(ranks * shapes, never, dtype=np.int64)
+    batch = max(1, _BATCH_CELLS // ranks)
+    for start in range(0, steps, batch):
+        rows = min(batch, steps - start)
+        draw = np.searchsorted(cdf, shape_rng.random((rows, ranks)), side="right")
+        _fold_first_meetings(draw, first, start * ranks)
+    met = np.flatnonzero(first != never)
+    order = np.argsort(first[met], kind="stable")
+    cell, code = first[met][order], met[order]
+    return Workload(
+        scenario=scenario, ranks=ranks, shapes=shapes, steps=steps,
+        step=cell // ranks, rank=code // shapes, shape=code % shapes,
+        compute_s=np.full(steps, scenario.costs.compute_s),
+        compile_s=scenario.costs.compile_times(shapes, cost_rng),
+        fetch_s=scenario.costs.fetch_s,
+    )
+
+
+def adversarial_workload(scenario: Scenario) -> Workload:
+    ranks = scenario.ranks or DEFAULT_RANKS
+    shapes = scenario.shapes or DEFAULT_SHAPES
+    full = 1 + ranks * (shapes - 1)
+    steps = full if scenario.steps is None else scenario.steps
+    later = ranks * (shapes - 1)
+    step = np.concatenate([np.zeros(ranks, dtype=np.int64), 1 + np.arange(later, dtype=np.int64)])
+    rank = np.concatenate([np.arange(ranks, dtype=np.int64), np.repeat(np.arange(ranks, dtype=np.int64), shapes - 1)])
+    shape = np.concatenate([np.zeros(ranks, dtype=np.int64), np.tile(np.arange(1, shapes, dtype=np.int64), ranks)])
+    keep = step < steps
+    cost_rng, _ = _rngs(scenario.seed)
+    return Workload(
+        scenario=scenario, ranks=ranks, shapes=shapes, steps=steps,
+        step=step[keep], rank=rank[keep], shape=shape[keep],
+        compute_s=np.full(steps, scenario.costs.compute_s),
+        compile_s=scenario.costs.compile_times(shapes, cost_rng),
+        fetch_s=scenario.costs.fetch_s,
+    )

@@ -1,0 +1,169 @@
+"""Replay of recorded event logs (``RECIPECACHE_EVENT_LOG``, format in ``recipecache.events``).
+
+Each rank's records, in time order, are cut into steps:
+
+* with ``step`` events (any in the trace): the store events between two ``step`` events
+  belong to the later one, which names the step (its ``step`` field aligns ranks; a
+  field that does not increase is taken as the next index, e.g. a counter reset per
+  epoch). Store events after the last ``step`` event form one more step.
+* without: each *meeting* is a step, a meeting being a run of records of one key (a
+  ``miss`` then ``compile`` then ``put`` is one meeting), and ranks align by ordinal.
+
+Costs come from the trace where it has them: a key's compile time is the mean of its
+``compile`` durations (keys never compiled in the trace take the median of those that
+were, else ``Costs.compile_s``); a fetch is the median ``hit`` duration (else
+``Costs.fetch_s``).
+
+Compute per step: on one rank, the step's span (from the previous step's end, or the
+rank's first record) minus the time covered by its store events. A rank that finished
+early also waited in the collective for the slowest one, which the log cannot see, so
+the step's compute is the *least* of the ranks' estimates: the slowest rank's, which
+had no collective wait. Every rank gets that figure (see :class:`Workload`).
+
+``ranks`` larger than the trace's replays trace rank ``r mod n`` on rank ``r``, which
+predicts the same job at a larger scale.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..events import read_events
+from .model import Scenario, Workload
+
+log = logging.getLogger(__name__)
+
+Record = dict[str, Any]
+#: one rank's step: (index, begin, end, the store records in it)
+Segment = tuple[int, float, float, list[Record]]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _usable(rec: Record) -> bool:
+    """A record the replay can place: numbers where it needs them, a key on store events."""
+    return (
+        _is_number(rec.get("time")) and isinstance(rec.get("rank"), int) and _is_number(rec.get("duration", 0.0))
+        and (rec["event"] == "step" or isinstance(rec.get("key"), str))
+    )
+
+
+def _start(rec: Record) -> float:
+    return float(rec["time"]) - float(rec.get("duration", 0.0))
+
+
+def _covered(begin: float, end: float, records: Iterable[Record]) -> float:
+    """Seconds of [begin, end] inside at least one record's span (spans may overlap)."""
+    total, reach = 0.0, begin
+    for lo, hi in sorted((max(_start(r), begin), min(float(r["time"]), end)) for r in records):
+        if hi > reach:
+            total += hi - max(lo, reach)
+            reach = hi
+    return total
+
+
+def _by_step_events(records: list[Record]) -> list[Segment]:
+    out: list[Segment] = []
+    begin, pending, last = _start(records[0]), [], -1
+    for rec in records:
+        if rec["event"] != "step":
+            pending.append(rec)
+            continue
+        named = rec.get("step")
+        index = named if isinstance(named, int) and named > last else last + 1
+        out.append((index, begin, float(rec["time"]), pending))
+        begin, pending, last = float(rec["time"]), [], index
+    if pending:
+        out.append((last + 1, begin, max(float(r["time"]) for r in pending), pending))
+    return out
+
+
+def _by_meetings(records: list[Record]) -> list[Segment]:
+    runs: list[list[Record]] = []
+    for rec in records:
+        if runs and runs[-1][-1]["key"] == rec["key"]:
+            runs[-1].append(rec)
+        else:
+            runs.append([rec])
+    ends = [_start(run[0]) for run in runs[1:]] + [max(float(r["time"]) for r in runs[-1])]
+    return [(k, _start(run[0]), end, run) for k, (run, end) in enumerate(zip(runs, ends))]
+
+
+def _rank_steps(records: list[Record], by_steps: bool) -> list[tuple[int, list[str], float]]:
+    """One rank's steps: (index, keys in order first met in the step, compute estimate)."""
+    segments = _by_step_events(records) if by_steps else _by_meetings(records)
+    return [
+        (index, list(dict.fromkeys(r["key"] for r in recs)), max(0.0, end - begin - _covered(begin, end, recs)))
+        for index, begin, end, recs in segments
+    ]
+
+
+def _median_or(values: list[float], default: float) -> float:
+    return statistics.median(values) if values else default
+
+
+def trace_workload(scenario: Scenario) -> Workload:
+    """Turn the event logs under ``scenario.trace`` into first meetings and costs."""
+    path = Path(scenario.trace or "")
+    if not path.is_dir():
+        raise ConfigError(f"trace directory {path} does not exist")
+    records = [r for r in read_events(path) if _usable(r)]
+    if not records:
+        raise ConfigError(f"no usable events in {path}/*.jsonl")
+    by_steps = any(r["event"] == "step" for r in records)
+    by_rank: dict[int, list[Record]] = defaultdict(list)
+    for rec in sorted(records, key=lambda r: float(r["time"])):
+        by_rank[rec["rank"]].append(rec)
+    trace_ranks = sorted(by_rank)
+    steps_of = [_rank_steps(by_rank[r], by_steps) for r in trace_ranks]
+
+    indices = sorted({index for rank_steps in steps_of for index, _, _ in rank_steps})
+    dense = {index: d for d, index in enumerate(indices)}
+    compute = np.full(len(indices), math.inf)
+    met: list[tuple[int, int, int, str]] = []  # (step, trace rank position, order, key): first meetings
+    for pos, rank_steps in enumerate(steps_of):
+        seen: set[str] = set()
+        for index, keys, compute_s in rank_steps:
+            d = dense[index]
+            compute[d] = min(compute[d], compute_s)
+            met += [(d, pos, order, key) for order, key in enumerate(keys) if key not in seen]
+            seen.update(keys)
+    steps = len(indices) if scenario.steps is None else min(scenario.steps, len(indices))
+    met = sorted(m for m in met if m[0] < steps)
+    shape_of = {key: s for s, key in enumerate(dict.fromkeys(key for *_, key in met))}
+
+    compiles: dict[str, list[float]] = defaultdict(list)
+    for rec in records:
+        if rec["event"] == "compile" and rec["key"] in shape_of:
+            compiles[rec["key"]].append(float(rec.get("duration", 0.0)))
+    known = [statistics.fmean(v) for v in compiles.values()]
+    fallback_compile = _median_or(known, scenario.costs.compile_s)
+    compile_s = np.array([statistics.fmean(compiles[k]) if k in compiles else fallback_compile for k in shape_of])
+    fetch_s = _median_or([float(r.get("duration", 0.0)) for r in records if r["event"] == "hit"],
+                         scenario.costs.fetch_s)
+
+    ranks = scenario.ranks or len(trace_ranks)
+    src = np.array([(d, pos, order, shape_of[key]) for d, pos, order, key in met], dtype=np.int64).reshape(-1, 4)
+    parts = [src[src[:, 1] == r % len(trace_ranks)] for r in range(ranks)]
+    rows = np.concatenate(parts)
+    rank = np.repeat(np.arange(ranks, dtype=np.int64), [len(p) for p in parts])
+    order = np.lexsort((rows[:, 2], rank, rows[:, 0]))
+    log.info("trace %s: %d ranks, %d steps (%s), %d keys; replayed on %d ranks",
+             path, len(trace_ranks), len(indices), "step events" if by_steps else "one per meeting",
+             len(shape_of), ranks)
+    return Workload(
+        scenario=scenario, ranks=ranks, shapes=len(shape_of), steps=steps,
+        step=rows[order, 0], rank=rank[order], shape=rows[order, 3],
+        compute_s=compute[:steps], compile_s=compile_s, fetch_s=fetch_s,
+    )

@@ -1,0 +1,180 @@
+"""The simulator's engine and synthetic schedules against closed forms and invariants."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from recipecache.errors import ConfigError
+from recipecache.sim import POLICIES, Costs, Scenario, build_workload, compare, run_policy, simulate
+from recipecache.sim.schedules import _fold_first_meetings, shape_weights
+
+COMPILE, FETCH = 10.0, 0.25
+FIXED = Costs(compile_s=COMPILE, compute_s=1.0, fetch_latency_s=FETCH, artifact_mb=0.0)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 8, 33])
+@pytest.mark.parametrize("shapes", [1, 2, 5, 17])
+def test_adversarial_matches_the_closed_forms(ranks: int, shapes: int) -> None:
+    reports = compare(schedule="adversarial", ranks=ranks, shapes=shapes, costs=FIXED)
+    none, shared, single, prewarm = (reports[p] for p in POLICIES)
+    worst = ranks * (shapes - 1) + 1
+    assert none.steps == worst and none.worst_case_delays == worst
+    assert none.compile_delays == worst
+    assert none.compile_events == ranks * shapes
+    assert none.stall_s == pytest.approx(worst * COMPILE)
+
+    assert shared.compile_delays == single.compile_delays == shapes
+    # step 0: every rank meets shape 0 at once; shared compiles it N times, single-flight once
+    assert shared.compile_events == ranks + shapes - 1
+    assert shared.wasted_compile_s == pytest.approx((ranks - 1) * COMPILE)
+    assert single.compile_events == shapes and single.wasted_compile_s == 0
+    assert single.wait_events == ranks - 1
+    later_fetches = (ranks - 1) * (shapes - 1)
+    assert shared.stall_s == pytest.approx(shapes * COMPILE + later_fetches * FETCH)
+    # the waiters of step 0 wait as long as the compile, then fetch: lockstep makes
+    # single-flight no faster than shared, only cheaper in compile work
+    assert single.stall_s == pytest.approx(shapes * COMPILE + later_fetches * FETCH + (FETCH if ranks > 1 else 0))
+
+    assert prewarm.compile_delays == 0 and prewarm.compile_events == shapes
+    assert prewarm.prewarm_s == pytest.approx(math.ceil(shapes / ranks) * COMPILE)
+    for r in reports.values():
+        assert r.stall_s == pytest.approx(r.wall_s - r.compute_s)
+        assert r.compute_s == pytest.approx(r.steps * FIXED.compute_s)
+
+
+def test_adversarial_steps_cut_the_schedule_or_pad_it_with_known_shapes() -> None:
+    short = simulate("none", schedule="adversarial", ranks=4, shapes=5, steps=7, costs=FIXED)
+    assert short.compile_delays == 7 and short.steps == 7
+    long = simulate("none", schedule="adversarial", ranks=4, shapes=5, steps=100, costs=FIXED)
+    assert long.compile_delays == 4 * 4 + 1
+    assert long.wall_s == pytest.approx(100 * FIXED.compute_s + long.compile_delays * COMPILE)
+
+
+@pytest.fixture(scope="module")
+def iid() -> dict:
+    costs = Costs(compile_s=10.0, compile_spread=0.5, compute_s=0.5, fetch_latency_s=0.05, artifact_mb=10.0)
+    scenario = Scenario(ranks=16, shapes=50, steps=300, seed=7, costs=costs)
+    workload = build_workload(scenario)
+    return {"workload": workload, "reports": {p: run_policy(workload, p) for p in POLICIES}}
+
+
+def test_iid_invariants(iid: dict) -> None:
+    w, reports = iid["workload"], iid["reports"]
+    none, shared, single, prewarm = (reports[p] for p in POLICIES)
+    met_shapes = len(set(w.shape.tolist()))
+    assert none.compile_events == none.first_meetings == len(w.step)
+    assert single.compile_events == met_shapes and single.wasted_compile_s == 0
+    assert shared.compile_events > met_shapes and shared.wasted_compile_s > 0
+    assert shared.compile_delays == single.compile_delays < none.compile_delays
+    assert none.stall_s > 5 * single.stall_s
+    # shared and single-flight differ only where ranks tie on a new shape: the waiter's fetch
+    assert 0 < single.stall_s - shared.stall_s <= single.compile_delays * w.fetch_s + 1e-9
+    assert prewarm.compile_delays == 0 and prewarm.compile_events == w.shapes
+    for r in reports.values():
+        assert r.stall_s == pytest.approx(r.wall_s - r.compute_s)
+        assert sum(x.compiles for x in r.per_rank) == r.compile_events
+        assert sum(x.wait_s for x in r.per_rank) == pytest.approx(r.wait_s)
+        assert r.rank_stall_s == pytest.approx(r.compile_s + r.wait_s)
+    # every first meeting is a compile or a fetch (a waiter fetches after its wait); under
+    # prewarm a rank already holds the shapes it compiled up front
+    for r in (none, shared, single):
+        assert r.compile_events + r.fetch_events == r.first_meetings
+    owned = int(np.count_nonzero(w.shape % w.ranks == w.rank))
+    assert prewarm.fetch_events == prewarm.first_meetings - owned
+
+
+def test_iid_meets_shapes_in_first_meeting_order(iid: dict) -> None:
+    w = iid["workload"]
+    pairs = list(zip(w.rank.tolist(), w.shape.tolist()))
+    assert len(pairs) == len(set(pairs))
+    assert np.all(np.diff(w.step) >= 0)
+    assert np.all((w.step >= 0) & (w.step < w.steps))
+    same_step = np.diff(w.step) == 0
+    assert np.all(np.diff(w.rank)[same_step] > 0)  # one shape per rank per step, in rank order
+
+
+def test_iid_is_deterministic_per_seed() -> None:
+    a = simulate(ranks=4, shapes=8, steps=50, seed=3, costs=Costs(compile_spread=0.3)).to_dict()
+    b = simulate(ranks=4, shapes=8, steps=50, seed=3, costs=Costs(compile_spread=0.3)).to_dict()
+    c = simulate(ranks=4, shapes=8, steps=50, seed=4, costs=Costs(compile_spread=0.3)).to_dict()
+    assert a == b and a != c
+
+
+def test_one_rank_gains_nothing_from_sharing() -> None:
+    reports = compare(["none", "shared", "singleflight"], ranks=1, shapes=20, steps=200, seed=1)
+    stalls = {r.stall_s for r in reports.values()}
+    events = {r.compile_events for r in reports.values()}
+    assert len(stalls) == 1 and len(events) == 1
+
+
+def test_fold_first_meetings_matches_a_plain_loop() -> None:
+    rng = np.random.default_rng(0)
+    ranks, shapes, steps = 5, 7, 40
+    draws = rng.integers(0, shapes, size=(steps, ranks))
+    first = np.full(ranks * shapes, np.iinfo(np.int64).max)
+    for start in range(0, steps, 13):  # in batches, as the schedule draws them
+        _fold_first_meetings(draws[start:start + 13], first, start * ranks)
+    expected: dict[int, int] = {}
+    for t in range(steps):
+        for r in range(ranks):
+            expected.setdefault(r * shapes + int(draws[t, r]), t * ranks + r)
+    got = {code: int(cell) for code, cell in enumerate(first) if cell != np.iinfo(np.int64).max}
+    assert got == expected
+
+
+def test_weights_choose_the_shapes() -> None:
+    w = build_workload(Scenario(weights=(1.0, 0.0, 3.0), ranks=4, steps=100))
+    assert w.shapes == 3 and set(w.shape.tolist()) == {0, 2}
+    zipf = shape_weights(Scenario(), 5)
+    assert zipf.sum() == pytest.approx(1.0) and np.all(np.diff(zipf) < 0)
+    assert np.allclose(shape_weights(Scenario(distribution="uniform"), 4), 0.25)
+
+
+def test_costs() -> None:
+    assert Costs(fetch_latency_s=0.01, artifact_mb=50, bandwidth_mb_s=100).fetch_s == pytest.approx(0.51)
+    spread = Costs(compile_s=30.0, compile_spread=0.4).compile_times(2001, np.random.default_rng(0))
+    assert np.median(spread) == pytest.approx(30.0, rel=0.05) and spread.std() > 5
+    # compile times come from their own random stream: the schedule does not move them
+    iid = build_workload(Scenario(shapes=6, seed=2, costs=Costs(compile_spread=0.5)))
+    adv = build_workload(Scenario(schedule="adversarial", shapes=6, seed=2, costs=Costs(compile_spread=0.5)))
+    assert np.array_equal(iid.compile_s, adv.compile_s)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Scenario(ranks=0),
+    lambda: Scenario(ranks=-2),
+    lambda: Scenario(shapes=0),
+    lambda: Scenario(steps=-1),
+    lambda: Scenario(schedule="trace"),
+    lambda: Scenario(schedule="bogus"),
+    lambda: Scenario(weights=(1.0, 2.0), shapes=3),
+    lambda: Scenario(weights=(0.0, 0.0)),
+    lambda: Scenario(schedule="adversarial", weights=(1.0,)),
+    lambda: Costs(compile_s=-1.0),
+    lambda: Costs(bandwidth_mb_s=0.0),
+    lambda: Costs(compute_s=math.nan),
+    lambda: simulate("bogus"),
+])
+def test_bad_input_is_a_config_error(make) -> None:
+    with pytest.raises(ConfigError):
+        make()
+
+
+def test_report_is_json_serialisable() -> None:
+    report = simulate("prewarm", ranks=3, shapes=4, steps=20)
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["policy"] == "prewarm" and len(data["per_rank"]) == 3
+    assert data["compile_events"] == report.compile_events
+
+
+def test_sim_does_not_import_torch() -> None:
+    code = ("import sys, recipecache.sim; recipecache.sim.simulate(ranks=2, shapes=2, steps=5); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,80 @@
+"""``recipecache sim`` through the real ``recipecache`` main."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_sim_trace import two_rank_run
+
+from recipecache.cli import main
+
+
+def sim(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["sim", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_report_of_one_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = sim(capsys, "--schedule", "adversarial", "--ranks", "3", "--shapes", "4", "--policy", "none",
+                       "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert data["policy"] == "none" and data["compile_delays"] == 3 * 3 + 1 == data["worst_case_delays"]
+
+
+def test_compare_runs_every_policy_with_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = sim(capsys, "--ranks", "4", "--shapes", "6", "--steps", "60", "--compare", "--json",
+                       "--compile-s", "5", "--compile-spread", "0.3", "--bandwidth", "100", "--artifact-mb", "5")
+    data = json.loads(out)
+    assert code == 0 and list(data["policies"]) == ["none", "shared", "singleflight", "prewarm"]
+    assert data["vs_none"]["none"]["stall_s"] == 1.0
+    assert data["vs_none"]["singleflight"]["stall_s"] < 1.0
+    assert data["policies"]["shared"]["first_meetings"] == data["policies"]["none"]["first_meetings"]  # one workload
+
+
+def test_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = sim(capsys, "--schedule", "adversarial", "--ranks", "2", "--shapes", "3", "--compare")
+    lines = out.splitlines()
+    assert code == 0 and "worst case N*(S-1)+1 = 5" in lines[0]
+    assert lines[1].split()[0] == "policy" and lines[1].split()[-1] == "stall/none"
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert set(rows) == {"none", "shared", "singleflight", "prewarm"}
+    assert rows["none"][2] == "5" and rows["shared"][2] == "3" and rows["none"][-1] == "1.000"
+
+
+def test_trace_replay(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = two_rank_run(tmp_path / "ev")
+    code, out, _ = sim(capsys, "--schedule", "trace", "--trace", str(trace), "--json")
+    assert code == 0 and json.loads(out)["compile_events"] == 2
+
+
+def test_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "stall.png"
+    code, out, _ = sim(capsys, "--ranks", "4", "--shapes", "4", "--steps", "30", "--plot", str(target))
+    assert code == 0 and f"plot: {target}" in out
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv", [
+    ["--ranks", "-1"],
+    ["--steps", "-5"],
+    ["--schedule", "trace"],
+    ["--schedule", "trace", "--trace", "/no/such/dir"],
+    ["--weights", "1,x"],
+    ["--bandwidth", "0"],
+    ["--weights", "1,2", "--plot", "x.png"],
+])
+def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    code, out, err = sim(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("recipecache: error: ") and err.count("\n") == 1
+
+
+def test_plot_refuses_a_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = two_rank_run(tmp_path / "ev")
+    code, _, err = sim(capsys, "--schedule", "trace", "--trace", str(trace), "--plot", str(tmp_path / "p.png"))
+    assert code == 2 and "trace fixes" in err
