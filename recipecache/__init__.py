@@ -5,12 +5,11 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
-from typing import Any
 
 __version__ = "0.1.0"
 
+from ._lazy import lazy_getattr  # noqa: E402
 from .errors import BackendError, ConfigError, RecipeCacheError, VerificationError  # noqa: E402
 from .keys import make_key  # noqa: E402
 from .store import Flight, Store, open_store  # noqa: E402
@@ -21,6 +20,16 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 _LAZY = {
     "enable": "recipecache.torch_integration",
     "disable": "recipecache.torch_integration",
+    "data_dynamicity": "recipecache.shapes.dynamicity",
+    "percentile_buckets": "recipecache.shapes.buckets",
+    "optimal_buckets": "recipecache.shapes.buckets",
+    "padding_waste": "recipecache.shapes.buckets",
+    "assign_buckets": "recipecache.shapes.buckets",
+    "BucketResult": "recipecache.shapes.buckets",
+    "BucketPadCollate": "recipecache.shapes.padding",
+    "BucketBatchSampler": "recipecache.shapes.padding",
+    "detect_recompilation": "recipecache.shapes.recompile",
+    "RecompilationDetector": "recipecache.shapes.recompile",
 }
 
 __all__ = [
@@ -29,10 +38,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'recipecache' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

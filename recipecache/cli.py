@@ -13,19 +13,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from . import admin
+from .argparsing import OneLineArgumentParser
 from .errors import BackendError, ConfigError
 from .sizes import format_size, parse_size
 from .store import Store, open_store
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error instead of usage plus error."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _store(args: argparse.Namespace) -> Store:
@@ -109,12 +103,12 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="recipecache", description="Inspect and manage a recipecache store.")
+    parser = OneLineArgumentParser(prog="recipecache", description="Inspect and manage a recipecache store.")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", help="store URL (default: $RECIPECACHE_URL or the filesystem default)")
     common.add_argument("--namespace", help="namespace (default: $RECIPECACHE_NAMESPACE or 'default')")
     common.add_argument("--json", action="store_true", help="print JSON")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineArgumentParser)
 
     def add(name: str, fn: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)

@@ -138,8 +138,8 @@ class Store:
         self._stats.count("bytes_read", len(payload))
         return payload, "hit"
 
-    def get(self, key: str) -> bytes | None:
-        """The verified artifact under ``key``, or None (a miss, counted by reason)."""
+    def lookup(self, key: str) -> tuple[bytes | None, str]:
+        """The verified artifact under ``key`` and ``"hit"``, or None and the counted miss reason."""
         start = time.perf_counter()
         data, reason = self._read(key)
         if data is None:
@@ -148,20 +148,25 @@ class Store:
         else:
             self._stats.count("hits")
             self.events.record("hit", key, time.perf_counter() - start, bytes=len(data))
-        return data
+        return data, reason
 
-    def put(self, key: str, data: bytes) -> None:
-        """Publish ``data`` under ``key``; a failure is logged and counted, never raised."""
+    def get(self, key: str) -> bytes | None:
+        """The verified artifact under ``key``, or None (a miss, counted by reason)."""
+        return self.lookup(key)[0]
+
+    def put(self, key: str, data: bytes) -> bool:
+        """Publish ``data`` under ``key``; False (logged and counted, never raised) if the backend failed."""
         start = time.perf_counter()
         blob = envelope.seal(key, data, secret=self.settings.secret)
         try:
             self._call("put", self.backend.put, storage_key(self.namespace, key), blob)
         except BackendError as exc:
             self._stats.reason("put_failures", exc.reason)
-            return
+            return False
         self._stats.count("puts")
         self._stats.count("bytes_written", len(data))
         self.events.record("put", key, time.perf_counter() - start, bytes=len(data))
+        return True
 
     # -- single flight -------------------------------------------------------------
     def begin(self, key: str, *, wait_timeout: float | None = None) -> Flight:

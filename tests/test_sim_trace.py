@@ -151,3 +151,15 @@ def test_a_bad_run_report_is_a_config_error(tmp_path: Path, content: str) -> Non
     (tmp_path / "report.json").write_text(content)
     with pytest.raises(ConfigError):
         measured_stall(tmp_path / "report.json")
+
+
+def test_events_of_other_kinds_are_not_replayed(tmp_path: Path) -> None:
+    """An HPU sync agent logs into the same directory under rank 0; its records must not become keys."""
+    base = build_workload(Scenario(schedule="trace", trace=two_rank_run(tmp_path / "a")))
+    noisy = two_rank_run(tmp_path / "b")
+    with open(noisy / "events-rank0-100.jsonl", "a") as f:
+        for t in (100.5, 101.5, 103.0):
+            f.write(json.dumps(ev(0, "hpu_publish", t, "recipe-x", 0.2)) + "\n")
+    w = build_workload(Scenario(schedule="trace", trace=noisy))
+    assert (w.ranks, w.steps, w.shapes) == (base.ranks, base.steps, base.shapes)
+    assert w.compute_s.tolist() == pytest.approx(base.compute_s.tolist())

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import filelock
 
-from ..errors import BackendError, ConfigError
+from ..errors import BackendError
+from ..fsutil import TEMP_PREFIX, private_directory, write_atomic
 from .base import Backend, Clock, EntryInfo, check_key
 
 log = logging.getLogger(__name__)
@@ -54,31 +55,14 @@ def _reason(exc: OSError) -> str:
 
 class FilesystemBackend(Backend):
     def __init__(self, root: str | os.PathLike[str], *, max_size: int | None = None, clock: Clock = time.time) -> None:
-        self.root = Path(root).expanduser()
+        self.root = private_directory(root, "cache directory")
         self.url = f"file://{self.root}"
         self.max_size = max_size
         self._clock = clock
         self._written_since_check = 0
         self._last_check = 0.0
-        self._prepare_root()
 
     # -- paths ---------------------------------------------------------------------
-    def _prepare_root(self) -> None:
-        try:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = os.lstat(self.root)
-        except OSError as exc:
-            raise ConfigError(f"cache directory {self.root} is not usable: {exc.strerror}") from None
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"cache directory {self.root} is a symlink or not a directory")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise ConfigError(
-                f"cache directory {self.root} is writable by group or others, who could plant code every rank runs; "
-                f"run: chmod go-w {self.root}"
-            )
-        if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            raise ConfigError(f"cache directory {self.root} belongs to another user (uid {st.st_uid})")
-
     def _dir(self, *parts: str) -> Path:
         """``root/parts...``, created 0700, refusing any component that is a symlink."""
         path = self.root
@@ -122,19 +106,10 @@ class FilesystemBackend(Backend):
 
     def put(self, key: str, value: bytes) -> None:
         namespace, digest = check_key(key).split("/")
-        tmp = None
         try:
-            directory = self._dir("objects", namespace, digest[:2])
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-            with os.fdopen(fd, "wb") as f:
-                f.write(value)
-            os.replace(tmp, directory / digest)
-            tmp = None
+            write_atomic(self._dir("objects", namespace, digest[:2]) / digest, value)
         except OSError as exc:
             raise BackendError(_reason(exc), f"write {key}: {exc.strerror}") from None
-        finally:
-            if tmp is not None:
-                _unlink(Path(tmp))
         self._maybe_evict(len(value))
 
     def delete(self, key: str) -> None:
@@ -182,7 +157,7 @@ class FilesystemBackend(Backend):
         cutoff = self._clock() - STALE_TEMP_S
         for directory, _dirs, files in os.walk(self.root / "objects"):
             for name in files:
-                if name.startswith(".tmp-"):
+                if name.startswith(TEMP_PREFIX):
                     path = Path(directory) / name
                     try:
                         if path.lstat().st_mtime < cutoff:
@@ -203,7 +178,7 @@ class FilesystemBackend(Backend):
             return ("", 0.0)  # unreadable: treat as expired so it can be taken over
 
     def _write_temp_lease(self, directory: Path, token: str, ttl: float) -> Path:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
         with os.fdopen(fd, "w") as f:
             json.dump({"token": token, "expires": self._clock() + ttl}, f)
         return Path(tmp)

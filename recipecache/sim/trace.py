@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..events import read_events
+from ..events import EVENT_KINDS, read_events
 from .model import Scenario, Workload
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,10 @@ def _is_number(value: Any) -> bool:
 
 
 def _usable(rec: Record) -> bool:
-    """A record the replay can place: numbers where it needs them, a key on store events."""
+    """A store event the replay can place: a kind it knows (not e.g. an HPU agent's), numbers, a key."""
     return (
-        _is_number(rec.get("time")) and isinstance(rec.get("rank"), int) and _is_number(rec.get("duration", 0.0))
+        rec["event"] in EVENT_KINDS
+        and _is_number(rec.get("time")) and isinstance(rec.get("rank"), int) and _is_number(rec.get("duration", 0.0))
         and (rec["event"] == "step" or isinstance(rec.get("key"), str))
     )
 
