@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -186,3 +187,15 @@ def test_unreadable_cached_value_is_recomputed_and_replaced(caplog: pytest.LogCa
     assert result == BucketResult((5, 8), 4 / 23, True, 0.0)
     assert "unreadable cached buckets" in caplog.text
     assert msgpack.unpackb(store.data[key])["boundaries"] == [5, 8]
+
+
+def test_another_rank_reuses_buckets_through_a_real_store(tmp_path: Path) -> None:
+    import recipecache
+
+    lengths = np.random.default_rng(3).lognormal(4, 0.6, 5000).astype(int).tolist()
+    rank0 = recipecache.open_store(f"file://{tmp_path / 'c'}", namespace="buckets")
+    rank1 = recipecache.open_store(f"file://{tmp_path / 'c'}", namespace="buckets")
+    first = optimal_buckets(lengths, 8, store=rank0)
+    assert rank0.stats()["puts"] == 1
+    assert optimal_buckets(lengths, 8, store=rank1) == first
+    assert (rank1.stats()["hits"], rank1.stats()["puts"]) == (1, 0)
