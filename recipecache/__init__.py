@@ -20,6 +20,9 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 _LAZY = {
     "enable": "recipecache.torch_integration",
     "disable": "recipecache.torch_integration",
+    "mark_step": "recipecache.torch_integration",
+    "metrics": "recipecache.torch_integration",
+    "prewarm": "recipecache.shapes.prewarm",
     "data_dynamicity": "recipecache.shapes.dynamicity",
     "percentile_buckets": "recipecache.shapes.buckets",
     "optimal_buckets": "recipecache.shapes.buckets",

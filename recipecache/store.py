@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds a failed backend is left alone before the store tries it again.
 RETRY_AFTER_S = 5.0
+#: Miss reasons that mean the backend answered (the entry is absent or was refused and
+#: deleted), so single-flight can coordinate the compile; any other reason is a failure.
+_ANSWERED = frozenset({"not_found", "corrupt", "unsigned", "bad_signature"})
 
 
 @dataclass
@@ -54,11 +57,16 @@ class Flight:
     data: bytes | None = None
     reason: str | None = None
     waited_s: float = 0.0
+    #: why the first lookup missed (``not_found``, a refusal such as ``bad_signature``, or a
+    #: backend failure); None for a hit
+    miss_reason: str | None = None
     lease: HeldLease | None = field(default=None, repr=False)
 
-    def publish(self, data: bytes) -> None:
-        self.store.put(self.key, data)
+    def publish(self, data: bytes) -> bool:
+        """Store ``data`` and release the lease; False if the backend did not take it."""
+        stored = self.store.put(self.key, data)
         self.release()
+        return stored
 
     def release(self) -> None:
         if self.lease is not None:
@@ -171,36 +179,38 @@ class Store:
     # -- single flight -------------------------------------------------------------
     def begin(self, key: str, *, wait_timeout: float | None = None) -> Flight:
         """Look ``key`` up; on a miss either wait for the process compiling it or become its compiler."""
-        data = self.get(key)
+        data, reason = self.lookup(key)
         if data is not None:
             return Flight(self, key, "hit", data=data)
+        if reason not in _ANSWERED:
+            return self._fallback(key, reason, miss_reason=reason)  # the backend failed: no lease to take
         timeout = self.settings.wait_timeout if wait_timeout is None else wait_timeout
         try:
             outcome = self._call(
                 "lease", self._flight.run, storage_key(self.namespace, key), lambda: self._read(key)[0], timeout
             )
         except BackendError as exc:
-            return self._fallback(key, exc.reason)
+            return self._fallback(key, exc.reason, miss_reason=reason)
         if outcome.waited_s:
             self._stats.count("waits")
             self._stats.add_seconds("wait_s", outcome.waited_s)
             self.events.record("wait", key, outcome.waited_s)
         if outcome.role == "timeout":
-            return self._fallback(key, "wait_timeout", waited_s=outcome.waited_s)
+            return self._fallback(key, "wait_timeout", waited_s=outcome.waited_s, miss_reason=reason)
         if outcome.role == "follower":
             self._stats.count("follower")
             self._stats.count("hits")
-            return Flight(self, key, "follower", data=outcome.value, waited_s=outcome.waited_s)
+            return Flight(self, key, "follower", data=outcome.value, waited_s=outcome.waited_s, miss_reason=reason)
         self._stats.count("leader")
         if outcome.takeover:
             self._stats.count("takeovers")
             self.events.record("takeover", key)
-        return Flight(self, key, "leader", lease=outcome.lease, waited_s=outcome.waited_s)
+        return Flight(self, key, "leader", lease=outcome.lease, waited_s=outcome.waited_s, miss_reason=reason)
 
-    def _fallback(self, key: str, reason: str, waited_s: float = 0.0) -> Flight:
+    def _fallback(self, key: str, reason: str, *, miss_reason: str, waited_s: float = 0.0) -> Flight:
         self._stats.reason("fallback", reason)
         self.events.record("fallback", key, reason=reason)
-        return Flight(self, key, "fallback", reason=reason, waited_s=waited_s)
+        return Flight(self, key, "fallback", reason=reason, waited_s=waited_s, miss_reason=miss_reason)
 
     def get_or_compile(self, key: str, compile_fn: Callable[[], bytes], *, wait_timeout: float | None = None) -> bytes:
         """The artifact for ``key``, compiled by exactly one process across the job when possible."""

@@ -1,0 +1,137 @@
+"""recipecache for torch.compile: after :func:`enable`, every compile in the process uses the store.
+
+* On a miss exactly one process compiles each graph (single-flight through
+  :meth:`Store.begin`); it publishes torch's FX entry *with* the ``.so`` kernels the
+  graph loads, so a hit elsewhere installs them and runs no compiler. Forward and
+  backward graphs, AOTAutograd entries, the CPU-feature probe libraries and the
+  automatic-dynamic (PGO) decisions (shared across ranks, merged on put) all travel.
+* Results are those of a local compile: a hit loads the very code the producer built.
+* Nothing here raises into training. A backend that is down, a refused or malformed
+  artifact, or a torch that lacks a hook point makes torch compile locally; the reason
+  is warned about once and counted (:func:`metrics`).
+
+Keys match across ranks as long as ranks agree on what torch puts in them: the rank is
+not in them (PGO's is removed), the precompiled-header flag is pinned off here, the
+thread count is (so launch every rank with the same ``OMP_NUM_THREADS``, as
+``recipecache-run`` does), and on GPUs so is the device ordinal (launch each rank with
+``CUDA_VISIBLE_DEVICES=<local rank>`` so every rank compiles for ``cuda:0``).
+
+This package imports torch only when :func:`enable` runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from typing import Any
+
+from ..events import EventLog, process_rank
+from ..store import Store, open_store
+from .metrics import Metrics, metrics_path
+
+__all__ = ["disable", "enable", "mark_step", "metrics"]
+
+log = logging.getLogger(__name__)
+
+
+class _Session:
+    """What enable() set up; the metrics outlive disable() so they can still be read and written at exit."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.store: Store | None = None
+        self.metrics: Metrics | None = None
+        self.hooked = False
+        self.next_step = 0
+        self.exit_hook = False
+
+
+_session = _Session()
+
+
+def enable(
+    url: str | None = None,
+    *,
+    namespace: str | None = None,
+    secret: str | bytes | None = None,
+    wait_timeout: float | None = None,
+    metrics_file: str | None = None,
+) -> Store:
+    """Route this process's torch.compile caches to the store ``url`` names and return that store.
+
+    ``url``, ``namespace`` and ``secret`` default to the environment as in
+    :func:`recipecache.open_store`; ``wait_timeout`` (seconds a process waits for another
+    one's compile) to ``RECIPECACHE_WAIT_TIMEOUT``; ``metrics_file`` to
+    ``RECIPECACHE_METRICS_FILE``. A malformed URL raises ConfigError (bad input); an
+    unreachable store does not (it degrades at use). Calling it again while enabled
+    returns the current store.
+    """
+    with _session.lock:
+        if _session.hooked and _session.store is not None:
+            return _session.store
+        store = open_store(url, namespace=namespace, secret=secret)
+        # AOTAutograd, PGO and probe entries: their lookups are not graph compiles, and the
+        # simulator would replay every key in the event log as one
+        aux = Store(store.backend, store.settings, events=EventLog(None))
+        template = metrics_file or os.environ.get("RECIPECACHE_METRICS_FILE")
+        metrics = Metrics(lambda: {"store": store.stats(), "aux_store": aux.stats()},
+                          metrics_path(template, process_rank()),
+                          flush=os.environ.get("RECIPECACHE_METRICS_FLUSH") == "1")
+        try:
+            from . import _hooks
+
+            _hooks.attach(store, aux, metrics, wait_timeout)
+        except (ImportError, AttributeError) as exc:
+            # a torch without the hook points this integration was written against
+            metrics.fallback("torch_internals", f"cannot hook this torch ({exc!r}); it compiles without the cache")
+        else:
+            _session.hooked = True
+        _session.store, _session.metrics, _session.next_step = store, metrics, 0
+        if not _session.exit_hook:
+            atexit.register(_at_exit)
+            _session.exit_hook = True
+        log.info("recipecache: torch.compile caches go to %s (namespace %s)", store.url, store.namespace)
+        return store
+
+
+def disable() -> None:
+    """Give torch back every setting and function enable() changed; the metrics stay readable."""
+    with _session.lock:
+        if _session.hooked:
+            from . import _hooks
+
+            _hooks.detach()
+            _session.hooked = False
+        if _session.metrics is not None:
+            _session.metrics.write()
+
+
+def metrics() -> dict[str, Any]:
+    """This process's counters in the metrics-file format ({} before the first enable())."""
+    current = _session.metrics
+    return {} if current is None else current.snapshot()
+
+
+def mark_step(step: int | None = None) -> None:
+    """Record that training step ``step`` (default: the next index) ended, for the simulator's trace.
+
+    A no-op until enable() ran, so training scripts may call it unconditionally.
+    """
+    with _session.lock:
+        store = _session.store
+        if store is None:
+            return
+        index = _session.next_step if step is None else step
+        _session.next_step = index + 1
+    store.events.record("step", "", 0.0, step=index)
+
+
+def _at_exit() -> None:
+    if _session.hooked:
+        from . import _hooks
+
+        _hooks.release_leases()
+    if _session.metrics is not None:
+        _session.metrics.write()

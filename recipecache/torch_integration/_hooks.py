@@ -1,0 +1,410 @@
+"""The torch 2.13 side: where recipecache plugs into torch.compile, and how it unplugs.
+
+Line numbers and the reasons behind each hook are in docs/torch-integration-notes.md.
+In short:
+
+* torch's remote caches (FX graph, AOTAutograd, PGO) accept a backend class through
+  ``RemoteCache.backend_override_cls``; ours talk to the store. The FX backend is where
+  single-flight happens: torch splits a compile into ``get`` (miss) ... ``put``, so a
+  miss opens a :class:`~recipecache.store.Flight` (one process per key compiles, the
+  others wait for its artifact) and the put publishes through it.
+* ``codecache.write`` is wrapped to learn which ``<hash>.main.so`` kernels the current
+  graph loads (they are not in torch's entry), and ``VecISA.check_build`` to learn the
+  CPU-feature probe libraries every fresh process would otherwise build with g++.
+* ``compile_fx.fx_codegen_and_compile`` is wrapped to count and time the graphs inductor
+  actually compiles here; ``compile_fx._compile_fx_inner`` bounds one graph's compile, so
+  a lease whose put never comes (the compile raised, the graph could not be pickled) is
+  released when that compile ends rather than when its TTL runs out.
+
+Every hook runs the original torch code first or around it and swallows its own
+failures (counted as fallback ``hook_error``): the cache may fail, training may not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch._dynamo.config as dynamo_config
+import torch._functorch.config as functorch_config
+import torch._inductor.config as inductor_config
+from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+from torch._inductor import codecache, compile_fx, remote_cache
+from torch._inductor.cpu_vec_isa import VecISA
+from torch._inductor.runtime.runtime_utils import cache_dir
+
+from ..store import Flight, Store
+from . import pgo
+from .artifact import Artifact, ArtifactError, collect, install
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+#: prefix of every store key written here; bumping it retires all artifacts of an older format
+KEY_PREFIX = "torch1:"
+#: job id enable() gives torch when none is set (PGO does nothing without one)
+JOB_ID = "recipecache"
+#: miss reasons that mean the store itself refused an entry (it has deleted it)
+REFUSED = frozenset({"bad_signature", "unsigned", "corrupt"})
+
+R = TypeVar("R")
+
+_active: Integration | None = None
+
+
+class _Attempt(threading.local):
+    """This thread's current FX graph, from torch's remote lookup to its put or the end of its compile."""
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        #: the lease this thread holds for ``key`` (leader) or its lease-less local compile (fallback)
+        self.flight: Flight | None = None
+        #: the producer's compile seconds of the entry we served, until torch accepts it
+        self.served_s: float | None = None
+        self.compile_s = 0.0
+        #: kernel libraries the graph loaded since the lookup (absolute paths)
+        self.kernels: set[str] = set()
+        self.in_isa_probe = False
+
+
+class Integration:
+    """One enabled store: the state the hooks share (torch builds backends with no arguments)."""
+
+    def __init__(self, store: Store, aux: Store, metrics: Metrics, wait_timeout: float | None) -> None:
+        #: graph artifacts (FX): single-flight, and the event log's trace of compile keys
+        self.store = store
+        #: AOTAutograd, PGO and probe entries: same backend, no events (they are not compiles to replay)
+        self.aux = aux
+        self.metrics = metrics
+        self.wait_timeout = wait_timeout
+        self.attempt = _Attempt()
+        self._lock = threading.Lock()
+        self._flights: dict[int, Flight] = {}
+        self._isa_files: set[str] = set()
+        self._isa_done = False
+        self._isa_key: str | None = None
+        self._originals: list[tuple[Any, str, Any]] = []
+
+    def guarded(self, fn: Callable[..., R], *args: Any) -> R | None:
+        """``fn(*args)``, or None with a counted ``hook_error`` if it raises: our bugs must not stop a compile."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            log.debug("recipecache hook %s failed", getattr(fn, "__name__", fn), exc_info=True)
+            self.metrics.fallback("hook_error", f"{getattr(fn, '__name__', fn)}: {exc!r}; torch goes on without it")
+            return None
+
+    # -- lookups ---------------------------------------------------------------------
+    def fetch(self, kind: str, key: str) -> Artifact | None:
+        """The artifact under ``key`` with its kernels installed, or None (counted by reason).
+
+        A graph (``fx``) goes through :meth:`Store.begin`: it returns the artifact (stored,
+        or compiled meanwhile by another process), or None with the lease held in
+        :attr:`attempt` (this process compiles and :meth:`fx_put` publishes). Other kinds
+        are plain lookups.
+        """
+        if kind == "fx":
+            data = self._fly(key)
+        else:
+            data, reason = self.aux.lookup(key)
+            if data is None:
+                self._count_miss(reason)
+        if data is None:
+            self.metrics.miss(kind)
+            return None
+        try:
+            artifact = Artifact.unpack(data, kind)
+            installed = install(artifact.files, Path(cache_dir()))
+        except ArtifactError as exc:
+            self.metrics.fallback("bad_artifact", f"{key}: {exc}; compiling locally")
+            self.metrics.miss(kind)
+            return None
+        except OSError as exc:
+            self.metrics.fallback("install_failed", f"{key}: {exc}; compiling locally")
+            self.metrics.miss(kind)
+            return None
+        if installed:
+            self.metrics.kernels(installed=installed)
+        self.metrics.hit(kind, artifact.compile_s)
+        return artifact
+
+    def _count_miss(self, reason: str) -> None:
+        """A refused entry (the store deleted it) or a store that did not answer; a plain absence is not counted here."""
+        if reason in REFUSED:
+            self.metrics.refused()
+        elif reason != "not_found":
+            self.metrics.fallback(reason, f"store {self.store.url} did not answer; compiling locally")
+
+    def _fly(self, key: str) -> bytes | None:
+        flight = self.store.begin(key, wait_timeout=self.wait_timeout)
+        if flight.miss_reason is not None:
+            self._count_miss(flight.miss_reason)
+        if flight.waited_s:
+            self.metrics.waited(flight.waited_s)
+        if flight.data is not None:
+            return flight.data
+        if flight.role == "fallback" and flight.reason != flight.miss_reason:
+            self.metrics.fallback(flight.reason or "fallback", f"no single-flight for {key}; compiling locally")
+        self.attempt.flight = flight
+        with self._lock:
+            self._flights[id(flight)] = flight
+        return None
+
+    def _close_flight(self, flight: Flight, data: bytes | None = None) -> None:
+        """Publish ``data`` through ``flight`` (or only release its lease) and forget it."""
+        with self._lock:
+            self._flights.pop(id(flight), None)
+        if data is None:
+            flight.release()
+        else:
+            flight.publish(data)
+
+    def end_attempt(self) -> None:
+        """The thread's graph compile is over (or a new one starts): free its lease, reset its record."""
+        attempt = self.attempt
+        if attempt.flight is not None:
+            flight, attempt.flight = attempt.flight, None
+            self._close_flight(flight)
+        attempt.key = None
+        attempt.served_s = None
+        attempt.compile_s = 0.0
+        attempt.kernels.clear()
+
+    def release_all(self) -> None:
+        """Free every lease any thread still holds (disable, interpreter exit)."""
+        with self._lock:
+            flights = list(self._flights.values())
+            self._flights.clear()
+        for flight in flights:
+            flight.release()
+
+    # -- the three torch caches ----------------------------------------------------
+    def fx_get(self, torch_key: str) -> bytes | None:
+        self.end_attempt()
+        key = KEY_PREFIX + torch_key
+        self.attempt.key = key
+        artifact = self.fetch("fx", key)
+        if artifact is None:
+            return None
+        self.attempt.served_s = artifact.compile_s
+        return artifact.entry
+
+    def fx_put(self, torch_key: str, data: bytes) -> None:
+        key = KEY_PREFIX + torch_key
+        attempt = self.attempt
+        files, missing = collect(attempt.kernels, Path(cache_dir()))
+        if missing:
+            self.metrics.fallback("kernel_missing", f"{len(missing)} kernel(s) of {key} not built when it was saved; "
+                                  "publishing it without them (a hit compiles those)")
+        ours = attempt.key == key
+        blob = Artifact("fx", data, tuple(files), attempt.compile_s if ours else 0.0).pack()
+        if ours and attempt.flight is not None:
+            flight, attempt.flight = attempt.flight, None
+            self._close_flight(flight, blob)
+        else:
+            self.store.put(key, blob)
+        self.metrics.kernels(shipped=len(files))
+        self.publish_isa_probe()
+
+    def aot_get(self, torch_key: str) -> bytes | None:
+        """No lease: AOT tracing is cheap and its put comes after the lazy backward compile."""
+        artifact = self.fetch("aot", KEY_PREFIX + torch_key)
+        return None if artifact is None else artifact.entry
+
+    def aot_put(self, torch_key: str, data: bytes) -> None:
+        self.aux.put(KEY_PREFIX + torch_key, Artifact("aot", data).pack())
+
+    def pgo_get(self, torch_key: str) -> bytes | None:
+        artifact = self.fetch("pgo", KEY_PREFIX + pgo.shared_key(torch_key))
+        return None if artifact is None else artifact.entry
+
+    def pgo_put(self, torch_key: str, data: bytes) -> None:
+        key = KEY_PREFIX + pgo.shared_key(torch_key)
+        stored, _reason = self.aux.lookup(key)
+        if stored is not None:
+            try:
+                data = pgo.merge(data, Artifact.unpack(stored, "pgo").entry)
+            except Exception as exc:  # noqa: BLE001 - torch's pickled state may fail in any way
+                self.metrics.fallback("pgo_merge_failed", f"{key}: {exc!r}; publishing this rank's state")
+        self.aux.put(key, Artifact("pgo", data).pack())
+
+    # -- compile bookkeeping -------------------------------------------------------
+    def compiled(self, seconds: float) -> None:
+        """inductor codegen of one graph ran here for ``seconds``."""
+        attempt = self.attempt
+        self.metrics.compiled(seconds)
+        attempt.compile_s += seconds
+        if attempt.served_s is not None:  # torch's guards rejected the entry we served
+            self.metrics.hit_was_miss("fx", attempt.served_s)
+            attempt.served_s = None
+        if attempt.key is not None:
+            self.store.record_compile(attempt.key, seconds)
+
+    def record_write(self, extension: str, path: str) -> None:
+        if extension == "main.cpp":
+            self.attempt.kernels.add(path[: -len("cpp")] + "so")
+        elif extension == "cpp" and self.attempt.in_isa_probe:
+            with self._lock:
+                self._isa_files.add(path[: -len("cpp")] + "so")
+
+    # -- the CPU-feature probe libraries ---------------------------------------------
+    def isa_key(self) -> str:
+        """Key of this host kind's probe libraries: torch names them by compiler, ISA flags and version."""
+        if self._isa_key is None:
+            from torch._inductor.cpp_builder import (
+                get_compiler_version_info,
+                get_cpp_compiler,
+            )
+
+            fingerprint = f"{torch.__version__}|{platform.machine()}|{get_compiler_version_info(get_cpp_compiler())}"
+            self._isa_key = f"{KEY_PREFIX}isa-probe:{hashlib.sha256(fingerprint.encode()).hexdigest()}"
+        return self._isa_key
+
+    def install_isa_probe(self) -> None:
+        """Before the first compile probes the CPU, install the libraries another process built."""
+        if self.fetch("isa", self.isa_key()) is not None:
+            self._isa_done = True
+
+    def publish_isa_probe(self) -> None:
+        with self._lock:
+            if self._isa_done or not self._isa_files:
+                return
+            self._isa_done = True
+            paths = set(self._isa_files)
+        files, _missing = collect(paths, Path(cache_dir()))  # an ISA the compiler lacks has no library
+        if files:
+            self.aux.put(self.isa_key(), Artifact("isa", b"", tuple(files)).pack())
+            self.metrics.kernels(shipped=len(files))
+
+    # -- install / uninstall ---------------------------------------------------------
+    def patches(self) -> list[tuple[Any, str, Any]]:
+        """(owner, attribute, new value) for everything enable() changes in torch."""
+        original_write = codecache.write
+        original_check_build = VecISA.check_build
+        original_codegen = compile_fx.fx_codegen_and_compile
+        original_inner = compile_fx._compile_fx_inner
+
+        def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
+            result = original_write(content, extension, *args, **kwargs)
+            self.guarded(self.record_write, extension, result[1])
+            return result
+
+        def check_build(isa: VecISA, code: str) -> bool:
+            self.attempt.in_isa_probe = True
+            try:
+                return original_check_build(isa, code)
+            finally:
+                self.attempt.in_isa_probe = False
+
+        def fx_codegen_and_compile(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original_codegen(*args, **kwargs)
+            finally:
+                self.guarded(self.compiled, time.perf_counter() - start)
+
+        def _compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
+            self.guarded(self.end_attempt)
+            try:
+                return original_inner(*args, **kwargs)
+            finally:
+                self.guarded(self.end_attempt)
+
+        out: list[tuple[Any, str, Any]] = [
+            (inductor_config, "fx_graph_remote_cache", True),
+            (functorch_config, "enable_remote_autograd_cache", True),
+            (dynamo_config, "automatic_dynamic_remote_pgo", True),
+            # part of the FX key, so it must be equal on every rank; "off" also spares each
+            # fresh process a 150 MB precompiled header that a hit does not need
+            (inductor_config, "cpp_cache_precompile_headers", False),
+            (remote_cache.RemoteFxGraphCache, "backend_override_cls", FxBackend),
+            (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
+            (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
+            (codecache, "write", write),
+            (VecISA, "check_build", check_build),
+            (compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile),
+            (compile_fx, "_compile_fx_inner", _compile_fx_inner),
+        ]
+        if torch.compiler.config.job_id is None:
+            out.append((torch.compiler.config, "job_id", JOB_ID))
+        return out
+
+    def install(self) -> None:
+        patches = self.patches()  # resolves every torch attribute before anything changes
+        for owner, name, value in patches:
+            self._originals.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, value)
+        # functools.cache'd: it may hold a backend (or None) from before the override
+        AOTAutogradCache.get_remote_cache.cache_clear()
+        self.guarded(self.install_isa_probe)
+
+    def uninstall(self) -> None:
+        self.end_attempt()
+        self.release_all()
+        for owner, name, value in reversed(self._originals):
+            setattr(owner, name, value)
+        self._originals.clear()
+        AOTAutogradCache.get_remote_cache.cache_clear()
+
+
+class _StoreBackend(remote_cache.RemoteCacheBackend[bytes]):
+    """What torch's RemoteCache calls. torch builds these itself, so they hold no state."""
+
+    kind = ""
+
+    def _get(self, key: str) -> bytes | None:
+        integration = _active
+        if integration is None:
+            return None
+        return integration.guarded(getattr(integration, f"{self.kind}_get"), key)
+
+    def _put(self, key: str, data: bytes) -> None:
+        integration = _active
+        if integration is not None:
+            integration.guarded(getattr(integration, f"{self.kind}_put"), key, data)
+
+
+class FxBackend(_StoreBackend):
+    kind = "fx"
+
+
+class AotBackend(_StoreBackend):
+    kind = "aot"
+
+
+class PgoBackend(_StoreBackend):
+    kind = "pgo"
+
+
+def attach(store: Store, aux: Store, metrics: Metrics, wait_timeout: float | None) -> Integration:
+    """Hook torch up to the stores; raises AttributeError (nothing changed) if this torch lacks a hook point."""
+    global _active
+    integration = Integration(store, aux, metrics, wait_timeout)
+    _active = integration
+    try:
+        integration.install()
+    except BaseException:
+        _active = None
+        integration.uninstall()
+        raise
+    return integration
+
+
+def detach() -> None:
+    global _active
+    if _active is not None:
+        integration, _active = _active, None
+        integration.uninstall()
+
+
+def release_leases() -> None:
+    """Free the leases of compiles still running at interpreter exit, so waiters need not wait for the TTL."""
+    if _active is not None:
+        _active.release_all()

@@ -1,0 +1,155 @@
+"""Per-process metrics of the torch integration, in the format of docs/DEVELOPING.md.
+
+The launcher's report sums these files over ranks, so every number is about *this*
+process: graphs it compiled (inductor codegen that actually ran here), seconds it
+waited for another process's compile, and, for each hit, the seconds the producer spent
+compiling (``saved_s``). Failures of the cache are counted by reason and warned about
+once per reason: the integration never raises into training, so these counters are
+how an operator learns that the cache is not helping.
+
+The file (``RECIPECACHE_METRICS_FILE`` or ``enable(metrics_file=...)``, ``{rank}``
+replaced by the rank) is written at exit and, with ``RECIPECACHE_METRICS_FLUSH=1``,
+after every change, so a killed rank still leaves its latest numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..events import process_rank
+from ..fsutil import write_atomic
+
+log = logging.getLogger(__name__)
+
+LOOKUP_KINDS = ("fx", "aot", "pgo", "isa")
+
+
+def metrics_path(template: str | None, rank: int) -> Path | None:
+    """The metrics file for ``rank``: ``template`` with ``{rank}`` replaced, or None for no file."""
+    return Path(template.replace("{rank}", str(rank))) if template else None
+
+
+class Metrics:
+    def __init__(self, store_stats: Callable[[], dict[str, Any]], path: Path | None, *, flush: bool) -> None:
+        #: returns the stores' counters as top-level fields (``{"store": ..., ...}``)
+        self._store_stats = store_stats
+        self.path = path
+        self._flush = flush and path is not None
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._compiles = 0
+        self._compile_s = 0.0
+        self._waits = 0
+        self._wait_s = 0.0
+        self._saved_s = 0.0
+        self._refused = 0
+        self._fallbacks: Counter[str] = Counter()
+        self._lookups = {kind: {"hit": 0, "miss": 0} for kind in LOOKUP_KINDS}
+        self._kernels = {"installed": 0, "shipped": 0}
+        self._write_failed = False
+
+    # -- updates (each one flushes when asked to) -----------------------------------
+    def _changed(self) -> None:
+        if self._flush:
+            self.write()
+
+    def compiled(self, seconds: float) -> None:
+        """Inductor codegen ran here for one graph (a miss we compiled, or a graph torch never caches)."""
+        with self._lock:
+            self._compiles += 1
+            self._compile_s += seconds
+        self._changed()
+
+    def waited(self, seconds: float) -> None:
+        with self._lock:
+            self._waits += 1
+            self._wait_s += seconds
+        self._changed()
+
+    def hit(self, kind: str, saved_s: float) -> None:
+        with self._lock:
+            self._lookups[kind]["hit"] += 1
+            self._saved_s += saved_s
+        self._changed()
+
+    def miss(self, kind: str) -> None:
+        with self._lock:
+            self._lookups[kind]["miss"] += 1
+        self._changed()
+
+    def hit_was_miss(self, kind: str, saved_s: float) -> None:
+        """torch rejected an entry we served (its shape guards failed) and compiled: undo the hit."""
+        with self._lock:
+            self._lookups[kind]["hit"] -= 1
+            self._lookups[kind]["miss"] += 1
+            self._saved_s -= saved_s
+        self._changed()
+
+    def refused(self) -> None:
+        """The store refused an entry (``bad_signature``, ``unsigned``, ``corrupt``; it logged why); we compile."""
+        with self._lock:
+            self._refused += 1
+        self._changed()
+
+    def fallback(self, reason: str, detail: str) -> None:
+        """The cache could not help with one lookup or publish; warned once per reason."""
+        with self._lock:
+            first = reason not in self._fallbacks
+            self._fallbacks[reason] += 1
+        if first:
+            log.warning("recipecache: %s: %s (counted as fallback %r; not warned again)", reason, detail, reason)
+        self._changed()
+
+    def kernels(self, *, installed: int = 0, shipped: int = 0) -> None:
+        with self._lock:
+            self._kernels["installed"] += installed
+            self._kernels["shipped"] += shipped
+        self._changed()
+
+    # -- output ----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            fx = self._lookups["fx"]
+            out: dict[str, Any] = {
+                "rank": process_rank(),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "wall_s": round(time.monotonic() - self._started, 6),
+                "graph_compilation": {
+                    "TotalNumber": self._compiles,
+                    "TotalTime": round(self._compile_s, 6),
+                    "AvgTime": round(self._compile_s / self._compiles, 6) if self._compiles else 0.0,
+                },
+                "cache": {"TotalHit": fx["hit"], "TotalMiss": fx["miss"]},
+                "waits": self._waits,
+                "wait_s": round(self._wait_s, 6),
+                "stall_s": round(self._compile_s + self._wait_s, 6),
+                "saved_s": round(self._saved_s, 6),
+                "refused": self._refused,
+                "fallbacks": dict(self._fallbacks),
+                "lookups": {kind: dict(counts) for kind, counts in self._lookups.items()},
+                "kernels": dict(self._kernels),
+            }
+        out.update(self._store_stats())
+        return out
+
+    def write(self) -> None:
+        """Write the snapshot atomically to :attr:`path`; a failure is logged once and never raised."""
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path, json.dumps(self.snapshot(), indent=1).encode())
+        except OSError as exc:
+            if not self._write_failed:
+                self._write_failed = True
+                log.warning("recipecache: cannot write metrics to %s: %s", self.path, exc)
