@@ -1,0 +1,157 @@
+"""A tiny DDP job whose ranks meet compile shapes at different steps: recipecache's reference workload.
+
+Run it plain (``torchrun --nproc-per-node 2 examples/train.py``) or through the cache
+(``recipecache-run --nproc 2 examples/train.py``); both give the same losses.
+
+Why it looks like this:
+
+* Batches are bucketed to a few sequence lengths and compiled with ``dynamic=False``,
+  so every bucket length is its own graph, the way padded-bucket training compiles in
+  practice; the compile, not the math, is what this job costs.
+* Rank ``r`` walks the bucket schedule ``r`` steps ahead of rank 0, so one rank meets a
+  length the other has already compiled: the case the shared store exists for. DDP's
+  gradient all-reduce makes every rank wait for the slowest one each step, which is
+  exactly the stall recipecache removes.
+* Everything is seeded per (step, rank) and runs on one thread per rank, so a run is
+  bitwise reproducible and losses can be compared with and without the cache.
+
+``--losses FILE`` (written by rank 0) records, per step, every rank's loss, every rank's
+step seconds and sequence length, and every rank's inductor cache counters, so tests
+and benchmarks can compare runs without parsing logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+VOCAB = 64
+
+
+class TinyLM(nn.Module):
+    """Embedding, a one-hidden-layer MLP and an output head; returns the next-token loss.
+
+    As small as a model with a real forward and backward can be: the compile, not the
+    math, is what this job is about, and every kernel costs a g++ run on CPU.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, dim)
+        self.hidden = nn.Linear(dim, 2 * dim)
+        self.head = nn.Linear(2 * dim, VOCAB)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.head(F.gelu(self.hidden(self.embed(tokens))))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def bucket_length(step: int, rank: int, buckets: list[int]) -> int:
+    """The sequence length rank ``rank`` trains on at ``step``: rank r is r steps ahead of rank 0."""
+    return buckets[(step + rank) % len(buckets)]
+
+
+def make_batch(step: int, rank: int, batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Arithmetic sequences mod VOCAB (learnable: the next token is the last plus a per-row stride)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+    start = torch.randint(0, VOCAB, (batch, 1), generator=gen)
+    stride = torch.randint(1, 4, (batch, 1), generator=gen)
+    seq = (start + stride * torch.arange(length + 1)) % VOCAB
+    return seq[:, :-1], seq[:, 1:]
+
+
+def step_marker() -> Callable[[int], None] | None:
+    """recipecache's ``mark_step`` when the integration provides one (it writes the trace's ``step`` events)."""
+    try:
+        integration = importlib.import_module("recipecache.torch_integration")
+    except ImportError:
+        return None
+    return getattr(integration, "mark_step", None)
+
+
+def cache_counters() -> dict[str, int]:
+    """Inductor's own cache counters of this process (FX graph and AOTAutograd hits and misses)."""
+    from torch._dynamo.utils import counters
+
+    return {k: int(v) for k, v in counters["inductor"].items() if "cache" in k}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=4, help="training steps (default 4: each rank meets each length twice)")
+    p.add_argument("--buckets", default="16,32",
+                   help="comma-separated sequence lengths (default 16,32; each one more graph, tens of seconds cold)")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--dim", type=int, default=32, help="model width (<= 64 keeps compiles cheap)")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--losses", type=Path, help="write per-step losses, step seconds and lengths as JSON (rank 0)")
+    return p.parse_args()
+
+
+def train(args: argparse.Namespace, rank: int) -> dict[str, list[float]]:
+    """Run the steps; returns this rank's losses, step seconds and lengths.
+
+    The DDP model lives only in here, so it is freed while the process group is still
+    registered: a Reducer that drops the group's last reference destroys it while holding
+    the GIL and joins gloo's run loop, which may be waiting for the GIL (a hang at exit).
+    """
+    buckets = [int(b) for b in args.buckets.split(",")]
+    torch.manual_seed(args.seed)
+    model = DistributedDataParallel(TinyLM(args.dim))
+    compiled = torch.compile(model, dynamic=False)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    mark_step = step_marker()
+    out: dict[str, list[float]] = {"losses": [], "step_s": [], "lengths": []}
+    for step in range(args.steps):
+        length = bucket_length(step, rank, buckets)
+        tokens, targets = make_batch(step, rank, args.batch, length, args.seed)
+        start = time.perf_counter()
+        loss = compiled(tokens, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - start
+        if mark_step is not None:
+            mark_step(step)
+        out["losses"].append(loss.item())
+        out["step_s"].append(seconds)
+        out["lengths"].append(length)
+        if rank == 0:
+            print(f"step {step} length {length} loss {loss.item():.6f} ({seconds:.2f} s)", flush=True)
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine: dict[str, Any] = {**train(args, rank), "inductor_counters": cache_counters()}
+    ranks: list[dict[str, Any] | None] = [None] * world
+    dist.all_gather_object(ranks, mine)
+    if rank == 0 and args.losses is not None:
+        per_rank = [r for r in ranks if r is not None]
+        args.losses.parent.mkdir(parents=True, exist_ok=True)
+        args.losses.write_text(json.dumps({
+            "world_size": world,
+            "threads": torch.get_num_threads(),
+            # [step][rank]
+            **{name: [list(v) for v in zip(*(r[name] for r in per_rank))] for name in ("losses", "step_s", "lengths")},
+            "inductor_counters": [r["inductor_counters"] for r in per_rank],
+        }, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

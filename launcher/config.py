@@ -1,0 +1,221 @@
+"""What one ``recipecache-run`` invocation means, resolved and checked before anything starts.
+
+:class:`LaunchConfig` is built from the parsed command line and the environment and is
+frozen: everything later (the torchrun command, every rank's environment, the report)
+is derived from it, so a unit test can check the wiring without starting a job.
+
+Every rank must see the *same* cache URL, namespace, thread count and precompiled-header
+flag: the last two enter torch's own cache keys (see the torch notes), so a rank with a
+different value would miss every artifact the others built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from recipecache.config import default_url, open_backend, redact
+from recipecache.errors import BackendError, ConfigError
+from recipecache.keys import check_namespace
+
+from .torchrun_options import NPROC_PER_NODE, PASS_THROUGH
+
+#: ``--nproc`` words torchrun resolves itself (anything else must be a positive count).
+NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
+#: Seconds the up-front reachability check of a Redis store may take (unless the URL sets ``timeout``).
+PROBE_TIMEOUT_S = 3.0
+#: ``{rank}`` is replaced by each rank (recipecache's metrics writer does this).
+METRICS_NAME = "metrics-rank{rank}.json"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    script: Path
+    script_args: tuple[str, ...]
+    nproc: str
+    cache_url: str
+    namespace: str
+    run_dir: Path
+    report_path: Path
+    enable: bool = True
+    threads: int | None = None
+    secret_file: Path | None = None
+    rank_dirs: Path | None = None
+    #: torchrun options as given, in torchrun's dash spelling: ``(("--nnodes", "2"), ("--standalone", None))``
+    torchrun_options: tuple[tuple[str, str | None], ...] = ()
+
+    # -- derived -------------------------------------------------------------------
+    def torchrun_option(self, name: str) -> str | None:
+        return next((value for opt, value in self.torchrun_options if opt == name), None)
+
+    @property
+    def local_world_size(self) -> int | None:
+        """Ranks this node starts; None when torchrun resolves it (``auto``, ``gpu``, ...)."""
+        return int(self.nproc) if self.nproc.isdigit() else None
+
+    @property
+    def local_ranks(self) -> tuple[int, ...] | None:
+        """Global ranks this node's processes get, when they are known before the job starts.
+
+        Known on one node, and on several nodes with torchrun's static rendezvous (rank =
+        node rank * nproc + local rank). Under an elastic rendezvous the ranks are handed
+        out at run time, so the report can only list the ranks whose metrics it finds.
+        """
+        nproc = self.local_world_size
+        if nproc is None:
+            return None
+        nnodes = self.torchrun_option("--nnodes") or "1"
+        if nnodes in ("1", "1:1"):
+            return tuple(range(nproc))
+        if self.torchrun_option("--rdzv-backend") in (None, "static"):
+            node_rank = int(self.torchrun_option("--node-rank") or 0)
+            return tuple(range(node_rank * nproc, (node_rank + 1) * nproc))
+        return None
+
+    @property
+    def events_dir(self) -> Path:
+        return self.run_dir / "events"
+
+    def torchrun_argv(self) -> list[str]:
+        """Arguments after ``python``: torchrun running the bootstrap, which runs the script."""
+        argv = ["-m", "torch.distributed.run", NPROC_PER_NODE.name, self.nproc]
+        for name, value in self.torchrun_options:
+            argv += [name] if value is None else [name, value]
+        return [*argv, "-m", "launcher.bootstrap", str(self.script), *self.script_args]
+
+    def rank_env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The environment torchrun (and so every rank) starts with: ``base`` plus the wiring."""
+        env = dict(base)
+        env.update(
+            RECIPECACHE_URL=self.cache_url,
+            RECIPECACHE_NAMESPACE=self.namespace,
+            RECIPECACHE_METRICS_FILE=str(self.run_dir / METRICS_NAME),
+            RECIPECACHE_EVENT_LOG=str(self.events_dir),
+            # The precompiled header is rebuilt on every fresh node and costs more than it
+            # saves once artifacts are shared; it is part of torch's key, so it is pinned.
+            TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="0",
+        )
+        if self.threads is not None:
+            env["OMP_NUM_THREADS"] = str(self.threads)
+        if self.enable:
+            env["RECIPECACHE_AUTO_ENABLE"] = "1"
+        else:
+            env.pop("RECIPECACHE_AUTO_ENABLE", None)
+        if self.secret_file is not None:
+            env["RECIPECACHE_SECRET_FILE"] = str(self.secret_file)
+            env.pop("RECIPECACHE_SECRET", None)  # the explicit option wins over the inherited secret
+        if self.rank_dirs is not None:
+            env["RECIPECACHE_RANK_DIRS"] = str(self.rank_dirs)
+        return env
+
+    # -- construction --------------------------------------------------------------
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LaunchConfig:
+        """Check and resolve the parsed command line (and ``os.environ``); raises ConfigError with one line."""
+        script = Path(args.script)
+        if not script.is_file():
+            raise ConfigError(f"script {args.script!r} not found")
+        nproc = _nproc(args.nproc or os.environ.get("PET_NPROC_PER_NODE") or "1")
+        cache_url = args.cache or default_url()
+        if urllib.parse.urlsplit(cache_url).scheme.lower() == "memory":
+            raise ConfigError("memory:// lives inside one process and cannot be shared by ranks; use file:// or redis://")
+        namespace = check_namespace(args.namespace or os.environ.get("RECIPECACHE_NAMESPACE") or namespace_for(script))
+        run_dir = Path(args.run_dir or Path("recipecache-runs") / time.strftime("%Y%m%d-%H%M%S"))
+        run_dir = run_dir.absolute()
+        options = tuple((opt.name, getattr(args, opt.dest) if opt.takes_value else None)
+                        for opt in PASS_THROUGH if getattr(args, opt.dest) not in (None, False))
+        return cls(
+            script=script.absolute(),
+            script_args=tuple(args.script_args),
+            nproc=nproc,
+            cache_url=cache_url,
+            namespace=namespace,
+            run_dir=run_dir,
+            report_path=Path(args.report).absolute() if args.report else run_dir / "report.json",
+            enable=not args.no_enable,
+            threads=_threads(args.threads, nproc),
+            secret_file=_secret_file(args.secret_file),
+            rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
+            torchrun_options=options,
+        )
+
+
+def _nproc(text: str) -> str:
+    if text in NPROC_WORDS:
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--nproc must be a positive number of processes or one of {', '.join(NPROC_WORDS)}, got {text!r}")
+    return str(int(text))
+
+
+def _threads(given: int | None, nproc: str) -> int | None:
+    """The per-rank thread count, pinned the way torchrun would pick it.
+
+    torchrun keeps an existing ``OMP_NUM_THREADS`` and otherwise sets 1 when a node runs
+    several processes; with one process it leaves torch's default (the core count), which
+    can differ between nodes, so heterogeneous multi-node jobs should pass ``--threads``.
+    """
+    if given is not None:
+        if given < 1:
+            raise ConfigError(f"--threads must be at least 1, got {given}")
+        return given
+    text = os.environ.get("OMP_NUM_THREADS")
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigError(f"OMP_NUM_THREADS={text!r} is not a positive number")
+        return int(text)
+    return None if nproc == "1" else 1
+
+
+def _secret_file(path: str | None) -> Path | None:
+    """The HMAC key file, checked here so a typo fails before any rank starts."""
+    if path is None:
+        return None
+    p = Path(path).absolute()
+    try:
+        if not p.read_bytes().strip():
+            raise ConfigError(f"--secret-file {path} is empty")
+    except OSError as exc:
+        raise ConfigError(f"--secret-file {path}: {exc.strerror}") from None
+    return p
+
+
+_NOT_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def namespace_for(script: Path) -> str:
+    """The default namespace: the script's stem, made a valid namespace.
+
+    Stable across reruns of the same script (so they share artifacts) without any
+    setup; ``--namespace`` or ``RECIPECACHE_NAMESPACE`` override it.
+    """
+    name = _NOT_IN_NAMESPACE.sub("-", script.stem).lstrip("._-")[:64]
+    return name or "default"
+
+
+def probe_store(url: str) -> None:
+    """Fail fast on a store no rank could use: malformed (ConfigError) or an unreachable Redis.
+
+    A Redis that is down at launch would otherwise cost every rank a timeout and a
+    job-long fallback to local compiles; one short ping here turns it into an error.
+    """
+    open_backend(url).close()  # malformed -> ConfigError naming the URL as given
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() not in ("redis", "rediss"):
+        return
+    query = parts.query
+    if "timeout" not in urllib.parse.parse_qs(query):
+        query = "&".join(q for q in (query, f"timeout={PROBE_TIMEOUT_S:g}") if q)
+    backend = open_backend(urllib.parse.urlunsplit(parts._replace(query=query)))
+    try:
+        backend.ping()  # type: ignore[attr-defined]  # RedisBackend's up-front check
+    except BackendError as exc:
+        raise ConfigError(f"cache {redact(url)} is unreachable ({exc.reason}: {exc})") from None
+    finally:
+        backend.close()

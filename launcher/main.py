@@ -1,0 +1,164 @@
+"""``recipecache-run``: parse -> :class:`~launcher.config.LaunchConfig` -> run torchrun -> report.
+
+torchrun runs as a child process (``python -m torch.distributed.run``) in its own
+session, so a Ctrl-C reaches it exactly once, forwarded by the launcher, and torchrun
+shuts its workers down the way it always does. The exit status is the job's (128 + N
+when torchrun itself died of signal N); bad input exits 2 with one line and starts
+nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from recipecache.argparsing import OneLineArgumentParser
+from recipecache.config import redact
+from recipecache.errors import ConfigError
+
+from .config import LaunchConfig, probe_store
+from .report import build_report, format_report, load_metrics, write_report
+from .torchrun_options import NPROC_PER_NODE, PASS_THROUGH, REFUSED
+
+log = logging.getLogger(__name__)
+
+PROG = "recipecache-run"
+#: Slack on "metrics written since the job started", for file systems with coarse mtimes.
+MTIME_SLACK_S = 2.0
+#: prctl option from <linux/prctl.h>
+PR_SET_PDEATHSIG = 1
+
+
+class _Refuse(argparse.Action):
+    """A torchrun option that would take the slot the launcher's bootstrap needs."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is not supported: {PROG} starts the script itself, through launcher.bootstrap")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineArgumentParser(
+        prog=PROG,
+        usage=f"{PROG} [options] [torchrun options] script [script args]",
+        description="Run a training script under torchrun with every rank sharing one recipecache store, "
+                    "then print one compile report for the whole job.",
+        epilog="The torchrun options are passed to torch.distributed.run unchanged (see torchrun --help); "
+               "everything after the script goes to the script.",
+        allow_abbrev=False,
+    )
+    ours = parser.add_argument_group("recipecache options")
+    ours.add_argument("--nproc", NPROC_PER_NODE.name, *NPROC_PER_NODE.names[1:], dest="nproc", metavar="N",
+                      help="processes per node (torchrun's --nproc-per-node; also auto, cpu, gpu, xpu); default 1")
+    ours.add_argument("--cache", metavar="URL",
+                      help="store URL: file:///shared/dir or redis://host:port/db (default: $RECIPECACHE_URL, "
+                           "else the filesystem store in $RECIPECACHE_DIR or ~/.cache/recipecache)")
+    ours.add_argument("--namespace", help="namespace in the store (default: $RECIPECACHE_NAMESPACE, else the "
+                                          "script's file name without .py, so reruns of a script share)")
+    ours.add_argument("--secret-file", metavar="PATH",
+                      help="HMAC key file for signed artifacts (default: $RECIPECACHE_SECRET or $RECIPECACHE_SECRET_FILE)")
+    ours.add_argument("--run-dir", metavar="DIR",
+                      help="where metrics, event logs and the report go (default ./recipecache-runs/<timestamp>)")
+    ours.add_argument("--report", metavar="FILE", help="JSON report path (default <run-dir>/report.json)")
+    ours.add_argument("--no-enable", action="store_true",
+                      help="do not enable recipecache in each rank; the script calls recipecache.enable() itself")
+    ours.add_argument("--threads", type=int, metavar="N",
+                      help="OMP/torch threads per rank, the same on every rank since it enters torch's cache keys "
+                           "(default: $OMP_NUM_THREADS, else 1 when a node runs several processes, as torchrun)")
+    ours.add_argument("--rank-dirs", metavar="DIR",
+                      help="give rank N its own TORCHINDUCTOR_CACHE_DIR and TMPDIR under DIR/rankN, as if every "
+                           "rank ran on its own node (tests, benchmarks); use a fresh DIR for empty local caches")
+    passed = parser.add_argument_group("torchrun options (passed through)")
+    for opt in PASS_THROUGH:
+        if opt.takes_value:
+            passed.add_argument(*opt.names, dest=opt.dest, metavar="VALUE")
+        else:
+            passed.add_argument(*opt.names, dest=opt.dest, action="store_true")
+    for opt in REFUSED:
+        passed.add_argument(*opt.names, nargs=0, action=_Refuse, help=argparse.SUPPRESS)
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="script args",
+                        help="arguments of the script")
+    return parser
+
+
+def _die_with_launcher() -> None:
+    """In the torchrun child (Linux): SIGTERM when the launcher dies, even of SIGKILL.
+
+    torchrun runs in its own session, so nothing else would stop it, and a launcher
+    killed by a scheduler or a test timeout would leave the whole job running.
+    """
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def run_torchrun(config: LaunchConfig) -> int:
+    """Run the job; forward SIGINT/SIGTERM to torchrun; return its exit status."""
+    cmd = [sys.executable, *config.torchrun_argv()]
+    log.info("starting %s", " ".join(cmd))
+    proc = subprocess.Popen(cmd, env=config.rank_env(os.environ), start_new_session=True,
+                            # the launcher runs no threads, so a preexec_fn is safe here
+                            preexec_fn=_die_with_launcher if sys.platform == "linux" else None)  # noqa: PLW1509
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code if code >= 0 else 128 - code
+
+
+def launch(config: LaunchConfig) -> int:
+    """Run the job and report on it; returns the job's exit status."""
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    code = run_torchrun(config)
+    wall = time.time() - start
+    report = build_report(
+        load_metrics(config.run_dir, since=start - MTIME_SLACK_S),
+        config.local_ranks,
+        exit_code=code,
+        wall_s=round(wall, 3),
+        script=str(config.script),
+        cache=redact(config.cache_url),
+        namespace=config.namespace,
+        enabled=config.enable,
+        run_dir=str(config.run_dir),
+        events=str(config.events_dir),
+    )
+    write_report(report, config.report_path)
+    print(f"{PROG}: job exited {code} after {wall:.1f} s; cache {report['cache']}, namespace {config.namespace}\n"
+          f"{format_report(report)}\nreport: {config.report_path}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2); argparse has printed it
+        return int(exc.code or 0)
+    try:
+        config = LaunchConfig.from_args(args)
+        probe_store(config.cache_url)
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    return launch(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

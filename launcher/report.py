@@ -1,0 +1,173 @@
+"""One report for a whole job, aggregated from the per-rank metrics files.
+
+Pure functions over the metrics format of ``docs/DEVELOPING.md`` so they can be tested
+on synthetic files. A rank whose file is missing (it crashed, or was killed before it
+could write) or unreadable is listed as such, never silently dropped: a report that
+quietly covers fewer ranks would understate the job's stall.
+
+Per rank:
+
+* ``stall_s`` = compile seconds + wait seconds: the time this rank held up the
+  collective (its peers sat in the next all-reduce meanwhile).
+* ``saved_s``: for each hit, what the producing rank spent compiling that artifact
+  (recorded by the torch integration; 0 when the field is absent).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipecache.fsutil import write_atomic
+
+log = logging.getLogger(__name__)
+
+_METRICS_FILE = re.compile(r"^metrics-rank(\d+)\.json$")
+
+#: report field -> path in the metrics file
+_COUNTS: dict[str, tuple[str, ...]] = {
+    "compiles": ("graph_compilation", "TotalNumber"),
+    "hits": ("cache", "TotalHit"),
+    "misses": ("cache", "TotalMiss"),
+    "puts": ("store", "puts"),
+    "waits": ("waits",),
+}
+_SECONDS: dict[str, tuple[str, ...]] = {
+    "compile_s": ("graph_compilation", "TotalTime"),
+    "wait_s": ("wait_s",),
+    "saved_s": ("saved_s",),
+}
+#: fields every rank row and the total carry, in print order
+FIELDS = (*_COUNTS, *_SECONDS, "stall_s")
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A rank's metrics file exists but could not be used (kept apart from a missing file)."""
+
+    error: str
+
+
+def load_metrics(run_dir: Path, *, since: float | None = None) -> dict[int, dict[str, Any] | Unreadable]:
+    """The metrics files of ``run_dir`` by rank.
+
+    ``since`` (a Unix time) ignores files last written before it, so a rank that
+    crashed in a rerun is not covered by the file its predecessor left in a reused run
+    directory.
+    """
+    found: dict[int, dict[str, Any] | Unreadable] = {}
+    if not run_dir.is_dir():
+        return found
+    for path in sorted(run_dir.iterdir()):
+        match = _METRICS_FILE.match(path.name)
+        if match is None:
+            continue
+        try:
+            if since is not None and path.stat().st_mtime < since:
+                log.info("ignoring %s: written before this job started", path)
+                continue
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            found[int(match.group(1))] = Unreadable(f"{path.name}: {exc}")
+            continue
+        if not isinstance(data, dict):
+            found[int(match.group(1))] = Unreadable(f"{path.name}: not a JSON object")
+            continue
+        found[int(match.group(1))] = data
+    return found
+
+
+def _lookup(data: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = data
+    for part in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
+def rank_row(rank: int, data: Mapping[str, Any]) -> dict[str, Any]:
+    """One rank's line of the report from its metrics; absent fields count as 0."""
+    row: dict[str, Any] = {"rank": rank, "status": "ok", "host": data.get("host"), "pid": data.get("pid"),
+                           "wall_s": data.get("wall_s")}
+    row.update({name: int(_lookup(data, path) or 0) for name, path in _COUNTS.items()})
+    row.update({name: float(_lookup(data, path) or 0.0) for name, path in _SECONDS.items()})
+    row["stall_s"] = row["compile_s"] + row["wait_s"]
+    fallbacks = _lookup(data, ("store", "fallback_by_reason"))
+    row["fallbacks"] = {str(k): int(v) for k, v in fallbacks.items()} if isinstance(fallbacks, Mapping) else {}
+    return row
+
+
+def build_report(
+    metrics: Mapping[int, Mapping[str, Any] | Unreadable],
+    expected_ranks: Iterable[int] | None,
+    **job: Any,
+) -> dict[str, Any]:
+    """The job report: ``ranks`` (sorted by rank; missing ones included), ``total`` and ``job`` fields.
+
+    ``expected_ranks`` None means the launcher cannot know which ranks it started (an
+    elastic rendezvous): the report then covers the ranks it found and says so.
+    """
+    expected = set(expected_ranks) if expected_ranks is not None else set()
+    rows: list[dict[str, Any]] = []
+    for rank in sorted(expected | set(metrics)):
+        data = metrics.get(rank)
+        if data is None:
+            rows.append({"rank": rank, "status": "missing"})
+        elif isinstance(data, Unreadable):
+            rows.append({"rank": rank, "status": "unreadable", "error": data.error})
+        else:
+            rows.append(rank_row(rank, data))
+    ok = [r for r in rows if r["status"] == "ok"]
+    total: dict[str, Any] = {name: sum(r[name] for r in ok) for name in FIELDS}
+    fallbacks: Counter[str] = Counter()
+    for r in ok:
+        fallbacks.update(r["fallbacks"])
+    total["fallbacks"] = dict(fallbacks)
+    total["ranks_reported"] = len(ok)
+    return {
+        **job,
+        "expected_ranks": sorted(expected) if expected_ranks is not None else None,
+        "missing_ranks": [r["rank"] for r in rows if r["status"] != "ok"],
+        "total": total,
+        "ranks": rows,
+    }
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The report as a table for people: one line per rank and a total."""
+    head = f"{'rank':>6} {'compiles':>8} {'hits':>6} {'misses':>6} {'puts':>5} {'waits':>5} " \
+           f"{'compile_s':>9} {'wait_s':>8} {'stall_s':>8} {'saved_s':>8}  fallbacks"
+    lines = [head]
+
+    def line(label: str, r: Mapping[str, Any]) -> str:
+        fallbacks = ", ".join(f"{k}={v}" for k, v in sorted(r["fallbacks"].items())) or "-"
+        return (f"{label:>6} {r['compiles']:>8} {r['hits']:>6} {r['misses']:>6} {r['puts']:>5} {r['waits']:>5} "
+                f"{r['compile_s']:>9.2f} {r['wait_s']:>8.2f} {r['stall_s']:>8.2f} {r['saved_s']:>8.2f}  {fallbacks}")
+
+    for r in report["ranks"]:
+        if r["status"] == "missing":
+            lines.append(f"{r['rank']:>6}  no metrics file: the rank crashed, was killed, or ran without recipecache")
+        elif r["status"] == "unreadable":
+            lines.append(f"{r['rank']:>6}  unreadable metrics: {r['error']}")
+        else:
+            lines.append(line(str(r["rank"]), r))
+    lines.append(line("total", report["total"]))
+    if report["expected_ranks"] is None:
+        lines.append(f"ranks of this node unknown before the job (elastic rendezvous): "
+                     f"{report['total']['ranks_reported']} rank(s) reported")
+    elif report["missing_ranks"]:
+        lines.append(f"WARNING: no usable metrics from rank(s) {', '.join(map(str, report['missing_ranks']))}")
+    return "\n".join(lines)
+
+
+def write_report(report: Mapping[str, Any], path: Path) -> None:
+    """Write the JSON report atomically, so a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())

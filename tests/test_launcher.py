@@ -1,0 +1,417 @@
+"""recipecache-run without torch.compile: parsing, pass-through, wiring, bad input, the report, signals.
+
+The tests marked ``multirank`` start real torchrun jobs of a few lines of Python (no
+compile), so they check what the ranks really see, not what the launcher meant to set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis_server import free_port
+
+import recipecache
+from launcher import bootstrap
+from launcher.config import LaunchConfig, namespace_for
+from launcher.main import build_parser, main
+from launcher.report import build_report, format_report, load_metrics
+from launcher.torchrun_options import NPROC_PER_NODE, PASS_THROUGH, REFUSED
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("print('hello')\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Nothing from the developer's shell leaks into what the launcher resolves."""
+    for name in ("RECIPECACHE_URL", "RECIPECACHE_NAMESPACE", "RECIPECACHE_SECRET", "RECIPECACHE_SECRET_FILE",
+                 "OMP_NUM_THREADS", "PET_NPROC_PER_NODE", "RECIPECACHE_AUTO_ENABLE", "RECIPECACHE_RANK_DIRS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RECIPECACHE_DIR", str(tmp_path / "store"))
+
+
+def config_for(*argv: str) -> LaunchConfig:
+    return LaunchConfig.from_args(build_parser().parse_args(list(argv)))
+
+
+# -- torchrun's options ----------------------------------------------------------------
+def test_option_table_matches_torchruns_parser() -> None:
+    from torch.distributed.run import get_args_parser
+
+    theirs = {tuple(a.option_strings): a.nargs != 0 for a in get_args_parser()._actions
+              if a.option_strings and a.dest != "help"}
+    ours = {opt.names: opt.takes_value for opt in (*PASS_THROUGH, *REFUSED, NPROC_PER_NODE)}
+    assert ours == theirs
+
+
+def test_torchrun_options_pass_through_in_dash_spelling(script: Path) -> None:
+    config = config_for(
+        "--nproc", "2", "--nnodes", "2", "--node_rank", "1", "--master-addr", "10.0.0.1", "--master_port", "29511",
+        "--max-restarts", "3", "--rdzv-conf", "timeout=5", "-t", "3", "--standalone",
+        str(script), "--lr", "0.1", "--nproc", "9", "--standalone",
+    )
+    assert config.torchrun_argv() == [
+        "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--nnodes", "2", "--rdzv-conf", "timeout=5", "--standalone", "--max-restarts", "3", "-t", "3",
+        "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29511",
+        "-m", "launcher.bootstrap", str(script), "--lr", "0.1", "--nproc", "9", "--standalone",
+    ]
+
+
+@pytest.mark.parametrize("spelling", ["--nproc", "--nproc-per-node", "--nproc_per_node"])
+def test_nproc_spellings(script: Path, spelling: str) -> None:
+    assert config_for(spelling, "3", str(script)).nproc == "3"
+
+
+def test_nproc_from_torchrun_env(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "4")
+    assert config_for(str(script)).nproc == "4"
+
+
+@pytest.mark.parametrize(("argv", "ranks"), [
+    (["--nproc", "2"], (0, 1)),
+    (["--nproc", "2", "--nnodes", "1:1", "--rdzv-backend", "c10d"], (0, 1)),
+    (["--nproc", "2", "--nnodes", "3", "--node-rank", "2"], (4, 5)),
+    (["--nproc", "2", "--nnodes", "3", "--node-rank", "2", "--rdzv-backend", "c10d"], None),
+    (["--nproc", "auto"], None),
+])
+def test_local_ranks(script: Path, argv: list[str], ranks: tuple[int, ...] | None) -> None:
+    assert config_for(*argv, str(script)).local_ranks == ranks
+
+
+# -- wiring ------------------------------------------------------------------------------
+def test_rank_env_wiring(script: Path, tmp_path: Path) -> None:
+    config = config_for("--nproc", "2", "--cache", f"file://{tmp_path}/s", "--run-dir", str(tmp_path / "run"),
+                        "--rank-dirs", str(tmp_path / "dirs"), str(script))
+    env = config.rank_env({"PATH": "/bin", "RECIPECACHE_AUTO_ENABLE": "0"})
+    assert env == {
+        "PATH": "/bin",
+        "RECIPECACHE_URL": f"file://{tmp_path}/s",
+        "RECIPECACHE_NAMESPACE": "train",
+        "RECIPECACHE_METRICS_FILE": f"{tmp_path}/run/metrics-rank{{rank}}.json",
+        "RECIPECACHE_EVENT_LOG": f"{tmp_path}/run/events",
+        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+        "OMP_NUM_THREADS": "1",
+        "RECIPECACHE_AUTO_ENABLE": "1",
+        "RECIPECACHE_RANK_DIRS": f"{tmp_path}/dirs",
+    }
+    assert config.report_path == tmp_path / "run" / "report.json"
+
+
+def test_default_cache_and_run_dir(script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = config_for(str(script))
+    assert config.cache_url == f"file://{tmp_path}/store"
+    assert config.run_dir.parent == tmp_path / "recipecache-runs"
+    monkeypatch.setenv("RECIPECACHE_URL", "redis://cache:6379/0")
+    assert config_for(str(script)).cache_url == "redis://cache:6379/0"
+
+
+def test_no_enable_drops_auto_enable(script: Path) -> None:
+    env = config_for("--no-enable", str(script)).rank_env({"RECIPECACHE_AUTO_ENABLE": "1"})
+    assert "RECIPECACHE_AUTO_ENABLE" not in env
+
+
+def test_secret_file_wins_over_inherited_secret(script: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "key"
+    secret.write_text("s3cret\n")
+    env = config_for("--secret-file", str(secret), str(script)).rank_env({"RECIPECACHE_SECRET": "other"})
+    assert env["RECIPECACHE_SECRET_FILE"] == str(secret)
+    assert "RECIPECACHE_SECRET" not in env
+    assert config_for(str(script)).rank_env({"RECIPECACHE_SECRET": "other"})["RECIPECACHE_SECRET"] == "other"
+
+
+@pytest.mark.parametrize(("argv", "omp", "threads"), [
+    (["--nproc", "2"], None, 1),
+    (["--nproc", "1"], None, None),
+    (["--nproc", "auto"], None, 1),
+    (["--nproc", "2"], "3", 3),
+    (["--nproc", "2", "--threads", "4"], "3", 4),
+])
+def test_threads_default_like_torchrun(script: Path, monkeypatch: pytest.MonkeyPatch,
+                                       argv: list[str], omp: str | None, threads: int | None) -> None:
+    if omp is not None:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    config = config_for(*argv, str(script))
+    assert config.threads == threads
+    env = config.rank_env({})
+    assert env.get("OMP_NUM_THREADS") == (None if threads is None else str(threads))
+
+
+def test_namespace_precedence(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert config_for(str(script)).namespace == "train"
+    monkeypatch.setenv("RECIPECACHE_NAMESPACE", "from-env")
+    assert config_for(str(script)).namespace == "from-env"
+    assert config_for("--namespace", "given", str(script)).namespace == "given"
+
+
+@pytest.mark.parametrize(("name", "namespace"), [
+    ("train.py", "train"), ("my train (v2).py", "my-train-v2-"), ("_private.py", "private"), ("___.py", "default"),
+    ("x" * 80 + ".py", "x" * 64),
+])
+def test_namespace_for_script(name: str, namespace: str) -> None:
+    assert namespace_for(Path(name)) == namespace
+
+
+# -- bad input ---------------------------------------------------------------------------
+def bad_inputs(tmp_path: Path, script: Path) -> dict[str, list[str]]:
+    return {
+        "unknown option": ["--bogus", str(script)],
+        "no script": ["--nproc", "2"],
+        "missing script": [str(tmp_path / "nope.py")],
+        "nproc 0": ["--nproc", "0", str(script)],
+        "nproc negative": ["--nproc=-1", str(script)],
+        "nproc word": ["--nproc", "lots", str(script)],
+        "threads 0": ["--threads", "0", str(script)],
+        "threads not a number": ["--threads", "x", str(script)],
+        "unknown scheme": ["--cache", "foo://bar", str(script)],
+        "bad redis port": ["--cache", "redis://127.0.0.1:notaport/0", str(script)],
+        "unknown url option": ["--cache", "redis://127.0.0.1:6379/0?bogus=1", str(script)],
+        "memory store": ["--cache", "memory://", str(script)],
+        "unreachable redis": ["--cache", f"redis://127.0.0.1:{free_port()}/0", str(script)],
+        "bad namespace": ["--namespace", "no/slash", str(script)],
+        "missing secret file": ["--secret-file", str(tmp_path / "none"), str(script)],
+        "torchrun -m": ["-m", str(script)],
+        "torchrun --no-python": ["--no-python", str(script)],
+    }
+
+
+@pytest.mark.parametrize("case", list(bad_inputs(Path("/x"), Path("/x/s.py"))))
+def test_bad_input_is_one_line_and_exit_2(case: str, script: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    argv = bad_inputs(tmp_path, script)[case]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("recipecache-run: error: ")
+    assert not (tmp_path / "recipecache-runs").exists()
+
+
+def test_console_script_bad_input_has_no_traceback(tmp_path: Path) -> None:
+    """The installed entry point, as users run it: exit 2 and one line, from a real process."""
+    proc = subprocess.run(["recipecache-run", "--nproc", "0", "x.py"], capture_output=True, text=True, cwd=tmp_path,
+                          check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["recipecache-run: error: script 'x.py' not found"]
+
+
+def test_help_lists_our_options_and_points_to_torchrun(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--nproc", "--cache", "--namespace", "--secret-file", "--run-dir", "--report", "--no-enable",
+                   "--threads", "--rank-dirs", "--rdzv-endpoint", "--master-port"):
+        assert option in out
+    assert "passed to torch.distributed.run unchanged" in " ".join(out.split())
+
+
+# -- the report --------------------------------------------------------------------------
+def metrics(rank: int, **fields: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "rank": rank, "host": "h", "pid": 100 + rank, "wall_s": 10.0,
+        "graph_compilation": {"TotalNumber": 2, "TotalTime": 12.5, "AvgTime": 6.25},
+        "cache": {"TotalHit": 1, "TotalMiss": 2},
+        "waits": 1, "wait_s": 3.0, "stall_s": 99.0, "saved_s": 4.0,
+        "store": {"puts": 2, "fallback_by_reason": {"backend_down": 1}},
+    }
+    data.update(fields)
+    return data
+
+
+def write_metrics(run_dir: Path, rank: int, data: Any) -> Path:
+    path = run_dir / f"metrics-rank{rank}.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def test_report_aggregates_ranks_and_lists_missing_ones(tmp_path: Path) -> None:
+    write_metrics(tmp_path, 0, metrics(0))
+    write_metrics(tmp_path, 1, metrics(1, saved_s=None, waits=0, wait_s=0.0,
+                                       store={"puts": 0, "fallback_by_reason": {"backend_down": 2, "wait_timeout": 1}}))
+    write_metrics(tmp_path, 3, "{torn")
+    (tmp_path / "metrics-rankX.json").write_text("{}")  # not a rank's file
+    report = build_report(load_metrics(tmp_path), range(4), exit_code=1)
+
+    assert [r["status"] for r in report["ranks"]] == ["ok", "ok", "missing", "unreadable"]
+    assert report["missing_ranks"] == [2, 3]
+    assert report["exit_code"] == 1
+    r0, r1 = report["ranks"][:2]
+    assert r0["stall_s"] == 15.5  # compile 12.5 + wait 3.0, not the file's own stall_s
+    assert r1["stall_s"] == 12.5
+    assert r1["saved_s"] == 0.0
+    total = report["total"]
+    assert (total["compiles"], total["hits"], total["misses"], total["puts"], total["waits"]) == (4, 2, 4, 2, 1)
+    assert (total["compile_s"], total["wait_s"], total["stall_s"], total["saved_s"]) == (25.0, 3.0, 28.0, 4.0)
+    assert total["fallbacks"] == {"backend_down": 3, "wait_timeout": 1}
+    assert total["ranks_reported"] == 2
+    text = format_report(report)
+    assert "2  no metrics file" in text
+    assert "3  unreadable metrics: metrics-rank3.json" in text
+    assert "WARNING: no usable metrics from rank(s) 2, 3" in text
+
+
+def test_report_without_known_ranks_covers_what_it_finds(tmp_path: Path) -> None:
+    write_metrics(tmp_path, 5, metrics(5))
+    report = build_report(load_metrics(tmp_path), None)
+    assert [r["rank"] for r in report["ranks"]] == [5]
+    assert report["expected_ranks"] is None and report["missing_ranks"] == []
+    assert "1 rank(s) reported" in format_report(report)
+
+
+def test_report_ignores_metrics_older_than_the_job(tmp_path: Path) -> None:
+    old = write_metrics(tmp_path, 0, metrics(0))
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    write_metrics(tmp_path, 1, metrics(1))
+    assert sorted(load_metrics(tmp_path, since=time.time() - 60)) == [1]
+
+
+# -- bootstrap ---------------------------------------------------------------------------
+@pytest.fixture
+def probe_script(tmp_path: Path) -> Path:
+    """A script that records how it was run and whether recipecache.enable() ran before it."""
+    path = tmp_path / "sub" / "probe.py"
+    path.parent.mkdir()
+    path.write_text(
+        "import json, os, sys\n"
+        "import recipecache\n"
+        "out = {'name': __name__, 'argv': sys.argv, 'path0': sys.path[0], 'enabled': getattr(recipecache, 'ENABLED', False),\n"
+        "       'env': {k: os.environ.get(k) for k in ('TORCHINDUCTOR_CACHE_DIR', 'TMPDIR', 'OMP_NUM_THREADS',\n"
+        "               'RECIPECACHE_URL', 'RECIPECACHE_NAMESPACE', 'RECIPECACHE_METRICS_FILE', 'RECIPECACHE_EVENT_LOG',\n"
+        "               'TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS', 'RECIPECACHE_AUTO_ENABLE')}}\n"
+        "with open(sys.argv[1] + os.environ.get('RANK', '0'), 'w') as f:\n"
+        "    json.dump(out, f)\n"
+        "if len(sys.argv) > 2 and os.environ.get('RANK') == '1':\n"
+        "    sys.exit(int(sys.argv[2]))\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("auto_enable", [True, False])
+def test_bootstrap_enables_then_runs_script_as_main(probe_script: Path, tmp_path: Path, auto_enable: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_enable() -> None:
+        monkeypatch.setitem(vars(recipecache), "ENABLED", True)
+
+    # setitem, not setattr: reading the old value would import the real (torch) integration
+    monkeypatch.setitem(vars(recipecache), "enable", fake_enable)
+    monkeypatch.setattr(sys, "argv", ["bootstrap"])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    if auto_enable:
+        monkeypatch.setenv("RECIPECACHE_AUTO_ENABLE", "1")
+    out = tmp_path / "out"
+    bootstrap.main([str(probe_script), str(out)])
+    seen = json.loads((tmp_path / "out0").read_text())
+    assert seen["name"] == "__main__"
+    assert seen["argv"] == [str(probe_script), str(out)]
+    assert seen["path0"] == str(probe_script.parent)
+    assert seen["enabled"] is auto_enable
+
+
+def test_use_rank_dirs_gives_each_rank_its_own_dirs(tmp_path: Path) -> None:
+    env = {"RECIPECACHE_RANK_DIRS": str(tmp_path), "RANK": "3"}
+    bootstrap.use_rank_dirs(env)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "rank3" / "inductor")
+    assert env["TMPDIR"] == str(tmp_path / "rank3" / "tmp")
+    assert Path(env["TMPDIR"]).is_dir()
+    untouched = {"RANK": "0"}
+    bootstrap.use_rank_dirs(untouched)
+    assert untouched == {"RANK": "0"}
+
+
+# -- real torchrun jobs ------------------------------------------------------------------
+def run_launcher(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launcher.main", *argv], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300, check=False)
+
+
+@pytest.mark.multirank
+def test_ranks_see_the_wiring(probe_script: Path, tmp_path: Path) -> None:
+    proc = run_launcher("--nproc", "2", "--no-enable", "--run-dir", str(tmp_path / "run"), "--rank-dirs",
+                        str(tmp_path / "dirs"), "--namespace", "wired", str(probe_script), str(tmp_path / "seen"),
+                        cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"seen{rank}").read_text())
+        assert seen["name"] == "__main__" and seen["argv"] == [str(probe_script), str(tmp_path / "seen")]
+        assert seen["path0"] == str(probe_script.parent)
+        assert seen["enabled"] is False
+        assert seen["env"] == {
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "dirs" / f"rank{rank}" / "inductor"),
+            "TMPDIR": str(tmp_path / "dirs" / f"rank{rank}" / "tmp"),
+            "OMP_NUM_THREADS": "1",
+            "RECIPECACHE_URL": f"file://{tmp_path}/store",
+            "RECIPECACHE_NAMESPACE": "wired",
+            "RECIPECACHE_METRICS_FILE": str(tmp_path / "run" / "metrics-rank{rank}.json"),
+            "RECIPECACHE_EVENT_LOG": str(tmp_path / "run" / "events"),
+            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+            "RECIPECACHE_AUTO_ENABLE": None,
+        }
+    # --no-enable and a script that never enables: no rank writes metrics, and the report says so
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["exit_code"] == 0 and report["missing_ranks"] == [0, 1]
+    assert "WARNING: no usable metrics from rank(s) 0, 1" in proc.stderr
+
+
+@pytest.mark.multirank
+def test_exit_status_is_the_jobs(probe_script: Path, tmp_path: Path) -> None:
+    proc = run_launcher("--nproc", "2", "--no-enable", "--run-dir", str(tmp_path / "run"), str(probe_script),
+                        str(tmp_path / "seen"), "3", cwd=tmp_path)
+    assert proc.returncode == 1  # torchrun's status for a failed worker group
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["exit_code"] == 1
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_ranks_stop_with_the_launcher(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGINT/SIGTERM are forwarded to torchrun; a SIGKILLed launcher takes torchrun down with it (Linux)."""
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text(
+        "import os, sys, time\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+        "time.sleep(600)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-m", "launcher.main", "--nproc", "2", "--no-enable", "--run-dir",
+                                 str(tmp_path / "run"), str(sleeper)], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid_files = [tmp_path / "pid0", tmp_path / "pid1"]
+        deadline = time.monotonic() + 120
+        while not all(p.exists() and p.read_text() for p in pid_files):
+            assert launcher.poll() is None, launcher.communicate()
+            assert time.monotonic() < deadline, "ranks did not start"
+            time.sleep(0.2)
+        pids = [int(p.read_text()) for p in pid_files]
+        launcher.send_signal(sig)
+        _, err = launcher.communicate(timeout=120)
+        deadline = time.monotonic() + 60
+        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)  # after a SIGKILL the ranks stop after the launcher, not before
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode != 0
+    assert not any(pid_alive(pid) for pid in pids)
+    if sig != signal.SIGKILL:
+        assert "Traceback" not in err.split("recipecache-run: job exited")[-1]
+        assert (tmp_path / "run" / "report.json").exists()

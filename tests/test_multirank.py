@@ -1,0 +1,157 @@
+"""Real torchrun jobs (2 ranks, gloo, CPU) of ``examples/train.py`` through ``recipecache-run``.
+
+Compiles are the expensive part (tens of seconds each on 2 cores), so the module runs
+three jobs once and every test asserts on them:
+
+1. cold: an empty file store, each rank in its own empty local dirs (``--rank-dirs``,
+   as on separate nodes), so ranks can share only through recipecache;
+2. warm: the same store, fresh empty local dirs again: everything must come from the store;
+3. plain: the same script under plain torchrun, no recipecache, for the losses.
+
+The example's schedule puts rank 1 one bucket ahead of rank 0, so at step 0 each rank
+compiles the length the other meets at step 1: every rank must hit an artifact it
+never compiled itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recipecache.events import read_events
+
+#: the three jobs run in the first test's fixture; generous because other work may share the 2 cores
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1200)]
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+BUCKETS = (16, 32)
+STEPS = 4
+RANKS = 2
+JOB_ARGS = ["--buckets", ",".join(map(str, BUCKETS)), "--steps", str(STEPS)]
+
+
+@dataclass
+class Job:
+    losses: list[list[float]]
+    report: dict[str, Any] | None = None
+    events: list[dict[str, Any]] | None = None
+
+    def rank_events(self, event: str) -> list[dict[str, Any]]:
+        assert self.events is not None
+        return [e for e in self.events if e["event"] == event]
+
+    def keys(self, event: str, rank: int | None = None) -> set[str]:
+        return {e["key"] for e in self.rank_events(event) if rank is None or e["rank"] == rank}
+
+
+def _env_without_recipecache() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
+
+
+def run_cached(tmp: Path, name: str, store_url: str) -> Job:
+    run_dir = tmp / name
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store_url, "--namespace", "multirank",
+         "--run-dir", str(run_dir), "--rank-dirs", str(tmp / f"{name}-dirs"),
+         str(EXAMPLE), *JOB_ARGS, "--losses", str(run_dir / "losses.json")],
+        check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return Job(
+        losses=json.loads((run_dir / "losses.json").read_text())["losses"],
+        report=json.loads((run_dir / "report.json").read_text()),
+        events=list(read_events(run_dir / "events")),
+    )
+
+
+def run_plain(tmp: Path) -> Job:
+    """The job without recipecache: torchrun straight, both ranks sharing one fresh local torch cache."""
+    local = tmp / "plain-local"
+    (local / "tmp").mkdir(parents=True)
+    env = _env_without_recipecache() | {"TMPDIR": str(local / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(local / "inductor"),
+                                        "OMP_NUM_THREADS": "1"}
+    out = tmp / "plain-losses.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), str(EXAMPLE), *JOB_ARGS,
+         "--losses", str(out)],
+        check=False, capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return Job(losses=json.loads(out.read_text())["losses"])
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
+    tmp = tmp_path_factory.mktemp("multirank")
+    store = f"file://{tmp / 'store'}"
+    cold = run_cached(tmp, "cold", store)
+    warm = run_cached(tmp, "warm", store)
+    yield {"cold": cold, "warm": warm, "plain": run_plain(tmp)}
+
+
+def ranks(job: Job) -> list[dict[str, Any]]:
+    assert job.report is not None
+    assert job.report["missing_ranks"] == []
+    assert [r["rank"] for r in job.report["ranks"]] == list(range(RANKS))
+    return job.report["ranks"]
+
+
+def test_cold_job_compiles_each_key_once(jobs: dict[str, Job]) -> None:
+    cold = jobs["cold"]
+    compiles = Counter(e["key"] for e in cold.rank_events("compile"))
+    assert compiles, "nothing was compiled"
+    assert max(compiles.values()) == 1, f"keys compiled more than once: {compiles}"
+    assert len(compiles) >= len(BUCKETS)  # every bucket length is at least one graph of its own
+    assert cold.report is not None
+    assert cold.report["total"]["compiles"] == len(compiles)
+    for row in ranks(cold):
+        assert row["compiles"] == len(cold.keys("compile", row["rank"]))
+    # every compiled artifact was published exactly once, by its compiler
+    puts = Counter((e["key"], e["rank"]) for e in cold.rank_events("put") if e["key"] in compiles)
+    assert {key for key, _ in puts} == set(compiles)
+    assert all(n == 1 for n in puts.values())
+    assert cold.report["total"]["puts"] >= len(compiles)
+
+
+def test_fresh_rank_hits_the_other_ranks_artifact(jobs: dict[str, Job]) -> None:
+    """Each rank, in its own empty local dirs, loads at least one artifact only the other rank compiled."""
+    cold = jobs["cold"]
+    for rank in range(RANKS):
+        others = set().union(*(cold.keys("compile", r) for r in range(RANKS) if r != rank))
+        borrowed = (cold.keys("hit", rank) & others) - cold.keys("compile", rank)
+        assert borrowed, f"rank {rank} hit nothing another rank built"
+        row = ranks(cold)[rank]
+        assert row["hits"] >= len(borrowed)
+        assert row["saved_s"] > 0  # the producer's compile time, carried with the artifact
+
+
+def test_warm_job_compiles_nothing(jobs: dict[str, Job]) -> None:
+    warm = jobs["warm"]
+    for row in ranks(warm):
+        assert (row["compiles"], row["misses"], row["fallbacks"]) == (0, 0, {}), row
+        assert row["hits"] > 0
+    assert warm.rank_events("compile") == []
+    assert warm.keys("hit") >= jobs["cold"].keys("compile")  # every artifact the cold job built, from the store
+
+
+def test_losses_equal_the_job_without_cache(jobs: dict[str, Job]) -> None:
+    """Bitwise: a hit loads the very kernels a local compile would build, and one thread per rank is deterministic."""
+    plain = jobs["plain"].losses
+    assert len(plain) == STEPS and all(len(step) == RANKS for step in plain)
+    assert jobs["cold"].losses == plain
+    assert jobs["warm"].losses == plain
+
+
+def test_every_step_is_in_the_trace(jobs: dict[str, Job]) -> None:
+    for name in ("cold", "warm"):
+        steps = sorted((e["rank"], e["step"]) for e in jobs[name].rank_events("step"))
+        assert steps == [(rank, step) for rank in range(RANKS) for step in range(STEPS)], name
