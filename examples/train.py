@@ -80,6 +80,28 @@ def step_marker() -> Callable[[int], None] | None:
     return getattr(integration, "mark_step", None)
 
 
+def declare_shapes(compiled: Callable[..., torch.Tensor], model: nn.Module,
+                   inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Declare the bucket shapes to recipecache; it compiles them up front under ``recipecache-run --prewarm``."""
+    try:
+        import recipecache
+    except ImportError:
+        return False
+    return recipecache.declare_shapes(compiled, inputs, module=model) is not None
+
+
+def compile_counts() -> dict[str, float]:
+    """Graph compiles, waits and their seconds in this process so far (zeros without recipecache)."""
+    try:
+        from recipecache.torch_integration import metrics
+    except ImportError:
+        return {"compiles": 0, "compile_s": 0.0, "waits": 0, "wait_s": 0.0}
+    m = metrics()
+    graphs = m.get("graph_compilation", {})
+    return {"compiles": graphs.get("TotalNumber", 0), "compile_s": graphs.get("TotalTime", 0.0),
+            "waits": m.get("waits", 0), "wait_s": m.get("wait_s", 0.0)}
+
+
 def cache_counters() -> dict[str, int]:
     """Inductor's own cache counters of this process (FX graph and AOTAutograd hits and misses)."""
     from torch._dynamo.utils import counters
@@ -100,8 +122,8 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def train(args: argparse.Namespace, rank: int) -> dict[str, list[float]]:
-    """Run the steps; returns this rank's losses, step seconds and lengths.
+def train(args: argparse.Namespace, rank: int) -> dict[str, Any]:
+    """Run the steps; returns this rank's losses, step seconds, lengths and compile counts.
 
     The DDP model lives only in here, so it is freed while the process group is still
     registered: a Reducer that drops the group's last reference destroys it while holding
@@ -113,7 +135,9 @@ def train(args: argparse.Namespace, rank: int) -> dict[str, list[float]]:
     compiled = torch.compile(model, dynamic=False)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     mark_step = step_marker()
-    out: dict[str, list[float]] = {"losses": [], "step_s": [], "lengths": []}
+    prewarmed = declare_shapes(compiled, model, [make_batch(0, rank, args.batch, n, args.seed) for n in buckets])
+    before_training = compile_counts()
+    out: dict[str, Any] = {"losses": [], "step_s": [], "lengths": []}
     for step in range(args.steps):
         length = bucket_length(step, rank, buckets)
         tokens, targets = make_batch(step, rank, args.batch, length, args.seed)
@@ -130,6 +154,9 @@ def train(args: argparse.Namespace, rank: int) -> dict[str, list[float]]:
         out["lengths"].append(length)
         if rank == 0:
             print(f"step {step} length {length} loss {loss.item():.6f} ({seconds:.2f} s)", flush=True)
+    after = compile_counts()
+    out["prewarmed"] = prewarmed
+    out["in_training"] = {k: after[k] - before_training[k] for k in after}
     return out
 
 
@@ -149,6 +176,9 @@ def main() -> None:
             # [step][rank]
             **{name: [list(v) for v in zip(*(r[name] for r in per_rank))] for name in ("losses", "step_s", "lengths")},
             "inductor_counters": [r["inductor_counters"] for r in per_rank],
+            # whether the bucket shapes were prewarmed, and what each rank compiled or waited for after that
+            "prewarmed": all(r["prewarmed"] for r in per_rank),
+            "in_training": [r["in_training"] for r in per_rank],
         }, indent=1))
     dist.destroy_process_group()
 

@@ -47,6 +47,12 @@ class LaunchConfig:
     threads: int | None = None
     secret_file: Path | None = None
     rank_dirs: Path | None = None
+    #: run the shapes the script declares (recipecache.declare_shapes) before training
+    prewarm: bool = False
+    #: Gaudi: the node-local recipe directory every rank's bridge uses, synced by an agent
+    hpu_dir: Path | None = None
+    hpu_max_size_mb: int = 1024
+    hpu_clear: bool = False
     #: torchrun options as given, in torchrun's dash spelling: ``(("--nnodes", "2"), ("--standalone", None))``
     torchrun_options: tuple[tuple[str, str | None], ...] = ()
 
@@ -112,6 +118,15 @@ class LaunchConfig:
             env.pop("RECIPECACHE_SECRET", None)  # the explicit option wins over the inherited secret
         if self.rank_dirs is not None:
             env["RECIPECACHE_RANK_DIRS"] = str(self.rank_dirs)
+        if self.prewarm:
+            env["RECIPECACHE_PREWARM"] = "1"
+        if self.hpu_dir is not None:
+            from recipecache.hpu import rank_environment
+
+            # every local rank gets the same environment from torchrun, so the bridge's own
+            # delete flag stays off; the node's sync agent clears the directory instead
+            env.update(rank_environment(0, namespace=self.namespace, directory=self.hpu_dir,
+                                        max_size_mb=self.hpu_max_size_mb))
         return env
 
     # -- construction --------------------------------------------------------------
@@ -142,6 +157,10 @@ class LaunchConfig:
             threads=_threads(args.threads, nproc),
             secret_file=_secret_file(args.secret_file),
             rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
+            prewarm=args.prewarm,
+            hpu_dir=_hpu_dir(args, namespace),
+            hpu_max_size_mb=_positive("--hpu-max-size-mb", args.hpu_max_size_mb),
+            hpu_clear=args.hpu_clear,
             torchrun_options=options,
         )
 
@@ -171,6 +190,23 @@ def _threads(given: int | None, nproc: str) -> int | None:
             raise ConfigError(f"OMP_NUM_THREADS={text!r} is not a positive number")
         return int(text)
     return None if nproc == "1" else 1
+
+
+def _positive(option: str, value: int) -> int:
+    if value < 1:
+        raise ConfigError(f"{option} must be at least 1, got {value}")
+    return value
+
+
+def _hpu_dir(args: argparse.Namespace, namespace: str) -> Path | None:
+    """The node's recipe directory when ``--hpu`` is on, created and checked to be private."""
+    if not args.hpu:
+        if args.hpu_dir or args.hpu_clear:
+            raise ConfigError("--hpu-dir and --hpu-clear need --hpu")
+        return None
+    from recipecache.hpu import node_directory, prepare_node_directory
+
+    return prepare_node_directory(node_directory(namespace, args.hpu_dir))
 
 
 def _secret_file(path: str | None) -> Path | None:

@@ -77,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--rank-dirs", metavar="DIR",
                       help="give rank N its own TORCHINDUCTOR_CACHE_DIR and TMPDIR under DIR/rankN, as if every "
                            "rank ran on its own node (tests, benchmarks); use a fresh DIR for empty local caches")
+    ours.add_argument("--prewarm", action="store_true",
+                      help="compile the shapes the script declares (recipecache.declare_shapes) before training, "
+                           "spread over the ranks")
+    hpu = parser.add_argument_group("Intel Gaudi recipes")
+    hpu.add_argument("--hpu", action="store_true",
+                     help="point every rank's PT_HPU_RECIPE_CACHE_CONFIG at a node-local directory and sync it "
+                          "with the store through one agent per node")
+    hpu.add_argument("--hpu-dir", metavar="DIR", help="the node-local recipe directory (default under $TMPDIR)")
+    hpu.add_argument("--hpu-max-size-mb", type=int, default=1024, metavar="MB", help="recipe directory cap (1024)")
+    hpu.add_argument("--hpu-clear", action="store_true", help="empty the node's recipe directory first")
     passed = parser.add_argument_group("torchrun options (passed through)")
     for opt in PASS_THROUGH:
         if opt.takes_value:
@@ -121,11 +131,28 @@ def run_torchrun(config: LaunchConfig) -> int:
     return code if code >= 0 else 128 - code
 
 
+def start_hpu_agent(config: LaunchConfig) -> subprocess.Popen[bytes] | None:
+    """The node's recipe sync agent, when ``--hpu`` is on; it logs its events apart from the ranks' trace."""
+    if config.hpu_dir is None:
+        return None
+    from recipecache.hpu import start_agent
+
+    env = {**config.rank_env(os.environ), "RECIPECACHE_EVENT_LOG": str(config.run_dir / "hpu-events")}
+    return start_agent(directory=config.hpu_dir, url=config.cache_url, namespace=config.namespace,
+                       max_size_mb=config.hpu_max_size_mb, clear=config.hpu_clear, env=env)
+
+
 def launch(config: LaunchConfig) -> int:
     """Run the job and report on it; returns the job's exit status."""
     config.run_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    code = run_torchrun(config)
+    agent = start_hpu_agent(config)
+    try:
+        code = run_torchrun(config)
+    finally:
+        if agent is not None:
+            agent.terminate()  # it makes a last publishing pass before it exits
+            agent.wait(timeout=60)
     wall = time.time() - start
     report = build_report(
         load_metrics(config.run_dir, since=start - MTIME_SLACK_S),

@@ -23,6 +23,7 @@ _LAZY = {
     "mark_step": "recipecache.torch_integration",
     "metrics": "recipecache.torch_integration",
     "prewarm": "recipecache.shapes.prewarm",
+    "declare_shapes": "recipecache.shapes.prewarm",
     "data_dynamicity": "recipecache.shapes.dynamicity",
     "percentile_buckets": "recipecache.shapes.buckets",
     "optimal_buckets": "recipecache.shapes.buckets",

@@ -19,6 +19,7 @@ import pytest
 from redis_server import free_port
 
 import recipecache
+from recipecache.errors import ConfigError
 from launcher import bootstrap
 from launcher.config import LaunchConfig, namespace_for
 from launcher.main import build_parser, main
@@ -415,3 +416,26 @@ def test_ranks_stop_with_the_launcher(tmp_path: Path, sig: signal.Signals) -> No
     if sig != signal.SIGKILL:
         assert "Traceback" not in err.split("recipecache-run: job exited")[-1]
         assert (tmp_path / "run" / "report.json").exists()
+
+
+def test_prewarm_and_hpu_wiring(script: Path, tmp_path: Path) -> None:
+    from recipecache.hpu import parse_config
+
+    config = config_for("--prewarm", "--hpu", "--hpu-dir", str(tmp_path / "recipes"), "--hpu-max-size-mb", "64",
+                        "--namespace", "job", str(script))
+    env = config.rank_env({})
+    assert env["RECIPECACHE_PREWARM"] == "1"
+    hpu = parse_config(env["PT_HPU_RECIPE_CACHE_CONFIG"])
+    assert (hpu.path, hpu.delete, hpu.max_size_mb) == (str(tmp_path / "recipes"), False, 64)
+    assert (tmp_path / "recipes").is_dir()
+    plain = config_for(str(script)).rank_env({})
+    assert "RECIPECACHE_PREWARM" not in plain and "PT_HPU_RECIPE_CACHE_CONFIG" not in plain
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--hpu-dir", "/tmp/x"], "need --hpu"),
+    (["--hpu", "--hpu-max-size-mb", "0"], "--hpu-max-size-mb must be at least 1"),
+])
+def test_bad_hpu_options(script: Path, argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config_for(*argv, str(script))

@@ -6,7 +6,9 @@ three jobs once and every test asserts on them:
 1. cold: an empty file store, each rank in its own empty local dirs (``--rank-dirs``,
    as on separate nodes), so ranks can share only through recipecache;
 2. warm: the same store, fresh empty local dirs again: everything must come from the store;
-3. plain: the same script under plain torchrun, no recipecache, for the losses.
+3. plain: the same script under plain torchrun, no recipecache, for the losses;
+4. prewarm: a cold store again, with ``--prewarm``: the declared bucket shapes are
+   compiled (spread over the ranks) before the first step, so training meets no compile.
 
 The example's schedule puts rank 1 one bucket ahead of rank 0, so at step 0 each rank
 compiles the length the other meets at step 1: every rank must hit an artifact it
@@ -42,6 +44,7 @@ JOB_ARGS = ["--buckets", ",".join(map(str, BUCKETS)), "--steps", str(STEPS)]
 @dataclass
 class Job:
     losses: list[list[float]]
+    output: dict[str, Any]
     report: dict[str, Any] | None = None
     events: list[dict[str, Any]] | None = None
 
@@ -57,17 +60,19 @@ def _env_without_recipecache() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
 
 
-def run_cached(tmp: Path, name: str, store_url: str) -> Job:
+def run_cached(tmp: Path, name: str, store_url: str, *launcher_args: str) -> Job:
     run_dir = tmp / name
     proc = subprocess.run(
         [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store_url, "--namespace", "multirank",
-         "--run-dir", str(run_dir), "--rank-dirs", str(tmp / f"{name}-dirs"),
+         "--run-dir", str(run_dir), "--rank-dirs", str(tmp / f"{name}-dirs"), *launcher_args,
          str(EXAMPLE), *JOB_ARGS, "--losses", str(run_dir / "losses.json")],
         check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    output = json.loads((run_dir / "losses.json").read_text())
     return Job(
-        losses=json.loads((run_dir / "losses.json").read_text())["losses"],
+        losses=output["losses"],
+        output=output,
         report=json.loads((run_dir / "report.json").read_text()),
         events=list(read_events(run_dir / "events")),
     )
@@ -86,7 +91,8 @@ def run_plain(tmp: Path) -> Job:
         check=False, capture_output=True, text=True, env=env, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return Job(losses=json.loads(out.read_text())["losses"])
+    output = json.loads(out.read_text())
+    return Job(losses=output["losses"], output=output)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +101,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
     store = f"file://{tmp / 'store'}"
     cold = run_cached(tmp, "cold", store)
     warm = run_cached(tmp, "warm", store)
-    yield {"cold": cold, "warm": warm, "plain": run_plain(tmp)}
+    prewarmed = run_cached(tmp, "prewarm", f"file://{tmp / 'prewarm-store'}", "--prewarm")
+    yield {"cold": cold, "warm": warm, "plain": run_plain(tmp), "prewarm": prewarmed}
 
 
 def ranks(job: Job) -> list[dict[str, Any]]:
@@ -155,3 +162,17 @@ def test_every_step_is_in_the_trace(jobs: dict[str, Job]) -> None:
     for name in ("cold", "warm"):
         steps = sorted((e["rank"], e["step"]) for e in jobs[name].rank_events("step"))
         assert steps == [(rank, step) for rank in range(RANKS) for step in range(STEPS)], name
+
+
+def test_prewarm_leaves_no_compile_stall_in_training(jobs: dict[str, Job]) -> None:
+    job = jobs["prewarm"]
+    assert job.output["prewarmed"] is True
+    assert job.report is not None and job.report["total"]["compiles"] > 0, "prewarm compiled the shapes"
+    for rank, during in enumerate(job.output["in_training"]):
+        assert (during["compiles"], during["waits"]) == (0, 0), f"rank {rank} met a compile in training: {during}"
+    # each rank compiled only its share; the other shapes came from the store
+    compiles = Counter(e["key"] for e in job.rank_events("compile"))
+    assert max(compiles.values()) == 1
+    assert all(row["compiles"] < job.report["total"]["compiles"] for row in ranks(job))
+    assert job.losses == jobs["plain"].losses, "prewarming changes no training state"
+    assert jobs["plain"].output["prewarmed"] is False

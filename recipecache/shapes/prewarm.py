@@ -15,6 +15,7 @@ afterwards: prewarming changes no training state.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -88,3 +89,19 @@ def prewarm(
     log.info("recipecache: prewarmed %d shapes on rank %d/%d: compile %.1f s, install %.1f s",
              len(example_inputs), rank, world, middle - start, end - middle)
     return {"compile_s": middle - start, "install_s": end - middle}
+
+
+def declare_shapes(
+    fn: Callable[..., Any],
+    example_inputs: Sequence[Sequence[Any]],
+    **options: Any,
+) -> dict[str, float] | None:
+    """Tell recipecache the shapes ``fn`` will meet; prewarms them when the launcher asked.
+
+    ``recipecache-run --prewarm`` sets ``RECIPECACHE_PREWARM=1``; without it this is a
+    no-op returning None, so a script can declare its shapes unconditionally. Options are
+    those of :func:`prewarm`.
+    """
+    if os.environ.get("RECIPECACHE_PREWARM") != "1":
+        return None
+    return prewarm(fn, example_inputs, **options)
