@@ -37,6 +37,8 @@ _COUNTS: dict[str, tuple[str, ...]] = {
     "misses": ("cache", "TotalMiss"),
     "puts": ("store", "puts"),
     "waits": ("waits",),
+    # artifacts refused for a bad checksum or signature (forged or tampered); compiled locally instead
+    "refused": ("refused",),
 }
 _SECONDS: dict[str, tuple[str, ...]] = {
     "compile_s": ("graph_compilation", "TotalTime"),
@@ -99,7 +101,8 @@ def rank_row(rank: int, data: Mapping[str, Any]) -> dict[str, Any]:
     row.update({name: int(_lookup(data, path) or 0) for name, path in _COUNTS.items()})
     row.update({name: float(_lookup(data, path) or 0.0) for name, path in _SECONDS.items()})
     row["stall_s"] = row["compile_s"] + row["wait_s"]
-    fallbacks = _lookup(data, ("store", "fallback_by_reason"))
+    # the integration's own count: the store's fallbacks plus lookups that failed and bad artifacts
+    fallbacks = data.get("fallbacks")
     row["fallbacks"] = {str(k): int(v) for k, v in fallbacks.items()} if isinstance(fallbacks, Mapping) else {}
     return row
 
@@ -143,13 +146,14 @@ def build_report(
 def format_report(report: Mapping[str, Any]) -> str:
     """The report as a table for people: one line per rank and a total."""
     head = f"{'rank':>6} {'compiles':>8} {'hits':>6} {'misses':>6} {'puts':>5} {'waits':>5} " \
-           f"{'compile_s':>9} {'wait_s':>8} {'stall_s':>8} {'saved_s':>8}  fallbacks"
+           f"{'compile_s':>9} {'wait_s':>8} {'stall_s':>8} {'saved_s':>8} {'refused':>7}  fallbacks"
     lines = [head]
 
     def line(label: str, r: Mapping[str, Any]) -> str:
         fallbacks = ", ".join(f"{k}={v}" for k, v in sorted(r["fallbacks"].items())) or "-"
         return (f"{label:>6} {r['compiles']:>8} {r['hits']:>6} {r['misses']:>6} {r['puts']:>5} {r['waits']:>5} "
-                f"{r['compile_s']:>9.2f} {r['wait_s']:>8.2f} {r['stall_s']:>8.2f} {r['saved_s']:>8.2f}  {fallbacks}")
+                f"{r['compile_s']:>9.2f} {r['wait_s']:>8.2f} {r['stall_s']:>8.2f} {r['saved_s']:>8.2f} {r['refused']:>7}  "
+                f"{fallbacks}")
 
     for r in report["ranks"]:
         if r["status"] == "missing":

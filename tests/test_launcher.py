@@ -226,7 +226,7 @@ def metrics(rank: int, **fields: Any) -> dict[str, Any]:
         "graph_compilation": {"TotalNumber": 2, "TotalTime": 12.5, "AvgTime": 6.25},
         "cache": {"TotalHit": 1, "TotalMiss": 2},
         "waits": 1, "wait_s": 3.0, "stall_s": 99.0, "saved_s": 4.0,
-        "store": {"puts": 2, "fallback_by_reason": {"backend_down": 1}},
+        "refused": 0, "fallbacks": {"backend_down": 1}, "store": {"puts": 2},
     }
     data.update(fields)
     return data
@@ -241,7 +241,8 @@ def write_metrics(run_dir: Path, rank: int, data: Any) -> Path:
 def test_report_aggregates_ranks_and_lists_missing_ones(tmp_path: Path) -> None:
     write_metrics(tmp_path, 0, metrics(0))
     write_metrics(tmp_path, 1, metrics(1, saved_s=None, waits=0, wait_s=0.0,
-                                       store={"puts": 0, "fallback_by_reason": {"backend_down": 2, "wait_timeout": 1}}))
+                                       refused=2, store={"puts": 0},
+                                       fallbacks={"backend_down": 2, "wait_timeout": 1}))
     write_metrics(tmp_path, 3, "{torn")
     (tmp_path / "metrics-rankX.json").write_text("{}")  # not a rank's file
     report = build_report(load_metrics(tmp_path), range(4), exit_code=1)
@@ -257,6 +258,7 @@ def test_report_aggregates_ranks_and_lists_missing_ones(tmp_path: Path) -> None:
     assert (total["compiles"], total["hits"], total["misses"], total["puts"], total["waits"]) == (4, 2, 4, 2, 1)
     assert (total["compile_s"], total["wait_s"], total["stall_s"], total["saved_s"]) == (25.0, 3.0, 28.0, 4.0)
     assert total["fallbacks"] == {"backend_down": 3, "wait_timeout": 1}
+    assert (r0["refused"], r1["refused"], total["refused"]) == (0, 2, 2)
     assert total["ranks_reported"] == 2
     text = format_report(report)
     assert "2  no metrics file" in text
