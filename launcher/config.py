@@ -250,7 +250,7 @@ def probe_store(url: str) -> None:
         query = "&".join(q for q in (query, f"timeout={PROBE_TIMEOUT_S:g}") if q)
     backend = open_backend(urllib.parse.urlunsplit(parts._replace(query=query)))
     try:
-        backend.ping()  # type: ignore[attr-defined]  # RedisBackend's up-front check
+        backend.ping()
     except BackendError as exc:
         raise ConfigError(f"cache {redact(url)} is unreachable ({exc.reason}: {exc})") from None
     finally:

@@ -94,5 +94,8 @@ class Backend(ABC):
             freed += entry.size
         return freed
 
+    def ping(self) -> None:
+        """Raise BackendError unless the service answers; a local backend always does."""
+
     def close(self) -> None:
         """Release connections or handles; the backend is not used afterwards."""
