@@ -3,8 +3,8 @@
     python benchmarks/sim_fidelity.py                 # run examples/train.py, then compare
     python benchmarks/sim_fidelity.py --no-run --run-dir DIR   # compare an existing run
 
-The job is ``recipecache-run --nproc N --cache file://<run-dir>/cache SCRIPT`` with
-``RECIPECACHE_EVENT_LOG=<run-dir>/events``; the launcher's report (``--report``, default
+The job is ``recipecache-run --nproc N --cache file://<run-dir>/cache --run-dir <run-dir> SCRIPT``,
+so its event logs land in ``<run-dir>/events``; the launcher's report (``--report``, default
 ``<run-dir>/report.json``) holds the measured ``total.stall_s``. Target: the prediction
 within 20% of the measurement. Exit status 1 when it is not, 2 when the run fails.
 """
@@ -12,7 +12,6 @@ within 20% of the measurement. Exit status 1 when it is not, 2 when the run fail
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import shutil
 import subprocess
@@ -30,10 +29,10 @@ def run_job(run_dir: Path, nproc: int, script: Path, extra: list[str]) -> None:
     launcher = shutil.which("recipecache-run")
     if launcher is None:
         sys.exit("recipecache-run is not on PATH (pip install -e . once the launcher exists)")
-    cmd = [launcher, "--nproc", str(nproc), "--cache", f"file://{run_dir / 'cache'}", *extra, str(script)]
-    env = dict(os.environ, RECIPECACHE_EVENT_LOG=str(run_dir / "events"))
+    cmd = [launcher, "--nproc", str(nproc), "--cache", f"file://{run_dir / 'cache'}", "--run-dir", str(run_dir),
+           *extra, str(script)]
     print("$", shlex.join(cmd), flush=True)
-    if subprocess.run(cmd, cwd=run_dir, env=env, check=False).returncode != 0:
+    if subprocess.run(cmd, cwd=run_dir, check=False).returncode != 0:
         print("the job failed", file=sys.stderr)
         sys.exit(2)
 
