@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipecache.config import default_url, open_backend, redact
+from recipecache.config import default_url, open_backend, read_secret_file, redact
 from recipecache.errors import BackendError, ConfigError
 from recipecache.keys import check_namespace
 
@@ -213,13 +213,8 @@ def _secret_file(path: str | None) -> Path | None:
     """The HMAC key file, checked here so a typo fails before any rank starts."""
     if path is None:
         return None
-    p = Path(path).absolute()
-    try:
-        if not p.read_bytes().strip():
-            raise ConfigError(f"--secret-file {path} is empty")
-    except OSError as exc:
-        raise ConfigError(f"--secret-file {path}: {exc.strerror}") from None
-    return p
+    read_secret_file(path, "--secret-file")
+    return Path(path).absolute()
 
 
 _NOT_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9._-]+")

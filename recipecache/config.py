@@ -67,14 +67,17 @@ def read_secret(secret: str | bytes | None = None) -> bytes | None:
     if os.environ.get("RECIPECACHE_SECRET"):
         return os.environ["RECIPECACHE_SECRET"].encode()
     path = os.environ.get("RECIPECACHE_SECRET_FILE")
-    if not path:
-        return None
+    return read_secret_file(path, "RECIPECACHE_SECRET_FILE") if path else None
+
+
+def read_secret_file(path: str | os.PathLike[str], source: str) -> bytes:
+    """The key in file ``path`` (surrounding whitespace stripped); ``source`` names where the path came from."""
     try:
         value = Path(path).read_bytes().strip()
     except OSError as exc:
-        raise ConfigError(f"RECIPECACHE_SECRET_FILE {path}: {exc.strerror}") from None
+        raise ConfigError(f"{source} {path}: {exc.strerror}") from None
     if not value:
-        raise ConfigError(f"RECIPECACHE_SECRET_FILE {path} is empty")
+        raise ConfigError(f"{source} {path} is empty")
     return value
 
 
