@@ -37,9 +37,12 @@ log = logging.getLogger(__name__)
 
 #: Seconds a failed backend is left alone before the store tries it again.
 RETRY_AFTER_S = 5.0
-#: Miss reasons that mean the backend answered (the entry is absent or was refused and
-#: deleted), so single-flight can coordinate the compile; any other reason is a failure.
-_ANSWERED = frozenset({"not_found", "corrupt", "unsigned", "bad_signature"})
+#: Miss reasons of an entry that failed verification (damaged, unsigned or badly signed);
+#: the store has deleted it.
+REFUSED_REASONS = frozenset({"corrupt", "unsigned", "bad_signature"})
+#: Miss reasons that mean the backend answered (the entry is absent or was refused), so
+#: single-flight can coordinate the compile; any other reason is a backend failure.
+_ANSWERED = REFUSED_REASONS | {"not_found"}
 
 
 @dataclass

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..argparsing import OneLineArgumentParser
 from ..errors import ConfigError
-from ..store import Store, open_store
+from ..store import REFUSED_REASONS, Store, open_store
 from .config import (
     DEFAULT_MAX_SIZE_MB,
     ENV_VAR,
@@ -56,8 +56,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
 UNKNOWN = "unknown"
-#: Store miss reasons that mean "this entry failed verification" (the store deleted it).
-_REFUSED = ("corrupt", "unsigned", "bad_signature")
 #: Kernel ABI: the habanalabs driver's version, per device (new accel class, then the old one).
 _DRIVER_VERSION_FILES = ("/sys/class/accel/accel*/device/driver_ver", "/sys/class/habanalabs/hl*/driver_ver")
 
@@ -128,7 +126,7 @@ class HpuSyncAgent:
     def sync_once(self) -> None:
         """One pass: read the index, publish, repair the index, skip foreign recipes, install."""
         blob, reason = self.store.lookup(INDEX_KEY)
-        if reason in _REFUSED:  # forged or damaged; the store deleted it and agents rebuild it below
+        if reason in REFUSED_REASONS:  # forged or damaged; the store deleted it and agents rebuild it below
             self._counts["refused"] += 1
             self._record("hpu_refuse", INDEX_KEY, reason=reason)
         index = Index.decode(blob) if blob is not None else Index.empty()
@@ -184,7 +182,7 @@ class HpuSyncAgent:
         """Fetch and install one listed recipe; False when the next cycle should retry it and the rest."""
         start = time.perf_counter()
         data, reason = self.store.lookup(recipe_key(entry.name, self.fingerprint))
-        if data is None and reason not in (*_REFUSED, "not_found"):
+        if data is None and reason not in REFUSED_REASONS | {"not_found"}:
             return False  # the backend failed; the store has logged it
         files = RecipeFiles.unpack(data, entry.name) if data is not None else None
         if data is None and reason == "not_found":

@@ -40,7 +40,7 @@ from torch._inductor import codecache, compile_fx, remote_cache
 from torch._inductor.cpu_vec_isa import VecISA
 from torch._inductor.runtime.runtime_utils import cache_dir
 
-from ..store import Flight, Store
+from ..store import REFUSED_REASONS, Flight, Store
 from . import pgo
 from .artifact import Artifact, ArtifactError, collect, install
 from .metrics import Metrics
@@ -51,8 +51,6 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = "torch1:"
 #: job id enable() gives torch when none is set (PGO does nothing without one)
 JOB_ID = "recipecache"
-#: miss reasons that mean the store itself refused an entry (it has deleted it)
-REFUSED = frozenset({"bad_signature", "unsigned", "corrupt"})
 
 R = TypeVar("R")
 
@@ -137,7 +135,7 @@ class Integration:
 
     def _count_miss(self, reason: str) -> None:
         """A refused entry (the store deleted it) or a store that did not answer; a plain absence is not counted here."""
-        if reason in REFUSED:
+        if reason in REFUSED_REASONS:
             self.metrics.refused()
         elif reason != "not_found":
             self.metrics.fallback(reason, f"store {self.store.url} did not answer; compiling locally")
