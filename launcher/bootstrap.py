@@ -20,10 +20,12 @@ import sys
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
+from recipecache import env
+
 
 def use_rank_dirs(environ: MutableMapping[str, str]) -> None:
     """Point this rank's torch caches and temp files at ``$RECIPECACHE_RANK_DIRS/rank<RANK>``."""
-    base = environ.get("RECIPECACHE_RANK_DIRS")
+    base = environ.get(env.RANK_DIRS)
     if not base:
         return
     rank_dir = Path(base) / f"rank{environ.get('RANK', '0')}"
@@ -39,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit("usage: python -m launcher.bootstrap script [args]  (recipecache-run starts this in each rank)")
     script = argv[0]
     use_rank_dirs(os.environ)
-    if os.environ.get("RECIPECACHE_AUTO_ENABLE") == "1":
+    if env.flag(env.AUTO_ENABLE):
         import recipecache
 
         recipecache.enable()

@@ -1,4 +1,4 @@
-"""``recipecache-run``: parse -> :class:`~launcher.config.LaunchConfig` -> run torchrun -> report.
+"""``recipecache-run``: parse -> :class:`~launcher.launch_config.LaunchConfig` -> run torchrun -> report.
 
 torchrun runs as a child process (``python -m torch.distributed.run``) in its own
 session, so a Ctrl-C reaches it exactly once, forwarded by the launcher, and torchrun
@@ -21,11 +21,12 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
+from recipecache import env
 from recipecache.argparsing import OneLineArgumentParser
-from recipecache.config import redact
+from recipecache.settings import redact
 from recipecache.errors import ConfigError
 
-from .config import LaunchConfig, probe_store
+from .launch_config import LaunchConfig, probe_store
 from .report import build_report, format_report, load_metrics, write_report
 from .torchrun_options import NPROC_PER_NODE, PASS_THROUGH, REFUSED
 
@@ -137,7 +138,7 @@ def start_hpu_agent(config: LaunchConfig) -> subprocess.Popen[bytes] | None:
         return None
     from recipecache.hpu import start_agent
 
-    env = {**config.rank_env(os.environ), "RECIPECACHE_EVENT_LOG": str(config.run_dir / "hpu-events")}
+    env = {**config.rank_env(os.environ), env.EVENT_LOG: str(config.run_dir / "hpu-events")}
     return start_agent(directory=config.hpu_dir, url=config.cache_url, namespace=config.namespace,
                        max_size_mb=config.hpu_max_size_mb, clear=config.hpu_clear, env=env)
 

@@ -28,7 +28,7 @@ from recipecache.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 
-_METRICS_FILE = re.compile(r"^metrics-rank(\d+)\.json$")
+_METRICS_FILE = re.compile(r"^metrics-rank(\d+)\.json\Z")
 
 #: report field -> path in the metrics file
 _COUNTS: dict[str, tuple[str, ...]] = {

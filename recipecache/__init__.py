@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import logging
 
-__version__ = "0.1.0"
-
-from ._lazy import lazy_getattr  # noqa: E402
-from .errors import BackendError, ConfigError, RecipeCacheError, VerificationError  # noqa: E402
-from .keys import make_key  # noqa: E402
-from .store import Flight, Store, open_store  # noqa: E402
+from ._lazy import lazy_getattr
+from .env import __version__
+from .errors import BackendError, ConfigError, RecipeCacheError, VerificationError
+from .keys import make_key
+from .reasons import Reason, Role
+from .store import Flight, Store, open_store
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -37,7 +37,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "BackendError", "ConfigError", "Flight", "RecipeCacheError", "Store", "VerificationError",
+    "BackendError", "ConfigError", "Flight", "Reason", "RecipeCacheError", "Role", "Store", "VerificationError",
+    "__version__",
     "make_key", "open_store", *_LAZY,
 ]
 

@@ -28,8 +28,9 @@ from typing import Any
 
 import msgpack
 
+from .env import process_rank
 from .errors import VerificationError
-from .events import process_rank
+from .reasons import Reason
 
 MAGIC = b"RCE1"
 FORMAT_VERSION = 1
@@ -89,18 +90,18 @@ def read_header(blob: bytes | memoryview) -> tuple[dict[str, Any], int]:
     """Decode the header map and return it with the payload's offset; checks framing only."""
     view = memoryview(blob)
     if len(view) < _PREFIX.size:
-        raise VerificationError("corrupt", "envelope shorter than its prefix")
+        raise VerificationError(Reason.CORRUPT, "envelope shorter than its prefix")
     magic, header_len = _PREFIX.unpack_from(view)
     if magic != MAGIC:
-        raise VerificationError("corrupt", f"bad magic {bytes(magic)!r}")
+        raise VerificationError(Reason.CORRUPT, f"bad magic {bytes(magic)!r}")
     if header_len > _MAX_HEADER or _PREFIX.size + header_len > len(view):
-        raise VerificationError("corrupt", "truncated or oversized header")
+        raise VerificationError(Reason.CORRUPT, "truncated or oversized header")
     try:
         fields = msgpack.unpackb(view[_PREFIX.size : _PREFIX.size + header_len], raw=False, strict_map_key=True)
     except (ValueError, msgpack.UnpackException) as exc:
-        raise VerificationError("corrupt", f"undecodable header: {exc}") from None
+        raise VerificationError(Reason.CORRUPT, f"undecodable header: {exc}") from None
     if not isinstance(fields, dict) or fields.get("v") != FORMAT_VERSION:
-        raise VerificationError("corrupt", "unknown envelope format version")
+        raise VerificationError(Reason.CORRUPT, "unknown envelope format version")
     return fields, _PREFIX.size + header_len
 
 
@@ -125,18 +126,18 @@ def open_envelope(blob: bytes, *, key: str | None, secret: bytes | None = None) 
             signed="hmac" in fields,
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise VerificationError("corrupt", f"malformed header: {exc}") from None
+        raise VerificationError(Reason.CORRUPT, f"malformed header: {exc}") from None
     if len(blob) - offset != size:
-        raise VerificationError("corrupt", f"payload is {len(blob) - offset} bytes, header says {size}")
+        raise VerificationError(Reason.CORRUPT, f"payload is {len(blob) - offset} bytes, header says {size}")
     if key is not None and header.key != key:
-        raise VerificationError("corrupt", "entry belongs to another key")
+        raise VerificationError(Reason.CORRUPT, "entry belongs to another key")
     if secret:
         signature = fields.pop("hmac", None)
         if signature is None:
-            raise VerificationError("unsigned", "entry is not signed and a secret is configured")
+            raise VerificationError(Reason.UNSIGNED, "entry is not signed and a secret is configured")
         if not hmac.compare_digest(bytes(signature), _signature(secret, fields)):
-            raise VerificationError("bad_signature", "entry signature does not match the configured secret")
+            raise VerificationError(Reason.BAD_SIGNATURE, "entry signature does not match the configured secret")
     payload = blob[offset:] if offset else blob
     if not hmac.compare_digest(hashlib.sha256(payload).digest(), digest):
-        raise VerificationError("corrupt", "payload checksum mismatch")
+        raise VerificationError(Reason.CORRUPT, "payload checksum mismatch")
     return header, payload

@@ -12,6 +12,8 @@ Two families matter to callers:
 
 from __future__ import annotations
 
+from .reasons import Reason
+
 
 class RecipeCacheError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -24,7 +26,7 @@ class ConfigError(RecipeCacheError, ValueError):
 class BackendError(RecipeCacheError):
     """A backend operation failed; ``reason`` is the counted miss/fallback reason."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -32,10 +34,11 @@ class BackendError(RecipeCacheError):
 class VerificationError(RecipeCacheError):
     """An envelope failed its checksum, signature or format check.
 
-    ``reason`` is ``corrupt`` (damaged or truncated bytes) or ``unsigned`` /
-    ``bad_signature`` (refused because a secret is configured).
+    ``reason`` is one of :data:`recipecache.reasons.REFUSED`: ``corrupt`` (damaged or
+    truncated bytes), ``unsigned`` / ``bad_signature`` (refused because a secret is
+    configured), ``old_format``.
     """
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(message)
         self.reason = reason

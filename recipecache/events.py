@@ -25,6 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import env
+from .env import process_rank
+
 log = logging.getLogger(__name__)
 
 #: hit: served from the store; miss: not in the store (``reason`` says why);
@@ -34,14 +37,6 @@ log = logging.getLogger(__name__)
 #: help (``reason``); takeover: took a lease whose holder had died;
 #: step: a training step ended (written by integrations; ``step`` = index).
 EVENT_KINDS = ("hit", "miss", "compile", "wait", "put", "fallback", "takeover", "step")
-
-
-def process_rank() -> int:
-    """The global rank of this process as torchrun sets it (``RANK``), else 0."""
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
 
 
 class EventLog:
@@ -64,7 +59,7 @@ class EventLog:
     @classmethod
     def from_env(cls) -> EventLog:
         """The log named by ``RECIPECACHE_EVENT_LOG`` (a directory), or a disabled log."""
-        directory = os.environ.get("RECIPECACHE_EVENT_LOG")
+        directory = os.environ.get(env.EVENT_LOG)
         if not directory:
             return cls(None)
         rank = process_rank()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 from .backends.base import Backend
+from .reasons import Role
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class HeldLease:
 class Outcome(Generic[T]):
     """How a single-flight attempt ended for this process."""
 
-    role: Literal["leader", "follower", "timeout"]
+    role: Literal[Role.LEADER, Role.FOLLOWER, Role.TIMEOUT]
     #: the result another process published (follower), or None
     value: T | None = None
     #: the lease to release after compiling (leader only)
@@ -116,13 +117,13 @@ class SingleFlight:
                 waited = self._clock() - start if contended else 0.0
                 if value is not None:
                     lease.release()
-                    return Outcome("follower", value=value, waited_s=waited)
-                return Outcome("leader", lease=lease, waited_s=waited, takeover=contended)
+                    return Outcome(Role.FOLLOWER, value=value, waited_s=waited)
+                return Outcome(Role.LEADER, lease=lease, waited_s=waited, takeover=contended)
             contended = True
             value = fetch()
             if value is not None:
-                return Outcome("follower", value=value, waited_s=self._clock() - start)
+                return Outcome(Role.FOLLOWER, value=value, waited_s=self._clock() - start)
             if self._clock() - start >= timeout:
-                return Outcome("timeout", waited_s=self._clock() - start)
+                return Outcome(Role.TIMEOUT, waited_s=self._clock() - start)
             self._sleep(min(delay, max(0.0, timeout - (self._clock() - start))))
             delay = min(delay * 2, self._poll_max)

@@ -22,27 +22,48 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 from . import envelope
 from .backends.base import Backend, EntryInfo
-from .config import StoreSettings, open_backend
+from .settings import StoreSettings, open_backend
 from .errors import BackendError, VerificationError
 from .events import EventLog
 from .keys import storage_key
 from .lease import HeldLease, SingleFlight
+from .reasons import ABSENT, FAILED, REFUSED, Reason, Role
 from .stats import Stats
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: Seconds a failed backend is left alone before the store tries it again.
 RETRY_AFTER_S = 5.0
-#: Miss reasons of an entry that failed verification (damaged, unsigned or badly signed);
-#: the store has deleted it.
-REFUSED_REASONS = frozenset({"corrupt", "unsigned", "bad_signature"})
-#: Miss reasons that mean the backend answered (the entry is absent or was refused), so
-#: single-flight can coordinate the compile; any other reason is a backend failure.
-_ANSWERED = REFUSED_REASONS | {"not_found"}
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """One lookup's answer: verified bytes, or None and why (:mod:`recipecache.reasons`)."""
+
+    data: bytes | None
+    #: None for a hit
+    reason: Reason | None = None
+
+    @property
+    def absent(self) -> bool:
+        """The store answered: nothing under this key (a cold cache)."""
+        return self.reason in ABSENT
+
+    @property
+    def refused(self) -> bool:
+        """The store answered: an entry was there and failed verification."""
+        return self.reason in REFUSED
+
+    @property
+    def failed(self) -> bool:
+        """The backend did not answer usefully (down, slow, full, broken)."""
+        return self.reason in FAILED
 
 
 @dataclass
@@ -56,13 +77,14 @@ class Flight:
 
     store: Store
     key: str
-    role: Literal["hit", "follower", "leader", "fallback"]
+    role: Role
     data: bytes | None = None
-    reason: str | None = None
+    #: why a ``fallback`` compiles without a lease (a backend failure or ``wait_timeout``)
+    reason: Reason | None = None
     waited_s: float = 0.0
     #: why the first lookup missed (``not_found``, a refusal such as ``bad_signature``, or a
     #: backend failure); None for a hit
-    miss_reason: str | None = None
+    miss_reason: Reason | None = None
     lease: HeldLease | None = field(default=None, repr=False)
 
     def publish(self, data: bytes) -> bool:
@@ -93,14 +115,14 @@ class Store:
         self._flight = SingleFlight(backend, ttl=settings.lease_ttl)
         self._lock = threading.Lock()
         self._broken_until = 0.0
-        self._broken_reason: str | None = None
+        self._broken_reason: Reason | None = None
 
     @property
     def url(self) -> str:
         return self.backend.url
 
     # -- degradation ---------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """Run a backend call; raise BackendError at once while the breaker is open."""
         with self._lock:
             if self._broken_reason is not None:
@@ -127,15 +149,15 @@ class Store:
         return result
 
     # -- bytes ---------------------------------------------------------------------
-    def _read(self, key: str) -> tuple[bytes | None, str]:
-        """Verified payload or (None, reason); deletes entries that fail verification."""
+    def _read(self, key: str) -> Lookup:
+        """The verified payload, or why not; deletes entries that fail verification. Counts nothing."""
         skey = storage_key(self.namespace, key)
         try:
             blob = self._call("get", self.backend.get, skey)
         except BackendError as exc:
-            return None, exc.reason
+            return Lookup(None, exc.reason)
         if blob is None:
-            return None, "not_found"
+            return Lookup(None, Reason.NOT_FOUND)
         try:
             _header, payload = envelope.open_envelope(blob, key=key, secret=self.settings.secret)
         except VerificationError as exc:
@@ -145,27 +167,34 @@ class Store:
                 self._call("delete", self.backend.delete, skey)
             except BackendError:
                 pass
-            return None, exc.reason
+            return Lookup(None, exc.reason)
         self._stats.count("bytes_read", len(payload))
-        return payload, "hit"
+        return Lookup(payload)
 
-    def lookup(self, key: str) -> tuple[bytes | None, str]:
-        """The verified artifact under ``key`` and ``"hit"``, or None and the counted miss reason."""
+    def lookup(self, key: str, *, trace: bool = True) -> Lookup:
+        """The verified artifact under ``key``, or None and the counted miss reason.
+
+        ``trace=False`` keeps the lookup out of the event log (which the simulator replays
+        as the job's compile keys); it is counted in :meth:`stats` all the same.
+        """
         start = time.perf_counter()
-        data, reason = self._read(key)
-        if data is None:
-            self._stats.reason("misses", reason)
-            self.events.record("miss", key, time.perf_counter() - start, reason=reason)
+        result = self._read(key)
+        if result.reason is not None:
+            self._stats.reason("misses", result.reason)
+            if trace:
+                self.events.record("miss", key, time.perf_counter() - start, reason=result.reason)
         else:
+            assert result.data is not None
             self._stats.count("hits")
-            self.events.record("hit", key, time.perf_counter() - start, bytes=len(data))
-        return data, reason
+            if trace:
+                self.events.record("hit", key, time.perf_counter() - start, bytes=len(result.data))
+        return result
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, *, trace: bool = True) -> bytes | None:
         """The verified artifact under ``key``, or None (a miss, counted by reason)."""
-        return self.lookup(key)[0]
+        return self.lookup(key, trace=trace).data
 
-    def put(self, key: str, data: bytes) -> bool:
+    def put(self, key: str, data: bytes, *, trace: bool = True) -> bool:
         """Publish ``data`` under ``key``; False (logged and counted, never raised) if the backend failed."""
         start = time.perf_counter()
         blob = envelope.seal(key, data, secret=self.settings.secret)
@@ -176,44 +205,46 @@ class Store:
             return False
         self._stats.count("puts")
         self._stats.count("bytes_written", len(data))
-        self.events.record("put", key, time.perf_counter() - start, bytes=len(data))
+        if trace:
+            self.events.record("put", key, time.perf_counter() - start, bytes=len(data))
         return True
 
     # -- single flight -------------------------------------------------------------
     def begin(self, key: str, *, wait_timeout: float | None = None) -> Flight:
         """Look ``key`` up; on a miss either wait for the process compiling it or become its compiler."""
-        data, reason = self.lookup(key)
-        if data is not None:
-            return Flight(self, key, "hit", data=data)
-        if reason not in _ANSWERED:
-            return self._fallback(key, reason, miss_reason=reason)  # the backend failed: no lease to take
+        first = self.lookup(key)
+        if first.data is not None:
+            return Flight(self, key, Role.HIT, data=first.data)
+        miss = first.reason
+        if first.failed:
+            return self._fallback(key, first.reason, miss_reason=miss)  # the backend failed: no lease to take
         timeout = self.settings.wait_timeout if wait_timeout is None else wait_timeout
         try:
             outcome = self._call(
-                "lease", self._flight.run, storage_key(self.namespace, key), lambda: self._read(key)[0], timeout
+                "lease", self._flight.run, storage_key(self.namespace, key), lambda: self._read(key).data, timeout
             )
         except BackendError as exc:
-            return self._fallback(key, exc.reason, miss_reason=reason)
+            return self._fallback(key, exc.reason, miss_reason=miss)
         if outcome.waited_s:
             self._stats.count("waits")
             self._stats.add_seconds("wait_s", outcome.waited_s)
             self.events.record("wait", key, outcome.waited_s)
-        if outcome.role == "timeout":
-            return self._fallback(key, "wait_timeout", waited_s=outcome.waited_s, miss_reason=reason)
-        if outcome.role == "follower":
+        if outcome.role is Role.TIMEOUT:
+            return self._fallback(key, Reason.WAIT_TIMEOUT, waited_s=outcome.waited_s, miss_reason=miss)
+        if outcome.role is Role.FOLLOWER:
             self._stats.count("follower")
             self._stats.count("hits")
-            return Flight(self, key, "follower", data=outcome.value, waited_s=outcome.waited_s, miss_reason=reason)
+            return Flight(self, key, Role.FOLLOWER, data=outcome.value, waited_s=outcome.waited_s, miss_reason=miss)
         self._stats.count("leader")
         if outcome.takeover:
             self._stats.count("takeovers")
             self.events.record("takeover", key)
-        return Flight(self, key, "leader", lease=outcome.lease, waited_s=outcome.waited_s, miss_reason=reason)
+        return Flight(self, key, Role.LEADER, lease=outcome.lease, waited_s=outcome.waited_s, miss_reason=miss)
 
-    def _fallback(self, key: str, reason: str, *, miss_reason: str, waited_s: float = 0.0) -> Flight:
+    def _fallback(self, key: str, reason: Reason, *, miss_reason: Reason | None, waited_s: float = 0.0) -> Flight:
         self._stats.reason("fallback", reason)
         self.events.record("fallback", key, reason=reason)
-        return Flight(self, key, "fallback", reason=reason, waited_s=waited_s, miss_reason=miss_reason)
+        return Flight(self, key, Role.FALLBACK, reason=reason, waited_s=waited_s, miss_reason=miss_reason)
 
     def get_or_compile(self, key: str, compile_fn: Callable[[], bytes], *, wait_timeout: float | None = None) -> bytes:
         """The artifact for ``key``, compiled by exactly one process across the job when possible."""
@@ -229,11 +260,23 @@ class Store:
             flight.publish(data)
             return data
 
-    def record_compile(self, key: str, seconds: float) -> None:
-        """Count a compile this process ran (integrations that compile outside get_or_compile call it)."""
+    def record_compile(self, key: str | None, seconds: float) -> None:
+        """Count a compile this process ran (integrations that compile outside get_or_compile call it).
+
+        ``key`` None: a compile of something the store was never asked for (torch bypassed
+        its cache for that graph); it is counted, but kept out of the trace, whose keys the
+        simulator replays.
+        """
         self._stats.count("compiles")
         self._stats.add_seconds("compile_s", seconds)
-        self.events.record("compile", key, seconds)
+        if key is not None:
+            self.events.record("compile", key, seconds)
+
+    def record_unused_hit(self, key: str, reason: Reason) -> None:
+        """A hit served under ``key`` was not used after all (``reason``, e.g. torch's guards rejected it): a miss."""
+        self._stats.count("hits", -1)
+        self._stats.reason("misses", reason)
+        self.events.record("miss", key, reason=reason)
 
     # -- admin ---------------------------------------------------------------------
     def entries(self, namespace: str | None = None) -> Iterator[EntryInfo]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from recipecache.backends.filesystem import STALE_TEMP_S, FilesystemBackend
-from recipecache.config import open_backend
+from recipecache.settings import open_backend
 from recipecache.errors import ConfigError
 
 NS = "t"

@@ -21,7 +21,7 @@ from redis_server import free_port
 import recipecache
 from recipecache.errors import ConfigError
 from launcher import bootstrap
-from launcher.config import LaunchConfig, namespace_for
+from launcher.launch_config import LaunchConfig, namespace_for
 from launcher.main import build_parser, main
 from launcher.report import build_report, format_report, load_metrics
 from launcher.torchrun_options import NPROC_PER_NODE, PASS_THROUGH, REFUSED

@@ -11,7 +11,7 @@ import recipecache
 from recipecache import envelope
 from recipecache.backends.base import Backend
 from recipecache.backends.memory import MemoryBackend
-from recipecache.config import StoreSettings
+from recipecache.settings import StoreSettings
 from recipecache.errors import BackendError, ConfigError
 from recipecache.events import EventLog, read_events
 from recipecache.keys import storage_key

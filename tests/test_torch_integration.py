@@ -200,8 +200,9 @@ def test_cold_process_compiles_and_publishes_complete_artifacts(runs: ColdRuns) 
     # model forward + backward, then `scaled` static (size 5) and dynamic (size 7)
     assert m["graph_compilation"]["TotalNumber"] == 4
     assert m["cache"] == {"TotalHit": 0, "TotalMiss": 4}
-    assert m["store"]["puts"] == 4, "one graph artifact per compiled graph"
-    assert m["aux_store"]["puts"] >= 4, "AOTAutograd entries, PGO state and the ISA probe"
+    assert m["lookups"]["fx"]["put"] == 4, "one graph artifact per compiled graph"
+    assert sum(m["lookups"][kind]["put"] for kind in ("aot", "pgo", "isa")) >= 4, "AOTAutograd entries, PGO state and the ISA probe"
+    assert m["store"]["puts"] == sum(counts["put"] for counts in m["lookups"].values())
     assert m["kernels"]["shipped"] >= 4
     assert runs.cold.cpp_compiles >= 4, "the g++ wrapper must see the cold compiles for the hit test to mean anything"
     assert m["refused"] == 0 and m["fallbacks"] == {}
@@ -246,7 +247,7 @@ def test_forged_and_tampered_artifacts_are_refused_and_compiled_locally(runs: Co
     m = run.metrics
     assert m["refused"] == 2
     assert m["store"]["misses_by_reason"]["bad_signature"] == 1
-    assert m["aux_store"]["misses_by_reason"]["corrupt"] == 1
+    assert m["store"]["misses_by_reason"]["corrupt"] == 1
     assert m["graph_compilation"]["TotalNumber"] == 1, "only the forged graph is compiled again; the backward hits"
     assert run.cpp_compiles >= 1
     assert not list(run.dir.rglob("evil*"))
@@ -338,7 +339,7 @@ def integration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     store = recipecache.open_store("memory://", namespace=NAMESPACE)
-    it = _hooks.Integration(store, store, Metrics(lambda: {"store": store.stats()}, None, flush=False), wait_timeout=0.5)
+    it = _hooks.Integration(store, Metrics(store, None, flush=False), wait_timeout=0.5)
     yield it
     it.end_attempt()
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 
-_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}/[0-9a-f]{8,128}$")
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}/[0-9a-f]{8,128}\Z")
 
 Clock = Callable[[], float]
 

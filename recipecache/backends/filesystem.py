@@ -35,6 +35,7 @@ from pathlib import Path
 import filelock
 
 from ..errors import BackendError
+from ..reasons import Reason
 from ..fsutil import TEMP_PREFIX, private_directory, write_atomic
 from .base import Backend, Clock, EntryInfo, check_key
 
@@ -47,10 +48,10 @@ _EVICT_CHECK_FRACTION = 0.05
 _EVICT_CHECK_S = 30.0
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: OSError) -> Reason:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "backend_full"
-    return "backend_error"
+        return Reason.BACKEND_FULL
+    return Reason.BACKEND_ERROR
 
 
 class FilesystemBackend(Backend):
@@ -72,7 +73,7 @@ class FilesystemBackend(Backend):
                 os.mkdir(path, 0o700)
             except FileExistsError:
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
-                    raise BackendError("backend_error", f"{path} is a symlink or not a directory; refusing it") from None
+                    raise BackendError(Reason.BACKEND_ERROR, f"{path} is a symlink or not a directory; refusing it") from None
         return path
 
     def _object_path(self, key: str) -> Path:

@@ -30,6 +30,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from ..errors import BackendError
+from ..reasons import Reason
 from .base import Backend, EntryInfo, check_key
 
 #: Every command this backend sends, as ACL names; deploy/ builds its ACL user from this
@@ -73,14 +74,15 @@ return 0
 
 
 def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
+    reason: Reason
     if isinstance(exc, redis.exceptions.TimeoutError):
-        reason = "backend_slow"
+        reason = Reason.BACKEND_SLOW
     elif isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.AuthenticationError)):
-        reason = "backend_down"
+        reason = Reason.BACKEND_DOWN
     elif isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("OOM"):
-        reason = "backend_full"
+        reason = Reason.BACKEND_FULL
     else:
-        reason = "backend_error"
+        reason = Reason.BACKEND_ERROR
     return BackendError(reason, f"redis {what}: {exc}")
 
 

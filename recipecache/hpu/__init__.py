@@ -33,7 +33,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .config import (
+from .recipe_cache_config import (
     ENV_VAR,
     RecipeCacheConfig,
     format_config,

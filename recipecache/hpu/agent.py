@@ -40,8 +40,9 @@ from typing import Any
 
 from ..argparsing import OneLineArgumentParser
 from ..errors import ConfigError
-from ..store import REFUSED_REASONS, Store, open_store
-from .config import (
+from ..reasons import Reason
+from ..store import Store, open_store
+from .recipe_cache_config import (
     DEFAULT_MAX_SIZE_MB,
     ENV_VAR,
     MIB,
@@ -125,11 +126,11 @@ class HpuSyncAgent:
     # -- one cycle -----------------------------------------------------------------
     def sync_once(self) -> None:
         """One pass: read the index, publish, repair the index, skip foreign recipes, install."""
-        blob, reason = self.store.lookup(INDEX_KEY)
-        if reason in REFUSED_REASONS:  # forged or damaged; the store deleted it and agents rebuild it below
+        found = self.store.lookup(INDEX_KEY)
+        if found.refused:  # forged or damaged; agents rebuild it below
             self._counts["refused"] += 1
-            self._record("hpu_refuse", INDEX_KEY, reason=reason)
-        index = Index.decode(blob) if blob is not None else Index.empty()
+            self._record("hpu_refuse", INDEX_KEY, reason=found.reason)
+        index = Index.decode(found.data) if found.data is not None else Index.empty()
         self._publish_local(index)
         self._update_index(index)
         self._count_foreign(index)
@@ -181,15 +182,15 @@ class HpuSyncAgent:
     def _install(self, entry: IndexEntry) -> bool:
         """Fetch and install one listed recipe; False when the next cycle should retry it and the rest."""
         start = time.perf_counter()
-        data, reason = self.store.lookup(recipe_key(entry.name, self.fingerprint))
-        if data is None and reason not in REFUSED_REASONS | {"not_found"}:
+        found = self.store.lookup(recipe_key(entry.name, self.fingerprint))
+        if found.failed:
             return False  # the backend failed; the store has logged it
-        files = RecipeFiles.unpack(data, entry.name) if data is not None else None
-        if data is None and reason == "not_found":
-            self._settle(entry.name, "missing", "hpu_skip", reason="not_found")  # evicted from the store
+        if found.absent:
+            self._settle(entry.name, "missing", "hpu_skip", reason=found.reason)  # evicted from the store
             return True
+        files = RecipeFiles.unpack(found.data, entry.name) if found.data is not None else None
         if files is None:
-            reason = reason if data is None else "malformed"
+            reason = found.reason or Reason.BAD_ARTIFACT
             log.warning("recipecache: refused HPU recipe %s from the store (%s)", entry.name, reason)
             self._settle(entry.name, "refused", "hpu_refuse", reason=reason)
             return True

@@ -38,7 +38,7 @@ META_SUFFIX = ".meta"
 #: The agent's temp files; the bridge only looks at its two suffixes, so it never sees them.
 TEMP_PREFIX = ".recipecache-"
 #: Recipe names are hashes; anything else (a path, "..") is refused before it becomes a file name.
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 _PAYLOAD_VERSION = 1
 
 

@@ -15,13 +15,14 @@ afterwards: prewarming changes no training state.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from .. import env
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,6 @@ def declare_shapes(
     no-op returning None, so a script can declare its shapes unconditionally. Options are
     those of :func:`prewarm`.
     """
-    if os.environ.get("RECIPECACHE_PREWARM") != "1":
+    if not env.flag(env.PREWARM):
         return None
     return prewarm(fn, example_inputs, **options)

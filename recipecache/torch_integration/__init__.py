@@ -27,7 +27,9 @@ import os
 import threading
 from typing import Any
 
-from ..events import EventLog, process_rank
+from .. import env
+from ..env import process_rank
+from ..reasons import Reason
 from ..store import Store, open_store
 from .metrics import Metrics, metrics_path
 
@@ -72,20 +74,17 @@ def enable(
         if _session.hooked and _session.store is not None:
             return _session.store
         store = open_store(url, namespace=namespace, secret=secret)
-        # AOTAutograd, PGO and probe entries: their lookups are not graph compiles, and the
-        # simulator would replay every key in the event log as one
-        aux = Store(store.backend, store.settings, events=EventLog(None))
-        template = metrics_file or os.environ.get("RECIPECACHE_METRICS_FILE")
-        metrics = Metrics(lambda: {"store": store.stats(), "aux_store": aux.stats()},
+        template = metrics_file or os.environ.get(env.METRICS_FILE)
+        metrics = Metrics(store,
                           metrics_path(template, process_rank()),
-                          flush=os.environ.get("RECIPECACHE_METRICS_FLUSH") == "1")
+                          flush=env.flag(env.METRICS_FLUSH))
         try:
             from . import _hooks
 
-            _hooks.attach(store, aux, metrics, wait_timeout)
+            _hooks.attach(store, metrics, wait_timeout)
         except (ImportError, AttributeError) as exc:
             # a torch without the hook points this integration was written against
-            metrics.fallback("torch_internals", f"cannot hook this torch ({exc!r}); it compiles without the cache")
+            metrics.fallback(Reason.TORCH_INTERNALS, f"cannot hook this torch ({exc!r}); it compiles without the cache")
         else:
             _session.hooked = True
         _session.store, _session.metrics, _session.next_step = store, metrics, 0

@@ -40,7 +40,8 @@ from torch._inductor import codecache, compile_fx, remote_cache
 from torch._inductor.cpu_vec_isa import VecISA
 from torch._inductor.runtime.runtime_utils import cache_dir
 
-from ..store import REFUSED_REASONS, Flight, Store
+from ..reasons import Reason
+from ..store import Flight, Store
 from . import pgo
 from .artifact import Artifact, ArtifactError, collect, install
 from .metrics import Metrics
@@ -75,11 +76,11 @@ class _Attempt(threading.local):
 class Integration:
     """One enabled store: the state the hooks share (torch builds backends with no arguments)."""
 
-    def __init__(self, store: Store, aux: Store, metrics: Metrics, wait_timeout: float | None) -> None:
-        #: graph artifacts (FX): single-flight, and the event log's trace of compile keys
+    def __init__(self, store: Store, metrics: Metrics, wait_timeout: float | None) -> None:
+        #: graph artifacts (FX) are single-flighted and traced in the event log (the simulator
+        #: replays it as the job's compile keys); AOTAutograd, PGO and probe entries are not
+        #: compiles, so their lookups and puts stay out of the trace (``trace=False``)
         self.store = store
-        #: AOTAutograd, PGO and probe entries: same backend, no events (they are not compiles to replay)
-        self.aux = aux
         self.metrics = metrics
         self.wait_timeout = wait_timeout
         self.attempt = _Attempt()
@@ -96,7 +97,7 @@ class Integration:
             return fn(*args)
         except Exception as exc:
             log.debug("recipecache hook %s failed", getattr(fn, "__name__", fn), exc_info=True)
-            self.metrics.fallback("hook_error", f"{getattr(fn, '__name__', fn)}: {exc!r}; torch goes on without it")
+            self.metrics.fallback(Reason.HOOK_ERROR, f"{getattr(fn, '__name__', fn)}: {exc!r}; torch goes on without it")
             return None
 
     # -- lookups ---------------------------------------------------------------------
@@ -111,9 +112,10 @@ class Integration:
         if kind == "fx":
             data = self._fly(key)
         else:
-            data, reason = self.aux.lookup(key)
-            if data is None:
-                self._count_miss(reason)
+            found = self.store.lookup(key, trace=False)
+            data = found.data
+            if found.failed:
+                self.metrics.fallback(found.reason, f"store {self.store.url} did not answer; compiling locally")
         if data is None:
             self.metrics.miss(kind)
             return None
@@ -121,11 +123,11 @@ class Integration:
             artifact = Artifact.unpack(data, kind)
             installed = install(artifact.files, Path(cache_dir()))
         except ArtifactError as exc:
-            self.metrics.fallback("bad_artifact", f"{key}: {exc}; compiling locally")
+            self.metrics.fallback(Reason.BAD_ARTIFACT, f"{key}: {exc}; compiling locally")
             self.metrics.miss(kind)
             return None
         except OSError as exc:
-            self.metrics.fallback("install_failed", f"{key}: {exc}; compiling locally")
+            self.metrics.fallback(Reason.INSTALL_FAILED, f"{key}: {exc}; compiling locally")
             self.metrics.miss(kind)
             return None
         if installed:
@@ -133,23 +135,13 @@ class Integration:
         self.metrics.hit(kind, artifact.compile_s)
         return artifact
 
-    def _count_miss(self, reason: str) -> None:
-        """A refused entry (the store deleted it) or a store that did not answer; a plain absence is not counted here."""
-        if reason in REFUSED_REASONS:
-            self.metrics.refused()
-        elif reason != "not_found":
-            self.metrics.fallback(reason, f"store {self.store.url} did not answer; compiling locally")
-
     def _fly(self, key: str) -> bytes | None:
+        """Single-flight for one graph; the store counts its misses, waits and fallbacks."""
         flight = self.store.begin(key, wait_timeout=self.wait_timeout)
-        if flight.miss_reason is not None:
-            self._count_miss(flight.miss_reason)
         if flight.waited_s:
-            self.metrics.waited(flight.waited_s)
+            self.metrics.changed()
         if flight.data is not None:
             return flight.data
-        if flight.role == "fallback" and flight.reason != flight.miss_reason:
-            self.metrics.fallback(flight.reason or "fallback", f"no single-flight for {key}; compiling locally")
         self.attempt.flight = flight
         with self._lock:
             self._flights[id(flight)] = flight
@@ -161,8 +153,13 @@ class Integration:
             self._flights.pop(id(flight), None)
         if data is None:
             flight.release()
-        else:
-            flight.publish(data)
+        elif flight.publish(data):
+            self.metrics.put("fx")
+
+    def _put(self, kind: str, key: str, blob: bytes) -> None:
+        """Publish a non-graph artifact (or a graph torch saved outside its lookup); kept out of the trace unless a graph."""
+        if self.store.put(key, blob, trace=kind == "fx"):
+            self.metrics.put(kind)
 
     def end_attempt(self) -> None:
         """The thread's graph compile is over (or a new one starts): free its lease, reset its record."""
@@ -199,7 +196,7 @@ class Integration:
         attempt = self.attempt
         files, missing = collect(attempt.kernels, Path(cache_dir()))
         if missing:
-            self.metrics.fallback("kernel_missing", f"{len(missing)} kernel(s) of {key} not built when it was saved; "
+            self.metrics.fallback(Reason.KERNEL_MISSING, f"{len(missing)} kernel(s) of {key} not built when it was saved; "
                                   "publishing it without them (a hit compiles those)")
         ours = attempt.key == key
         blob = Artifact("fx", data, tuple(files), attempt.compile_s if ours else 0.0).pack()
@@ -207,7 +204,7 @@ class Integration:
             flight, attempt.flight = attempt.flight, None
             self._close_flight(flight, blob)
         else:
-            self.store.put(key, blob)
+            self._put("fx", key, blob)
         self.metrics.kernels(shipped=len(files))
         self.publish_isa_probe()
 
@@ -217,7 +214,7 @@ class Integration:
         return None if artifact is None else artifact.entry
 
     def aot_put(self, torch_key: str, data: bytes) -> None:
-        self.aux.put(KEY_PREFIX + torch_key, Artifact("aot", data).pack())
+        self._put("aot", KEY_PREFIX + torch_key, Artifact("aot", data).pack())
 
     def pgo_get(self, torch_key: str) -> bytes | None:
         artifact = self.fetch("pgo", KEY_PREFIX + pgo.shared_key(torch_key))
@@ -225,25 +222,25 @@ class Integration:
 
     def pgo_put(self, torch_key: str, data: bytes) -> None:
         key = KEY_PREFIX + pgo.shared_key(torch_key)
-        stored, _reason = self.aux.lookup(key)
+        stored = self.store.get(key, trace=False)
         if stored is not None:
             try:
                 data = pgo.merge(data, Artifact.unpack(stored, "pgo").entry)
             except Exception as exc:  # noqa: BLE001 - torch's pickled state may fail in any way
-                self.metrics.fallback("pgo_merge_failed", f"{key}: {exc!r}; publishing this rank's state")
-        self.aux.put(key, Artifact("pgo", data).pack())
+                self.metrics.fallback(Reason.PGO_MERGE_FAILED, f"{key}: {exc!r}; publishing this rank's state")
+        self._put("pgo", key, Artifact("pgo", data).pack())
 
     # -- compile bookkeeping -------------------------------------------------------
     def compiled(self, seconds: float) -> None:
         """inductor codegen of one graph ran here for ``seconds``."""
         attempt = self.attempt
-        self.metrics.compiled(seconds)
         attempt.compile_s += seconds
-        if attempt.served_s is not None:  # torch's guards rejected the entry we served
+        if attempt.served_s is not None and attempt.key is not None:  # torch's guards rejected the entry we served
             self.metrics.hit_was_miss("fx", attempt.served_s)
+            self.store.record_unused_hit(attempt.key, Reason.GUARD_REJECTED)
             attempt.served_s = None
-        if attempt.key is not None:
-            self.store.record_compile(attempt.key, seconds)
+        self.store.record_compile(attempt.key, seconds)
+        self.metrics.changed()
 
     def record_write(self, extension: str, path: str) -> None:
         if extension == "main.cpp":
@@ -278,7 +275,7 @@ class Integration:
             paths = set(self._isa_files)
         files, _missing = collect(paths, Path(cache_dir()))  # an ISA the compiler lacks has no library
         if files:
-            self.aux.put(self.isa_key(), Artifact("isa", b"", tuple(files)).pack())
+            self._put("isa", self.isa_key(), Artifact("isa", b"", tuple(files)).pack())
             self.metrics.kernels(shipped=len(files))
 
     # -- install / uninstall ---------------------------------------------------------
@@ -381,10 +378,10 @@ class PgoBackend(_StoreBackend):
     kind = "pgo"
 
 
-def attach(store: Store, aux: Store, metrics: Metrics, wait_timeout: float | None) -> Integration:
+def attach(store: Store, metrics: Metrics, wait_timeout: float | None) -> Integration:
     """Hook torch up to the stores; raises AttributeError (nothing changed) if this torch lacks a hook point."""
     global _active
-    integration = Integration(store, aux, metrics, wait_timeout)
+    integration = Integration(store, metrics, wait_timeout)
     _active = integration
     try:
         integration.install()

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 FORMAT = "recipecache-torch/1"
 KINDS = ("fx", "aot", "pgo", "isa")
 #: the only kernel paths torch writes under its cache dir: ``<2 chars>/<hash>[.main].so``
-KERNEL_PATH = re.compile(r"^[a-z0-9]{2}/[a-z0-9]+(\.main)?\.so$")
+KERNEL_PATH = re.compile(r"^[a-z0-9]{2}/[a-z0-9]+(\.main)?\.so\Z")
 
 
 class ArtifactError(ValueError):

@@ -21,11 +21,12 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..events import process_rank
+from ..env import process_rank
+from ..reasons import REFUSED, Reason
+from ..store import Store
 from ..fsutil import write_atomic
 
 log = logging.getLogger(__name__)
@@ -39,52 +40,47 @@ def metrics_path(template: str | None, rank: int) -> Path | None:
 
 
 class Metrics:
-    def __init__(self, store_stats: Callable[[], dict[str, Any]], path: Path | None, *, flush: bool) -> None:
-        #: returns the stores' counters as top-level fields (``{"store": ..., ...}``)
-        self._store_stats = store_stats
+    """What only the integration knows, plus a view of the store's own counters.
+
+    Compiles, waits, refusals and single-flight fallbacks are counted once, by the store
+    (:meth:`Store.stats`); this class adds the torch side: lookups and puts by artifact
+    kind, the seconds hits saved, kernels shipped and installed, and the integration's own
+    fallbacks (a hook that failed, a malformed artifact, a failed non-graph lookup).
+    """
+
+    def __init__(self, store: Store, path: Path | None, *, flush: bool) -> None:
+        self.store = store
         self.path = path
         self._flush = flush and path is not None
         self._lock = threading.Lock()
         self._started = time.monotonic()
-        self._compiles = 0
-        self._compile_s = 0.0
-        self._waits = 0
-        self._wait_s = 0.0
         self._saved_s = 0.0
-        self._refused = 0
         self._fallbacks: Counter[str] = Counter()
-        self._lookups = {kind: {"hit": 0, "miss": 0} for kind in LOOKUP_KINDS}
+        self._lookups = {kind: {"hit": 0, "miss": 0, "put": 0} for kind in LOOKUP_KINDS}
         self._kernels = {"installed": 0, "shipped": 0}
         self._write_failed = False
 
     # -- updates (each one flushes when asked to) -----------------------------------
-    def _changed(self) -> None:
+    def changed(self) -> None:
+        """Something this file reports changed (here or in the store): rewrite it when flushing."""
         if self._flush:
             self.write()
-
-    def compiled(self, seconds: float) -> None:
-        """Inductor codegen ran here for one graph (a miss we compiled, or a graph torch never caches)."""
-        with self._lock:
-            self._compiles += 1
-            self._compile_s += seconds
-        self._changed()
-
-    def waited(self, seconds: float) -> None:
-        with self._lock:
-            self._waits += 1
-            self._wait_s += seconds
-        self._changed()
 
     def hit(self, kind: str, saved_s: float) -> None:
         with self._lock:
             self._lookups[kind]["hit"] += 1
             self._saved_s += saved_s
-        self._changed()
+        self.changed()
 
     def miss(self, kind: str) -> None:
         with self._lock:
             self._lookups[kind]["miss"] += 1
-        self._changed()
+        self.changed()
+
+    def put(self, kind: str) -> None:
+        with self._lock:
+            self._lookups[kind]["put"] += 1
+        self.changed()
 
     def hit_was_miss(self, kind: str, saved_s: float) -> None:
         """torch rejected an entry we served (its shape guards failed) and compiled: undo the hit."""
@@ -92,32 +88,31 @@ class Metrics:
             self._lookups[kind]["hit"] -= 1
             self._lookups[kind]["miss"] += 1
             self._saved_s -= saved_s
-        self._changed()
+        self.changed()
 
-    def refused(self) -> None:
-        """The store refused an entry (``bad_signature``, ``unsigned``, ``corrupt``; it logged why); we compile."""
-        with self._lock:
-            self._refused += 1
-        self._changed()
-
-    def fallback(self, reason: str, detail: str) -> None:
+    def fallback(self, reason: Reason, detail: str) -> None:
         """The cache could not help with one lookup or publish; warned once per reason."""
         with self._lock:
             first = reason not in self._fallbacks
             self._fallbacks[reason] += 1
         if first:
-            log.warning("recipecache: %s: %s (counted as fallback %r; not warned again)", reason, detail, reason)
-        self._changed()
+            log.warning("recipecache: %s: %s (counted as fallback %r; not warned again)", reason, detail, str(reason))
+        self.changed()
 
     def kernels(self, *, installed: int = 0, shipped: int = 0) -> None:
         with self._lock:
             self._kernels["installed"] += installed
             self._kernels["shipped"] += shipped
-        self._changed()
+        self.changed()
 
     # -- output ----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
+        store = self.store.stats()
+        compiles, compile_s, wait_s = store["compiles"], store["compile_s"], store["wait_s"]
+        misses = store["misses_by_reason"]
+        fallbacks = Counter({str(k): v for k, v in store["fallback_by_reason"].items()})
         with self._lock:
+            fallbacks.update({str(k): v for k, v in self._fallbacks.items()})
             fx = self._lookups["fx"]
             out: dict[str, Any] = {
                 "rank": process_rank(),
@@ -125,21 +120,21 @@ class Metrics:
                 "pid": os.getpid(),
                 "wall_s": round(time.monotonic() - self._started, 6),
                 "graph_compilation": {
-                    "TotalNumber": self._compiles,
-                    "TotalTime": round(self._compile_s, 6),
-                    "AvgTime": round(self._compile_s / self._compiles, 6) if self._compiles else 0.0,
+                    "TotalNumber": compiles,
+                    "TotalTime": round(compile_s, 6),
+                    "AvgTime": round(compile_s / compiles, 6) if compiles else 0.0,
                 },
                 "cache": {"TotalHit": fx["hit"], "TotalMiss": fx["miss"]},
-                "waits": self._waits,
-                "wait_s": round(self._wait_s, 6),
-                "stall_s": round(self._compile_s + self._wait_s, 6),
+                "waits": store["waits"],
+                "wait_s": round(wait_s, 6),
+                "stall_s": round(compile_s + wait_s, 6),
                 "saved_s": round(self._saved_s, 6),
-                "refused": self._refused,
-                "fallbacks": dict(self._fallbacks),
+                "refused": sum(n for reason, n in misses.items() if reason in REFUSED),
+                "fallbacks": dict(fallbacks),
                 "lookups": {kind: dict(counts) for kind, counts in self._lookups.items()},
                 "kernels": dict(self._kernels),
+                "store": store,
             }
-        out.update(self._store_stats())
         return out
 
     def write(self) -> None:

@@ -23,7 +23,7 @@ import pickle
 import re
 from typing import Any
 
-_PGO_KEY = re.compile(r"^(?P<prefix>pt2:dynamo-pgo::)(?P<body>.*):c(?P<version>\d+)$")
+_PGO_KEY = re.compile(r"^(?P<prefix>pt2:dynamo-pgo::)(?P<body>.*):c(?P<version>\d+)\Z")
 
 
 def shared_key(torch_key: str) -> str:

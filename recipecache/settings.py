@@ -20,6 +20,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import env
 from .backends.base import Backend
 from .errors import ConfigError
 from .keys import DEFAULT_NAMESPACE, check_namespace
@@ -31,10 +32,10 @@ DEFAULT_LEASE_TTL = 30.0
 
 def default_url() -> str:
     """``$RECIPECACHE_URL``, else the filesystem store in ``$RECIPECACHE_DIR`` or ``~/.cache/recipecache``."""
-    url = os.environ.get("RECIPECACHE_URL")
+    url = os.environ.get(env.URL)
     if url:
         return url
-    directory = os.environ.get("RECIPECACHE_DIR") or str(Path.home() / ".cache" / "recipecache")
+    directory = os.environ.get(env.DIR) or str(Path.home() / ".cache" / "recipecache")
     return "file://" + str(Path(directory).expanduser().absolute())
 
 
@@ -47,27 +48,14 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-def _float_env(name: str, default: float) -> float:
-    text = os.environ.get(name)
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ConfigError(f"{name} must be positive, got {text}")
-    return value
-
-
 def read_secret(secret: str | bytes | None = None) -> bytes | None:
     """The HMAC key: the argument, else ``RECIPECACHE_SECRET``, else the file ``RECIPECACHE_SECRET_FILE``."""
     if secret is not None:
         return secret.encode() if isinstance(secret, str) else secret
-    if os.environ.get("RECIPECACHE_SECRET"):
-        return os.environ["RECIPECACHE_SECRET"].encode()
-    path = os.environ.get("RECIPECACHE_SECRET_FILE")
-    return read_secret_file(path, "RECIPECACHE_SECRET_FILE") if path else None
+    if os.environ.get(env.SECRET):
+        return os.environ[env.SECRET].encode()
+    path = os.environ.get(env.SECRET_FILE)
+    return read_secret_file(path, env.SECRET_FILE) if path else None
 
 
 def read_secret_file(path: str | os.PathLike[str], source: str) -> bytes:
@@ -101,10 +89,10 @@ class StoreSettings:
     ) -> StoreSettings:
         return cls(
             url=url or default_url(),
-            namespace=check_namespace(namespace or os.environ.get("RECIPECACHE_NAMESPACE") or DEFAULT_NAMESPACE),
+            namespace=check_namespace(namespace or os.environ.get(env.NAMESPACE) or DEFAULT_NAMESPACE),
             secret=read_secret(secret),
-            wait_timeout=_float_env("RECIPECACHE_WAIT_TIMEOUT", DEFAULT_WAIT_TIMEOUT),
-            lease_ttl=_float_env("RECIPECACHE_LEASE_TTL", DEFAULT_LEASE_TTL),
+            wait_timeout=env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT),
+            lease_ttl=env.seconds(env.LEASE_TTL, DEFAULT_LEASE_TTL),
         )
 
 

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipecache.config import default_url, open_backend, read_secret_file, redact
+from recipecache import env
+from recipecache.settings import default_url, open_backend, read_secret_file, redact
 from recipecache.errors import BackendError, ConfigError
 from recipecache.keys import check_namespace
 
@@ -97,37 +98,37 @@ class LaunchConfig:
 
     def rank_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """The environment torchrun (and so every rank) starts with: ``base`` plus the wiring."""
-        env = dict(base)
-        env.update(
-            RECIPECACHE_URL=self.cache_url,
-            RECIPECACHE_NAMESPACE=self.namespace,
-            RECIPECACHE_METRICS_FILE=str(self.run_dir / METRICS_NAME),
-            RECIPECACHE_EVENT_LOG=str(self.events_dir),
+        environ = dict(base)
+        environ.update({
+            env.URL: self.cache_url,
+            env.NAMESPACE: self.namespace,
+            env.METRICS_FILE: str(self.run_dir / METRICS_NAME),
+            env.EVENT_LOG: str(self.events_dir),
             # The precompiled header is rebuilt on every fresh node and costs more than it
             # saves once artifacts are shared; it is part of torch's key, so it is pinned.
-            TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="0",
-        )
+            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+        })
         if self.threads is not None:
-            env["OMP_NUM_THREADS"] = str(self.threads)
+            environ["OMP_NUM_THREADS"] = str(self.threads)
         if self.enable:
-            env["RECIPECACHE_AUTO_ENABLE"] = "1"
+            environ[env.AUTO_ENABLE] = "1"
         else:
-            env.pop("RECIPECACHE_AUTO_ENABLE", None)
+            environ.pop(env.AUTO_ENABLE, None)
         if self.secret_file is not None:
-            env["RECIPECACHE_SECRET_FILE"] = str(self.secret_file)
-            env.pop("RECIPECACHE_SECRET", None)  # the explicit option wins over the inherited secret
+            environ[env.SECRET_FILE] = str(self.secret_file)
+            environ.pop(env.SECRET, None)  # the explicit option wins over the inherited secret
         if self.rank_dirs is not None:
-            env["RECIPECACHE_RANK_DIRS"] = str(self.rank_dirs)
+            environ[env.RANK_DIRS] = str(self.rank_dirs)
         if self.prewarm:
-            env["RECIPECACHE_PREWARM"] = "1"
+            environ[env.PREWARM] = "1"
         if self.hpu_dir is not None:
             from recipecache.hpu import rank_environment
 
             # every local rank gets the same environment from torchrun, so the bridge's own
             # delete flag stays off; the node's sync agent clears the directory instead
-            env.update(rank_environment(0, namespace=self.namespace, directory=self.hpu_dir,
-                                        max_size_mb=self.hpu_max_size_mb))
-        return env
+            environ.update(rank_environment(0, namespace=self.namespace, directory=self.hpu_dir,
+                                            max_size_mb=self.hpu_max_size_mb))
+        return environ
 
     # -- construction --------------------------------------------------------------
     @classmethod
@@ -140,7 +141,7 @@ class LaunchConfig:
         cache_url = args.cache or default_url()
         if urllib.parse.urlsplit(cache_url).scheme.lower() == "memory":
             raise ConfigError("memory:// lives inside one process and cannot be shared by ranks; use file:// or redis://")
-        namespace = check_namespace(args.namespace or os.environ.get("RECIPECACHE_NAMESPACE") or namespace_for(script))
+        namespace = check_namespace(args.namespace or os.environ.get(env.NAMESPACE) or namespace_for(script))
         run_dir = Path(args.run_dir or Path("recipecache-runs") / time.strftime("%Y%m%d-%H%M%S"))
         run_dir = run_dir.absolute()
         options = tuple((opt.name, getattr(args, opt.dest) if opt.takes_value else None)

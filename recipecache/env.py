@@ -1,0 +1,78 @@
+"""The one home of recipecache's environment: every ``RECIPECACHE_*`` name, the rank, the version.
+
+Processes of one job are wired together through environment variables (the launcher sets
+them, every rank reads them), so their names are an interface: they live here, and the
+store, the integrations and the launcher all take them from here. This module imports
+nothing from the rest of the package, so any layer may use it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+from .errors import ConfigError
+
+__version__ = "0.1.0"
+
+PREFIX = "RECIPECACHE_"
+#: the store URL of a process
+URL = "RECIPECACHE_URL"
+#: directory of the default filesystem store (when no URL is given)
+DIR = "RECIPECACHE_DIR"
+#: keeps jobs and projects apart in one store
+NAMESPACE = "RECIPECACHE_NAMESPACE"
+#: the signing key itself, or a file holding it
+SECRET = "RECIPECACHE_SECRET"
+SECRET_FILE = "RECIPECACHE_SECRET_FILE"
+#: seconds a process waits for another's compile before compiling itself
+WAIT_TIMEOUT = "RECIPECACHE_WAIT_TIMEOUT"
+#: lifetime of a compile lease in seconds (renewed every third of it)
+LEASE_TTL = "RECIPECACHE_LEASE_TTL"
+#: directory of the per-process JSON-lines event logs
+EVENT_LOG = "RECIPECACHE_EVENT_LOG"
+#: per-process metrics file (``{rank}`` is replaced), and whether to rewrite it on every change
+METRICS_FILE = "RECIPECACHE_METRICS_FILE"
+METRICS_FLUSH = "RECIPECACHE_METRICS_FLUSH"
+#: set by recipecache-run: the bootstrap calls ``recipecache.enable()`` in each rank
+AUTO_ENABLE = "RECIPECACHE_AUTO_ENABLE"
+#: set by recipecache-run --rank-dirs: each rank gets private torch cache and temp dirs under it
+RANK_DIRS = "RECIPECACHE_RANK_DIRS"
+#: set by recipecache-run --prewarm: compile the declared shapes before training
+PREWARM = "RECIPECACHE_PREWARM"
+
+
+def process_rank(environ: Mapping[str, str] | None = None) -> int:
+    """The global rank of this process as torchrun sets it (``RANK``), else 0."""
+    text = (os.environ if environ is None else environ).get("RANK", "0")
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
+def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the switch ``name`` is on (``1``); recipecache sets its switches to exactly that."""
+    return (os.environ if environ is None else environ).get(name) == "1"
+
+
+def positive_seconds(what: str, text: str) -> float:
+    """``text`` as a finite number of seconds > 0; ConfigError naming ``what`` otherwise.
+
+    nan and inf are refused: a nan timeout never expires a comparison, so a waiter would
+    poll forever, and an infinite lease would never be taken over from a dead holder.
+    """
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{what}={text!r} must be a positive, finite number of seconds")
+    return value
+
+
+def seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """The environment variable ``name`` as positive, finite seconds, or ``default`` when unset or empty."""
+    text = (os.environ if environ is None else environ).get(name)
+    return positive_seconds(name, text) if text else default

@@ -1,0 +1,89 @@
+"""The vocabulary of outcomes: why a lookup missed, why a compile fell back, what role a process took.
+
+Every counter, event and report in recipecache names its reasons with these members, and
+every decision that depends on the *kind* of reason (may single-flight coordinate? was
+the entry refused? did the service fail?) asks the groups below instead of keeping its
+own list of strings. Members are strings, so they serialise to JSON and compare equal
+to the plain names in older event logs and metrics files.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+
+if sys.version_info >= (3, 11):
+    StrEnum = enum.StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, enum.Enum):
+        """``enum.StrEnum`` of Python 3.11: members are their values as strings."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+        __format__ = str.__format__
+
+
+class Reason(StrEnum):
+    """Why the store or an integration could not serve an artifact (or had to compile anyway)."""
+
+    # -- the store answered: the entry is not there ------------------------------------
+    NOT_FOUND = "not_found"
+    # -- the store answered: an entry is there, and it was refused ----------------------
+    #: damaged: framing, size or digest do not match (anyone can check; the entry is deleted)
+    CORRUPT = "corrupt"
+    #: not signed while a secret is configured
+    UNSIGNED = "unsigned"
+    #: signed with another secret
+    BAD_SIGNATURE = "bad_signature"
+    #: written by an older envelope format this version does not read
+    OLD_FORMAT = "old_format"
+    # -- the service itself failed --------------------------------------------------------
+    BACKEND_DOWN = "backend_down"
+    BACKEND_SLOW = "backend_slow"
+    BACKEND_FULL = "backend_full"
+    BACKEND_ERROR = "backend_error"
+    # -- coordination -------------------------------------------------------------------
+    #: waited for another process's compile past the deadline
+    WAIT_TIMEOUT = "wait_timeout"
+    # -- the torch integration ----------------------------------------------------------
+    #: a hook of ours raised; torch went on without it
+    HOOK_ERROR = "hook_error"
+    #: a verified entry that is not a well-formed artifact of the expected kind
+    BAD_ARTIFACT = "bad_artifact"
+    #: the artifact's kernel files could not be written locally
+    INSTALL_FAILED = "install_failed"
+    #: a kernel the graph loaded was gone when the artifact was published
+    KERNEL_MISSING = "kernel_missing"
+    #: this torch lacks a hook point the integration needs
+    TORCH_INTERNALS = "torch_internals"
+    #: the stored PGO state could not be merged with this rank's
+    PGO_MERGE_FAILED = "pgo_merge_failed"
+    #: torch's guards rejected an entry the store served, so it compiled
+    GUARD_REJECTED = "guard_rejected"
+
+
+#: the entry is simply not there: a cold cache
+ABSENT = frozenset({Reason.NOT_FOUND})
+#: an entry is there but failed verification; nothing of it reaches a caller
+REFUSED = frozenset({Reason.CORRUPT, Reason.UNSIGNED, Reason.BAD_SIGNATURE, Reason.OLD_FORMAT})
+#: the backend did not answer usefully; single-flight cannot coordinate through it
+FAILED = frozenset({Reason.BACKEND_DOWN, Reason.BACKEND_SLOW, Reason.BACKEND_FULL, Reason.BACKEND_ERROR})
+#: the backend answered (absent or refused), so a lease can be taken for the compile
+ANSWERED = ABSENT | REFUSED
+
+
+class Role(StrEnum):
+    """What one process did for one key that missed (see :mod:`recipecache.lease`)."""
+
+    #: the store had it
+    HIT = "hit"
+    #: another process compiled it; we waited and loaded its artifact
+    FOLLOWER = "follower"
+    #: we hold the lease: we compile and publish
+    LEADER = "leader"
+    #: we waited past the deadline: we compile without a lease
+    TIMEOUT = "timeout"
+    #: the store could not coordinate (it failed): we compile locally
+    FALLBACK = "fallback"
