@@ -15,13 +15,13 @@ import argparse
 import os
 import re
 import time
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from recipecache import env
-from recipecache.settings import default_url, open_backend, read_secret_file, redact
+from recipecache.backends import StoreURL, backend_class, open_backend
+from recipecache.settings import default_url, read_secret_file
 from recipecache.errors import BackendError, ConfigError
 from recipecache.keys import check_namespace
 
@@ -139,8 +139,10 @@ class LaunchConfig:
             raise ConfigError(f"script {args.script!r} not found")
         nproc = _nproc(args.nproc or os.environ.get("PET_NPROC_PER_NODE") or "1")
         cache_url = args.cache or default_url()
-        if urllib.parse.urlsplit(cache_url).scheme.lower() == "memory":
-            raise ConfigError("memory:// lives inside one process and cannot be shared by ranks; use file:// or redis://")
+        parsed = StoreURL.parse(cache_url)
+        if not backend_class(parsed).SHARED:
+            raise ConfigError(f"{parsed.scheme}:// lives inside one process and cannot be shared by ranks; "
+                              "use file:// or redis://")
         namespace = check_namespace(args.namespace or os.environ.get(env.NAMESPACE) or namespace_for(script))
         run_dir = Path(args.run_dir or Path("recipecache-runs") / time.strftime("%Y%m%d-%H%M%S"))
         run_dir = run_dir.absolute()
@@ -232,22 +234,15 @@ def namespace_for(script: Path) -> str:
 
 
 def probe_store(url: str) -> None:
-    """Fail fast on a store no rank could use: malformed (ConfigError) or an unreachable Redis.
+    """Fail fast on a store no rank could use: malformed (ConfigError) or unreachable.
 
     A Redis that is down at launch would otherwise cost every rank a timeout and a
     job-long fallback to local compiles; one short ping here turns it into an error.
     """
-    open_backend(url).close()  # malformed -> ConfigError naming the URL as given
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme.lower() not in ("redis", "rediss"):
-        return
-    query = parts.query
-    if "timeout" not in urllib.parse.parse_qs(query):
-        query = "&".join(q for q in (query, f"timeout={PROBE_TIMEOUT_S:g}") if q)
-    backend = open_backend(urllib.parse.urlunsplit(parts._replace(query=query)))
+    backend = open_backend(url, timeout=PROBE_TIMEOUT_S)  # malformed -> ConfigError naming the URL
     try:
         backend.ping()
     except BackendError as exc:
-        raise ConfigError(f"cache {redact(url)} is unreachable ({exc.reason}: {exc})") from None
+        raise ConfigError(f"cache {backend.url} is unreachable ({exc.reason}: {exc})") from None
     finally:
         backend.close()

@@ -23,7 +23,7 @@ from typing import Any
 
 from recipecache import env
 from recipecache.argparsing import OneLineArgumentParser
-from recipecache.settings import redact
+from recipecache.backends import redact
 from recipecache.errors import ConfigError
 
 from .launch_config import LaunchConfig, probe_store

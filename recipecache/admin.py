@@ -1,18 +1,20 @@
-"""Whole-store operations behind the admin CLI: list, verify, prune, clear, export, import.
+"""Whole-store operations behind the admin CLI: stats, list, verify, prune, clear, export, import.
 
-They work on raw envelopes through the backend, so an export keeps signatures intact and
-an import verifies every entry (checksum, signature when a secret is set, and that the
-entry's key hashes to where it is filed) before writing it.
+They work on raw envelopes through the store's admin methods (:meth:`Store.scan`,
+:meth:`Store.read_raw`, ...), so an export keeps signatures intact and an import verifies
+every entry (checksum, signature when a secret is set, and that the entry's key hashes to
+where it is filed) before writing it. The CLI only parses, calls these and prints.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgpack
 
@@ -21,7 +23,11 @@ from .errors import ConfigError, VerificationError
 from .keys import storage_key
 from .store import Store
 
-EXPORT_MAGIC = "recipecache-export-v1"
+#: first object of an export stream; the ``entries`` count lets import tell a whole file from a cut one
+EXPORT_FORMAT = "recipecache-export-v2"
+#: exports written before the count existed (still read; their end is checked against the file size)
+EXPORT_FORMAT_V1 = "recipecache-export-v1"
+_COUNT = struct.Struct(">Q")
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,13 @@ class EntryReport:
         return out
 
 
+@dataclass(frozen=True)
+class VerifyResult:
+    checked: int
+    bad: list[EntryReport] = field(default_factory=list)
+    fixed: bool = False
+
+
 def check_entry(store: Store, skey: str, blob: bytes) -> tuple[envelope.Header | None, str | None]:
     """Verify one raw envelope filed under ``skey``; returns (header, problem)."""
     try:
@@ -52,39 +65,89 @@ def check_entry(store: Store, skey: str, blob: bytes) -> tuple[envelope.Header |
     return header, None
 
 
-def inspect_entries(store: Store, namespace: str | None = None) -> Iterator[EntryReport]:
-    """Read and verify every entry of ``namespace`` (default: the store's)."""
-    for info in store.entries(namespace):
-        blob = store.backend.get(info.key)
+def _read_entries(store: Store) -> Iterator[tuple[EntryReport, bytes]]:
+    """Each entry of the store's namespace, read once and verified, with its raw bytes."""
+    for info in store.scan():
+        blob = store.read_raw(info.key)
         if blob is None:
             continue  # evicted or deleted while we listed
         header, problem = check_entry(store, info.key, blob)
-        yield EntryReport(info.key, len(blob), header, problem)
+        yield EntryReport(info.key, len(blob), header, problem), blob
 
 
-def clear(store: Store, namespace: str | None = None) -> int:
+def inspect_entries(store: Store) -> Iterator[EntryReport]:
+    """Read and verify every entry of the store's namespace."""
+    for report, _blob in _read_entries(store):
+        yield report
+
+
+def namespace_sizes(store: Store) -> dict[str, Any]:
+    """Entries and bytes per namespace and in all, from the backend's listing (no values are read)."""
+    namespaces: dict[str, dict[str, int]] = {}
+    for info in store.scan(all_namespaces=True):
+        ns = namespaces.setdefault(info.key.split("/", 1)[0], {"entries": 0, "bytes": 0})
+        ns["entries"] += 1
+        ns["bytes"] += info.size
+    return {"url": store.url, "namespaces": namespaces,
+            "entries": sum(n["entries"] for n in namespaces.values()),
+            "bytes": sum(n["bytes"] for n in namespaces.values())}
+
+
+def verify(store: Store, *, fix: bool) -> VerifyResult:
+    """Check every entry of the namespace; with ``fix``, delete the bad ones."""
+    checked = 0
+    bad: list[EntryReport] = []
+    for report in inspect_entries(store):
+        checked += 1
+        if report.problem is not None:
+            bad.append(report)
+    if fix:
+        for report in bad:
+            store.delete_raw(report.storage_key)
+    return VerifyResult(checked, bad, fix)
+
+
+def prune(store: Store, max_bytes: int) -> int:
+    """Evict least-recently-used entries down to ``max_bytes`` and sweep leftovers; returns bytes freed."""
+    freed = store.evict(max_bytes)
+    store.vacuum(all_namespaces=True)
+    return freed
+
+
+def clear(store: Store, *, all_namespaces: bool = False) -> int:
+    """Remove every entry of the store's namespace (or of all) and its leftovers; returns how many entries."""
     removed = 0
-    for info in list(store.entries(namespace)):
-        store.backend.delete(info.key)
+    for info in store.scan(all_namespaces=all_namespaces):
+        store.delete_raw(info.key)
         removed += 1
+    store.vacuum(all_namespaces=all_namespaces)
     return removed
 
 
 def export_namespace(store: Store, path: Path) -> int:
-    """Write every good entry of the store's namespace to ``path`` (msgpack stream), atomically."""
+    """Write every good entry of the store's namespace to ``path`` (a msgpack stream), atomically.
+
+    Each entry is read once. The header's entry count is written last (fixed width, in
+    place), so a reader can tell a complete export from one cut at an entry boundary.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=".export-", dir=path.parent if str(path.parent) else ".")
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise ConfigError(f"cannot export to {path}: directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=".export-", dir=directory)
     count = 0
     try:
         with os.fdopen(fd, "wb") as out:
             packer = msgpack.Packer(use_bin_type=True)
-            out.write(packer.pack({"format": EXPORT_MAGIC, "namespace": store.namespace}))
-            for report in inspect_entries(store):
+            out.write(packer.pack({"format": EXPORT_FORMAT, "namespace": store.namespace}))
+            count_at = out.tell()
+            out.write(packer.pack(_COUNT.pack(0)))
+            for report, blob in _read_entries(store):
                 if report.problem is None:
-                    blob = store.backend.get(report.storage_key)
-                    if blob is not None:
-                        out.write(packer.pack(blob))
-                        count += 1
+                    out.write(packer.pack(blob))
+                    count += 1
+            out.seek(count_at)
+            out.write(packer.pack(_COUNT.pack(count)))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -92,30 +155,62 @@ def export_namespace(store: Store, path: Path) -> int:
     return count
 
 
+class _Damaged(Exception):
+    """The export stream ends early or holds something that is not an entry."""
+
+
+def _export_entries(fh: BinaryIO, path: Path) -> Iterator[bytes]:
+    """The entries of an export file, checked to be all there and nothing else (raises _Damaged)."""
+    unpacker = msgpack.Unpacker(fh, raw=False, max_buffer_size=2**31 - 1)
+    try:
+        head = next(unpacker)
+    except (StopIteration, ValueError, msgpack.UnpackException):
+        head = None
+    if not isinstance(head, dict) or head.get("format") not in (EXPORT_FORMAT, EXPORT_FORMAT_V1):
+        raise ConfigError(f"{path} is not a recipecache export")
+    expected: int | None = None
+    try:
+        if head["format"] == EXPORT_FORMAT:
+            count = next(unpacker)
+            if not isinstance(count, bytes) or len(count) != _COUNT.size:
+                raise _Damaged("its entry count is damaged")
+            expected = _COUNT.unpack(count)[0]
+        seen = 0
+        for item in unpacker:
+            if not isinstance(item, bytes) or (expected is not None and seen == expected):
+                raise _Damaged(f"it holds something else after entry {seen}")
+            seen += 1
+            yield item
+    except (StopIteration, ValueError, msgpack.UnpackException) as exc:
+        raise _Damaged(f"it cannot be decoded ({exc.__class__.__name__})") from None
+    if unpacker.tell() != os.fstat(fh.fileno()).st_size:
+        raise _Damaged("it ends in the middle of an entry")
+    if expected is not None and seen != expected:
+        raise _Damaged(f"it ends after {seen} of {expected} entries")
+
+
 def import_file(store: Store, path: Path) -> tuple[int, int]:
-    """Verify and write every entry of an export into the store's namespace; (imported, refused)."""
+    """Verify and write every entry of an export into the store's namespace; (imported, refused).
+
+    A truncated or otherwise damaged file is a ConfigError that says how many entries
+    were imported before the damage (those stay: each one was verified).
+    """
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     imported = refused = 0
     with fh:
-        unpacker = msgpack.Unpacker(fh, raw=False, max_buffer_size=2**31 - 1)
         try:
-            head = next(unpacker)
-        except (StopIteration, ValueError, msgpack.UnpackException):
-            head = None
-        if not isinstance(head, dict) or head.get("format") != EXPORT_MAGIC:
-            raise ConfigError(f"{path} is not a recipecache export")
-        for blob in unpacker:
-            if not isinstance(blob, bytes):
-                refused += 1
-                continue
-            try:
-                header, _payload = envelope.open_envelope(blob, key=None, secret=store.settings.secret)
-            except VerificationError:
-                refused += 1
-                continue
-            store.backend.put(storage_key(store.namespace, header.key), blob)
-            imported += 1
+            for blob in _export_entries(fh, Path(path)):
+                try:
+                    header, _payload = envelope.open_envelope(blob, key=None, secret=store.settings.secret)
+                except VerificationError:
+                    refused += 1
+                    continue
+                store.write_raw(storage_key(store.namespace, header.key), blob)
+                imported += 1
+        except _Damaged as exc:
+            raise ConfigError(f"{path} is damaged: {exc}; imported {imported} entries before the damage "
+                              f"(refused {refused})") from None
     return imported, refused

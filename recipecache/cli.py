@@ -31,17 +31,10 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    store = _store(args)
-    namespaces: dict[str, dict[str, int]] = {}
-    for info in store.backend.scan(None):
-        ns = namespaces.setdefault(info.key.split("/", 1)[0], {"entries": 0, "bytes": 0})
-        ns["entries"] += 1
-        ns["bytes"] += info.size
-    data = {"url": store.url, "namespaces": namespaces,
-            "entries": sum(n["entries"] for n in namespaces.values()),
-            "bytes": sum(n["bytes"] for n in namespaces.values())}
-    lines = [f"store {store.url}: {data['entries']} entries, {format_size(data['bytes'])}"]
-    lines += [f"  {name:<24} {n['entries']:>8} entries {format_size(n['bytes']):>12}" for name, n in sorted(namespaces.items())]
+    data = admin.namespace_sizes(_store(args))
+    lines = [f"store {data['url']}: {data['entries']} entries, {format_size(data['bytes'])}"]
+    lines += [f"  {name:<24} {n['entries']:>8} entries {format_size(n['bytes']):>12}"
+              for name, n in sorted(data["namespaces"].items())]
     _emit(args, data, "\n".join(lines))
     return 0
 
@@ -60,28 +53,24 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     store = _store(args)
-    bad = [r for r in admin.inspect_entries(store) if r.problem is not None]
-    total = sum(1 for _ in store.entries())
-    if args.fix:
-        for r in bad:
-            store.backend.delete(r.storage_key)
-    verb = "removed" if args.fix else "found"
-    _emit(args, {"checked": total + (len(bad) if args.fix else 0), "bad": [r.to_dict() for r in bad], "fixed": args.fix},
-          "\n".join([f"bad {r.storage_key}: {r.problem}" for r in bad]
-                    + [f"{len(bad)} bad entries {verb} in namespace {store.namespace}"]))
-    return 1 if bad and not args.fix else 0
+    result = admin.verify(store, fix=args.fix)
+    verb = "removed" if result.fixed else "found"
+    _emit(args, {"checked": result.checked, "bad": [r.to_dict() for r in result.bad], "fixed": result.fixed},
+          "\n".join([f"bad {r.storage_key}: {r.problem}" for r in result.bad]
+                    + [f"{len(result.bad)} bad entries {verb} in namespace {store.namespace}"]))
+    return 1 if result.bad and not result.fixed else 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
     limit = parse_size(args.max_size)
-    freed = _store(args).backend.evict(limit)
+    freed = admin.prune(_store(args), limit)
     _emit(args, {"freed_bytes": freed, "max_size": limit}, f"freed {format_size(freed)} (cap {format_size(limit)})")
     return 0
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
     store = _store(args)
-    removed = admin.clear(store, None if args.all else store.namespace)
+    removed = admin.clear(store, all_namespaces=args.all)
     scope = "all namespaces" if args.all else f"namespace {store.namespace}"
     _emit(args, {"removed": removed}, f"removed {removed} entries from {scope}")
     return 0

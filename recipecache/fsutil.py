@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import ConfigError
@@ -70,3 +71,33 @@ def write_atomic(target: Path, data: bytes | memoryview, *, durable: bool = Fals
         except FileNotFoundError:
             pass
         raise
+
+
+def subdirectories(path: Path) -> list[str]:
+    """Names of the real (not symlinked) directories in ``path``, sorted; none if ``path`` is missing."""
+    try:
+        return sorted(e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        return []
+
+
+def regular_files(path: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """``(name, lstat)`` of each regular file in ``path``, without following links.
+
+    Skips hidden names (temp files, locks), anything that is not a plain file, and files
+    that vanish while we look (other processes publish and evict concurrently); a missing
+    directory has no files.
+    """
+    try:
+        entries = list(os.scandir(path))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            yield entry.name, st

@@ -12,12 +12,15 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*\Z")
 
 
 def parse_size(text: str) -> int:
-    """Bytes in ``text``; raises ConfigError with the accepted forms on anything else."""
+    """Bytes in ``text``, a whole number; raises ConfigError with the accepted forms on anything else."""
     m = _SIZE.match(str(text))
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
         raise ConfigError(f"bad size {text!r}: use a number with an optional unit such as 512MB, 10GiB or 1000000")
-    return int(float(m.group(1)) * _UNITS[unit])
+    value = float(m.group(1)) * _UNITS[unit]
+    if value != int(value):
+        raise ConfigError(f"bad size {text!r}: not a whole number of bytes")
+    return int(value)
 
 
 def format_size(n: float) -> str:

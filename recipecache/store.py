@@ -20,13 +20,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import envelope
 from .backends.base import Backend, EntryInfo
-from .settings import StoreSettings, open_backend
+from .backends import open_backend
+from .settings import StoreSettings
 from .errors import BackendError, VerificationError
 from .events import EventLog
 from .keys import storage_key
@@ -278,10 +279,31 @@ class Store:
         self._stats.reason("misses", reason)
         self.events.record("miss", key, reason=reason)
 
-    # -- admin ---------------------------------------------------------------------
-    def entries(self, namespace: str | None = None) -> Iterator[EntryInfo]:
-        """Entries of ``namespace`` (default: this store's) as the backend lists them; may raise BackendError."""
-        return self.backend.scan(namespace or self.namespace)
+    # -- admin: whole-store operations on raw entries (recipecache.admin builds on these) --
+    # They talk to the backend directly, outside the circuit breaker: an operator wants
+    # the backend's error (BackendError), not a silent fallback.
+    def scan(self, *, all_namespaces: bool = False) -> list[EntryInfo]:
+        """Entries of this store's namespace (or of every namespace) as the backend lists them."""
+        return list(self.backend.scan(None if all_namespaces else self.namespace))
+
+    def read_raw(self, storage_key: str) -> bytes | None:
+        """The raw envelope filed under a backend key from :meth:`scan` (unverified: admin tools verify)."""
+        return self.backend.get(storage_key)
+
+    def write_raw(self, storage_key: str, blob: bytes) -> None:
+        """File a raw envelope under a backend key (import writes what it verified)."""
+        self.backend.put(storage_key, blob)
+
+    def delete_raw(self, storage_key: str) -> None:
+        self.backend.delete(storage_key)
+
+    def evict(self, max_bytes: int) -> int:
+        """Delete least-recently-used entries (of every namespace) down to ``max_bytes``; returns bytes freed."""
+        return self.backend.evict(max_bytes)
+
+    def vacuum(self, *, all_namespaces: bool = False) -> int:
+        """Remove coordination leftovers (stale temp files, expired leases, idle lease locks); returns how many."""
+        return self.backend.vacuum(None if all_namespaces else self.namespace)
 
     def stats(self) -> dict[str, Any]:
         out = self._stats.snapshot()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from recipecache.backends.base import Backend
-from recipecache.settings import open_backend
+from recipecache.backends import open_backend
 from recipecache.errors import ConfigError
 
 

@@ -59,7 +59,7 @@ def test_verify_finds_and_fixes_bad_entries(url: str, tmp_path: Path) -> None:
 
 
 def test_verify_with_secret_flags_unsigned(url: str) -> None:
-    proc = run("verify", "--url", url, "--namespace", "job", env={"RECIPECACHE_SECRET": "k"})
+    proc = run("verify", "--url", url, "--namespace", "job", env={"RECIPECACHE_SECRET": "k" * 16})
     assert proc.returncode == 1 and "unsigned" in proc.stdout
 
 
@@ -111,3 +111,73 @@ def test_unreachable_redis_is_one_line_exit_1() -> None:
     proc = run("stats", "--url", "redis://127.0.0.1:1/0?timeout=0.5")
     assert proc.returncode == 1
     assert proc.stderr.startswith("recipecache: error: backend_down") and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["ls", "--url", "redis://h:6379/0?chunk_size=0"], {}, "positive whole number of bytes"),
+        (["ls", "--url", "redis://h:6379/0?ttl=nan"], {}, "positive, finite"),
+        (["ls", "--url", "redis://[::1"], {}, "bad cache URL"),
+        (["ls", "--url", "redis://h:6379/0?ssl_certfile=/c.pem"], {}, "rediss://"),
+        (["ls", "--url", "memory://"], {"RECIPECACHE_WAIT_TIMEOUT": "nan"}, "RECIPECACHE_WAIT_TIMEOUT"),
+        (["ls", "--url", "memory://"], {"RECIPECACHE_LEASE_TTL": "inf"}, "RECIPECACHE_LEASE_TTL"),
+        (["ls", "--url", "memory://", "--namespace", "job\n"], {}, "bad namespace"),
+        (["ls", "--url", "memory://"], {"RECIPECACHE_SECRET": ""}, "at least 16 bytes"),
+        (["export", "--url", "memory://", "/no/such/dir/x.rcx"], {}, "does not exist"),
+    ],
+)
+def test_more_bad_input_is_one_line_and_exit_2(args: list[str], env: dict[str, str], message: str) -> None:
+    proc = run(*args, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_clear_all_clears_every_namespace(url: str) -> None:
+    proc = run("clear", "--url", url, "--all")
+    assert proc.returncode == 0 and "removed 4 entries from all namespaces" in proc.stdout
+    assert json.loads(run("stats", "--url", url, "--json").stdout)["entries"] == 0
+
+
+def _export(url: str, tmp_path: Path) -> bytes:
+    dump = tmp_path / "job.rcx"
+    assert run("export", "--url", url, "--namespace", "job", str(dump)).returncode == 0
+    return dump.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda data, one: data[: len(data) - one], "ends after 2 of 3 entries"),  # cut at an entry boundary
+        (lambda data, one: data[:-7], "ends in the middle of an entry"),
+        (lambda data, one: data + b"\xc1junk", "cannot be decoded"),
+        (lambda data, one: data + b"\x01", "holds something else after entry 3"),
+    ],
+)
+def test_damaged_import_is_an_error_that_says_what_was_imported(
+    url: str, tmp_path: Path, damage: object, message: str
+) -> None:
+    data = _export(url, tmp_path)
+    one_entry = len(data) - len(_export_without_last(url, tmp_path))
+    damaged = tmp_path / "damaged.rcx"
+    damaged.write_bytes(damage(data, one_entry))  # type: ignore[operator]
+    proc = run("import", "--url", f"file://{tmp_path / 'new'}", "--namespace", "job", str(damaged))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "imported" in proc.stderr and "before the damage" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def _export_without_last(url: str, tmp_path: Path) -> bytes:
+    """The same export with one entry fewer (to learn where the last entry starts)."""
+    store = recipecache.open_store(url, namespace="job")
+    last = max(store.scan(), key=lambda info: info.key)
+    blob = store.read_raw(last.key)
+    store.delete_raw(last.key)
+    try:
+        dump = tmp_path / "fewer.rcx"
+        assert run("export", "--url", url, "--namespace", "job", str(dump)).returncode == 0
+        return dump.read_bytes()
+    finally:
+        assert blob is not None
+        store.write_raw(last.key, blob)

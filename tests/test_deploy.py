@@ -447,6 +447,7 @@ def deployed(tmp_path: Path) -> Iterator[Deployed]:
 SAMPLES = {
     "get": ["GET", "{k}"],
     "getrange": ["GETRANGE", "{k}", "0", "63"],
+    "strlen": ["STRLEN", "{k}"],
     "set": ["SET", "{k}", "v", "NX", "PX", "1000"],
     "del": ["DEL", "{k}"],
     "unlink": ["UNLINK", "{k}"],

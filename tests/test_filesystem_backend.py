@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from recipecache.backends.filesystem import STALE_TEMP_S, FilesystemBackend
-from recipecache.settings import open_backend
+from recipecache.backends import open_backend
 from recipecache.errors import ConfigError
 
 NS = "t"
@@ -90,3 +90,41 @@ def test_interrupted_write_is_never_visible(tmp_path: Path) -> None:
         os.utime(t, (old, old))
     b.evict(10**9)
     assert not list((tmp_path / "c").rglob(".tmp-*")), "stale temp files are cleaned"
+
+
+def test_stray_files_are_not_listed_and_do_not_stop_eviction(tmp_path: Path) -> None:
+    b = open_backend(f"file://{tmp_path / 'c'}?max_size=10KB")
+    b.put(k(0), bytes(1000))
+    fan = b._object_path(k(0)).parent  # type: ignore[attr-defined]
+    (fan / "README").write_text("someone's notes")
+    (fan / ("ff" + "0" * 62)).write_bytes(b"filed under the wrong fan directory")
+    (fan.parent.parent / "not a namespace").mkdir()
+    (fan.parent.parent / "not a namespace" / "00").mkdir()
+    (fan.parent.parent / "not a namespace" / "00" / ("00" * 32)).write_bytes(b"x")
+    assert [e.key for e in b.scan(None)] == [k(0)]
+    for i in range(1, 30):
+        b.put(k(i), bytes(1000))  # eviction runs on these puts and must not trip over the strays
+    assert sum(e.size for e in b.scan(NS)) <= 10_000
+    assert (fan / "README").exists(), "what is not ours is left alone"
+
+
+def test_vacuum_removes_idle_lease_locks_and_stale_leftovers(tmp_path: Path) -> None:
+    clock = [time.time()]
+    b = FilesystemBackend(tmp_path / "c", clock=lambda: clock[0])
+    for i in range(3):
+        assert b.lease_add(k(i), "me", 30)
+    b.lease_release(k(0), "me")
+    b.lease_release(k(1), "me")
+    locks = sorted((tmp_path / "c" / "leases" / NS).glob("*.lease.lock"))
+    assert len(locks) >= 2, "filelock leaves a .lock file per key it ever locked"
+    assert b.vacuum() == 0, "fresh locks may be in use: nothing goes"
+    old = time.time() - 2 * STALE_TEMP_S
+    for path in (tmp_path / "c" / "leases" / NS).iterdir():
+        os.utime(path, (old, old))
+    clock[0] += 3 * STALE_TEMP_S  # the lease of key 2 expired long ago (its holder died)
+    assert b.vacuum() >= 3
+    leases = tmp_path / "c" / "leases" / NS
+    assert not (leases / f"{k(2).split('/')[1]}.lease").exists(), "the long-expired lease is gone"
+    # the locks of keys 0 and 1 went; key 2's was just taken to remove its lease, so it waits for the next sweep
+    assert [p.name for p in leases.glob("*.lock")] == [f"{k(2).split('/')[1]}.lease.lock"]
+    assert b.lease_add(k(2), "next", 30), "a lease can be taken after the sweep"

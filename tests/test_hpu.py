@@ -305,14 +305,14 @@ def test_directory_stays_under_its_cap_on_every_node(nodes: Callable[..., Node],
 
 def test_tampered_store_entry_is_refused_and_counted(nodes: Callable[..., Node], file_url: str) -> None:
     ns = namespace()
-    secret = {"RECIPECACHE_SECRET": "job-secret"}
+    secret = {"RECIPECACHE_SECRET": "job-secret-16-bytes"}
     a = nodes("a", file_url, ns, env=secret)
     assert a.bridge().run("r1") == "compiled"
     wait_for("a publishing r1", lambda: a.events("hpu_publish"))
     store = recipecache.open_store(file_url, namespace=ns)
     key = recipe_key("r1", hpu_fingerprint(OLD, OLD))
     forged = RecipeFiles("r1", b"\xcc" * 4096, b'{"size": 4096}').pack()
-    store.backend.put(storage_key(ns, key), envelope.seal(key, forged, secret=b"not-the-job-secret"))
+    store.backend.put(storage_key(ns, key), envelope.seal(key, forged, secret=b"not-the-job-secret-either"))
     b = nodes("b", file_url, ns, env=secret)
     refused = wait_for("b refusing r1", lambda: b.events("hpu_refuse"))
     assert refused[0]["key"] == "r1" and refused[0]["reason"] == "bad_signature"
@@ -324,7 +324,7 @@ def test_tampered_store_entry_is_refused_and_counted(nodes: Callable[..., Node],
 # -- in one process: the index and the directory protocol -------------------------------
 @pytest.fixture
 def pair(tmp_path: Path) -> tuple[HpuSyncAgent, HpuSyncAgent, recipecache.Store]:
-    store = recipecache.open_store("memory://", namespace="job", secret="s")
+    store = recipecache.open_store("memory://", namespace="job", secret="s" * 16)
     fp = hpu_fingerprint(OLD, OLD)
     return (HpuSyncAgent(tmp_path / "a", store, fingerprint=fp), HpuSyncAgent(tmp_path / "b", store, fingerprint=fp),
             store)

@@ -127,7 +127,7 @@ def test_no_enable_drops_auto_enable(script: Path) -> None:
 
 def test_secret_file_wins_over_inherited_secret(script: Path, tmp_path: Path) -> None:
     secret = tmp_path / "key"
-    secret.write_text("s3cret\n")
+    secret.write_text("s3cret-of-16-bytes\n")
     env = config_for("--secret-file", str(secret), str(script)).rank_env({"RECIPECACHE_SECRET": "other"})
     assert env["RECIPECACHE_SECRET_FILE"] == str(secret)
     assert "RECIPECACHE_SECRET" not in env

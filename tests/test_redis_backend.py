@@ -12,7 +12,7 @@ import redis
 
 import recipecache
 from recipecache.backends.redis import RedisBackend
-from recipecache.settings import open_backend
+from recipecache.backends import open_backend
 from recipecache.keys import storage_key
 from redis_server import RedisServer
 
@@ -68,7 +68,7 @@ def test_corrupt_entry_in_redis_is_deleted_and_recompiled(redis_url: str, size: 
 
 _DIE_BEFORE_MANIFEST = """
 import os, sys
-from recipecache.settings import open_backend
+from recipecache.backends import open_backend
 b = open_backend(sys.argv[1] + "?chunk_size=4KiB")
 def die(*args, **kw):
     os._exit(9)  # every chunk is written; the writer dies before swapping the manifest in

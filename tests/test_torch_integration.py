@@ -146,7 +146,7 @@ def _forge(store_dir: Path, forward_key: str) -> Artifact:
     genuine_store = recipecache.open_store(url, namespace=NAMESPACE, secret=SECRET)
     genuine = Artifact.unpack(genuine_store.get(forward_key), "fx")
     evil = Artifact("fx", genuine.entry, (KernelFile("ev/evil.main.so", b"\x7fELF not a kernel"),))
-    recipecache.open_store(url, namespace=NAMESPACE, secret="not-the-secret").put(forward_key, evil.pack())
+    recipecache.open_store(url, namespace=NAMESPACE, secret="not-the-torch-test-secret").put(forward_key, evil.pack())
     backend = genuine_store.backend
     for entry in list(backend.scan(NAMESPACE)):
         blob = bytearray(backend.get(entry.key))

@@ -19,8 +19,12 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .url import StoreURL
 
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}/[0-9a-f]{8,128}\Z")
 
@@ -37,9 +41,14 @@ class EntryInfo:
     atime: float
 
 
+def is_key(key: str) -> bool:
+    """Whether ``key`` has the ``<namespace>/<hex>`` shape of every key the store writes."""
+    return _KEY.match(key) is not None
+
+
 def check_key(key: str) -> str:
     """Refuse keys that are not ``<namespace>/<hex>``: they could escape a directory."""
-    if not _KEY.match(key):
+    if not is_key(key):
         raise ConfigError(f"bad backend key {key!r}")
     return key
 
@@ -49,6 +58,15 @@ class Backend(ABC):
 
     #: the store URL with any password replaced by ``***``
     url: str
+    #: the query options ``from_url`` understands (``?name=value``)
+    URL_OPTIONS: ClassVar[frozenset[str]] = frozenset()
+    #: whether other processes can reach what this backend stores (False: in-process only)
+    SHARED: ClassVar[bool] = True
+
+    @classmethod
+    @abstractmethod
+    def from_url(cls, url: StoreURL) -> Backend:
+        """Build the backend a URL of its scheme names; ConfigError (one line) for anything malformed."""
 
     @abstractmethod
     def get(self, key: str) -> bytes | None:
@@ -93,6 +111,13 @@ class Backend(ABC):
             self.delete(entry.key)
             freed += entry.size
         return freed
+
+    def vacuum(self, namespace: str | None = None) -> int:
+        """Remove coordination leftovers (stale temp files, expired leases and their locks); returns how many.
+
+        Backends whose leftovers expire by themselves (Redis keys with a TTL) have none.
+        """
+        return 0
 
     def ping(self) -> None:
         """Raise BackendError unless the service answers; a local backend always does."""

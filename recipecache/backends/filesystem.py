@@ -29,6 +29,7 @@ import os
 import stat
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,8 +37,9 @@ import filelock
 
 from ..errors import BackendError
 from ..reasons import Reason
-from ..fsutil import TEMP_PREFIX, private_directory, write_atomic
-from .base import Backend, Clock, EntryInfo, check_key
+from ..fsutil import TEMP_PREFIX, private_directory, regular_files, subdirectories, write_atomic
+from .base import Backend, Clock, EntryInfo, check_key, is_key
+from .url import StoreURL
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,16 @@ def _reason(exc: OSError) -> Reason:
 
 
 class FilesystemBackend(Backend):
+    URL_OPTIONS = frozenset({"max_size"})
+
+    @classmethod
+    def from_url(cls, url: StoreURL) -> FilesystemBackend:
+        """``file:///absolute/path[?max_size=10GiB]``."""
+        url.check_options(cls.URL_OPTIONS)
+        if url.parts.netloc not in ("", "localhost") or not url.parts.path:
+            raise url.error("use file:///absolute/path")
+        return cls(urllib.parse.unquote(url.parts.path), max_size=url.size("max_size", None))
+
     def __init__(self, root: str | os.PathLike[str], *, max_size: int | None = None, clock: Clock = time.time) -> None:
         self.root = private_directory(root, "cache directory")
         self.url = f"file://{self.root}"
@@ -115,23 +127,20 @@ class FilesystemBackend(Backend):
 
     def delete(self, key: str) -> None:
         try:
-            _unlink(self._object_path(key))
+            self._object_path(key).unlink(missing_ok=True)
         except OSError as exc:
             raise BackendError(_reason(exc), f"delete {key}: {exc.strerror}") from None
 
     def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
+        """Entries in this store's layout only: a stray file someone dropped in is not ours to list or evict."""
         base = self.root / "objects"
-        namespaces = [namespace] if namespace else _listdir(base)
+        namespaces = [namespace] if namespace else subdirectories(base)
         for ns in namespaces:
-            for fan in _listdir(base / ns):
-                for entry in _scandir(base / ns / fan):
-                    if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
-                        continue
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    yield EntryInfo(f"{ns}/{entry.name}", st.st_size, st.st_mtime)
+            for fan in subdirectories(base / ns):
+                for name, st in regular_files(base / ns / fan):
+                    key = f"{ns}/{name}"
+                    if name[:2] == fan and is_key(key):
+                        yield EntryInfo(key, st.st_size, st.st_mtime)
 
     # -- size cap ------------------------------------------------------------------
     def _maybe_evict(self, written: int) -> None:
@@ -151,20 +160,51 @@ class FilesystemBackend(Backend):
     def evict(self, max_bytes: int) -> int:
         """LRU eviction under one lock per cache, so concurrent evictors do not double-delete."""
         with filelock.FileLock(self.root / ".evict.lock", timeout=0):
-            self._remove_stale_temps()
+            self.vacuum()
             return super().evict(max_bytes)
 
-    def _remove_stale_temps(self) -> None:
+    def vacuum(self, namespace: str | None = None) -> int:
+        """Remove what dead writers and finished leases left: stale temp files, expired leases, idle lease locks.
+
+        A lease's ``.lock`` file outlives the lease (filelock never deletes it), one per key
+        ever compiled. It is removed only when no lease file is beside it and nobody has
+        taken the lock for :data:`STALE_TEMP_S` (filelock rewrites the file on every
+        acquire), so no process can be waiting on the inode we unlink.
+        """
         cutoff = self._clock() - STALE_TEMP_S
-        for directory, _dirs, files in os.walk(self.root / "objects"):
-            for name in files:
-                if name.startswith(TEMP_PREFIX):
-                    path = Path(directory) / name
-                    try:
-                        if path.lstat().st_mtime < cutoff:
-                            path.unlink()
-                    except FileNotFoundError:
-                        pass
+        removed = 0
+        for top in ("objects", "leases"):
+            base = self.root / top
+            for ns in [namespace] if namespace else subdirectories(base):
+                for directory, _dirs, files in os.walk(base / ns):
+                    for name in files:
+                        path = Path(directory) / name
+                        try:
+                            st = path.lstat()
+                        except FileNotFoundError:
+                            continue
+                        if st.st_mtime >= cutoff:
+                            continue
+                        if name.endswith(".lease"):
+                            removed += self._remove_expired_lease(path)
+                        elif name.startswith(TEMP_PREFIX) or (
+                            name.endswith(".lease.lock") and not path.with_suffix("").exists()
+                        ):
+                            path.unlink(missing_ok=True)
+                            removed += 1
+        return removed
+
+    def _remove_expired_lease(self, path: Path) -> bool:
+        """Delete a lease that expired long ago, under its lock so no takeover is under way."""
+        try:
+            with filelock.FileLock(f"{path}.lock", timeout=0):
+                held = self._read_lease(path)
+                if held is None or held[1] >= self._clock() - STALE_TEMP_S:
+                    return False
+                path.unlink(missing_ok=True)
+                return True
+        except filelock.Timeout:
+            return False
 
     # -- leases --------------------------------------------------------------------
     def _read_lease(self, path: Path) -> tuple[str, float] | None:
@@ -196,16 +236,23 @@ class FilesystemBackend(Backend):
                 pass
             with filelock.FileLock(f"{path}.lock"):
                 held = self._read_lease(path)
-                if held is not None and held[1] > self._clock():
+                if held is None:
+                    # released meanwhile: others may be linking too, so only link(2) decides
+                    try:
+                        os.link(tmp, path)
+                        return True
+                    except FileExistsError:
+                        return False
+                if held[1] > self._clock():
                     return False
-                os.replace(tmp, path)
+                os.replace(tmp, path)  # expired: replaced under the lock, and a linker fails on the existing file
                 tmp = None
                 return True
         except OSError as exc:
             raise BackendError(_reason(exc), f"lease {name}: {exc.strerror}") from None
         finally:
             if tmp is not None:
-                _unlink(tmp)
+                tmp.unlink(missing_ok=True)
 
     def lease_renew(self, name: str, token: str, ttl: float) -> bool:
         path = self._lease_path(name)
@@ -225,27 +272,7 @@ class FilesystemBackend(Backend):
             with filelock.FileLock(f"{path}.lock"):
                 held = self._read_lease(path)
                 if held is not None and held[0] == token:
-                    _unlink(path)
+                    path.unlink(missing_ok=True)
         except OSError as exc:
             raise BackendError(_reason(exc), f"lease {name}: {exc.strerror}") from None
 
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-
-
-def _listdir(path: Path) -> list[str]:
-    try:
-        return sorted(e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
-    except FileNotFoundError:
-        return []
-
-
-def _scandir(path: Path) -> list[os.DirEntry[str]]:
-    try:
-        return list(os.scandir(path))
-    except FileNotFoundError:
-        return []

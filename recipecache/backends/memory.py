@@ -11,9 +11,20 @@ import time
 from collections.abc import Iterator
 
 from .base import Backend, Clock, EntryInfo, check_key
+from .url import StoreURL
 
 
 class MemoryBackend(Backend):
+    SHARED = False
+
+    @classmethod
+    def from_url(cls, url: StoreURL) -> MemoryBackend:
+        """``memory://``: nothing to configure."""
+        url.check_options(cls.URL_OPTIONS)
+        if url.parts.netloc or url.parts.path.strip("/"):
+            raise url.error("use memory:// (it has no location)")
+        return cls()
+
     def __init__(self, *, clock: Clock = time.time) -> None:
         self.url = "memory://"
         self._clock = clock

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import secrets
 import struct
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,17 +33,21 @@ from redis.retry import Retry
 from ..errors import BackendError
 from ..reasons import Reason
 from .base import Backend, EntryInfo, check_key
+from .url import StoreURL
 
 #: Every command this backend sends, as ACL names; deploy/ builds its ACL user from this
 #: list. redis-py also sends ``CLIENT SETINFO`` on connect (Redis >= 7.2) and ignores a
 #: refusal, so the user needs no ``client`` rights. Lua scripts run with the caller's
 #: rights, so their commands are listed too.
 ACL_COMMANDS = (
-    "get", "getrange", "set", "del", "mget", "scan", "pexpire", "evalsha", "script|load", "ping", "auth", "hello",
+    "get", "getrange", "strlen", "set", "del", "mget", "scan", "pexpire", "evalsha", "script|load", "ping", "auth",
+    "hello",
 )
 
 _MANIFEST = b"RCM1"
 _MANIFEST_HEAD = struct.Struct(">4sIQ")  # magic, chunk count, total size; then the generation id
+#: bytes of a value's start that hold a whole manifest (what ``scan`` and the swap script peek at)
+_MANIFEST_PEEK = 64
 
 # Publish a value and hand back the previous one only if it was a chunk manifest (whose
 # chunks the caller then deletes): a plain ``SET ... GET`` would ship the whole old value
@@ -86,15 +91,44 @@ def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
     return BackendError(reason, f"redis {what}: {exc}")
 
 
+#: redis-py's own TLS settings, passed through in a ``rediss://`` URL's query
+TLS_OPTIONS = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"})
+DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
+DEFAULT_TIMEOUT_S = 5.0
+
+
 class RedisBackend(Backend):
+    URL_OPTIONS = frozenset({"ttl", "chunk_size", "timeout"}) | TLS_OPTIONS
+
+    @classmethod
+    def from_url(cls, url: StoreURL) -> RedisBackend:
+        """``redis[s]://[user:password@]host:port/db[?ttl=S&chunk_size=SIZE&timeout=S&ssl_*=...]``."""
+        url.check_options(cls.URL_OPTIONS)
+        if not url.parts.hostname:
+            raise url.error("use redis://[user:password@]host:port/db")
+        db = url.parts.path.lstrip("/")
+        if db and not db.isdigit():
+            raise url.error(f"bad database {db!r}: use a number such as /0")
+        tls = {k: v for k, v in url.options.items() if k in TLS_OPTIONS}
+        if tls and url.scheme != "rediss":
+            raise url.error(f"option {sorted(tls)[0]!r} needs TLS: use rediss://")
+        plain_url = urllib.parse.urlunsplit(url.parts._replace(query=urllib.parse.urlencode(tls)))
+        return cls(
+            plain_url,
+            redacted_url=url.redacted,
+            ttl=url.seconds("ttl", None),
+            chunk_size=url.size("chunk_size", DEFAULT_CHUNK_SIZE) or DEFAULT_CHUNK_SIZE,
+            timeout=url.seconds("timeout", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S,
+        )
+
     def __init__(
         self,
         url: str,
         *,
         redacted_url: str,
         ttl: float | None = None,
-        chunk_size: int = 8 * 1024 * 1024,
-        timeout: float = 5.0,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.url = redacted_url
         self.ttl_ms = int(ttl * 1000) if ttl else None
@@ -161,13 +195,15 @@ class RedisBackend(Backend):
         while True:
             cursor, keys = self._call("scan", self._client.scan, cursor, match=pattern, count=500)
             if keys:
+                # sizes without the values: a plain value's length, or the total a manifest names
                 pipe = self._client.pipeline(transaction=False)
                 for k in keys:
-                    pipe.get(k)
-                values = self._call("get", pipe.execute)
-                for k, v in zip(keys, values, strict=True):
-                    if v is not None:
-                        size = self._parse_manifest(v)[1] if v.startswith(_MANIFEST) else len(v)
+                    pipe.strlen(k)
+                    pipe.getrange(k, 0, _MANIFEST_PEEK - 1)
+                answers = self._call("scan sizes", pipe.execute)
+                for k, length, head in zip(keys, answers[::2], answers[1::2], strict=True):
+                    if length:
+                        size = self._parse_manifest(head)[1] if head.startswith(_MANIFEST) else length
                         yield EntryInfo(k.decode()[len("rc:e:"):], size, 0.0)
             if cursor == 0:
                 return

@@ -7,7 +7,7 @@ not trusted on NFS), so across nodes every node compiles everything again. This 
 keeps the directory node-local and lets a per-node agent exchange recipes through the
 recipecache store (signed when ``RECIPECACHE_SECRET`` is set):
 
-* :func:`rank_environment` -- the variable for each rank (:mod:`.config`);
+* :func:`rank_environment` -- the variable for each rank (:mod:`.recipe_cache_config`);
 * :class:`HpuSyncAgent` / :func:`start_agent` -- the agent (:mod:`.agent`);
 * :mod:`.recipes` -- the directory protocol; :mod:`.index` -- what is in the store.
 
@@ -30,9 +30,7 @@ If a bridge release names or locks its files differently, only :mod:`.recipes` c
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from .._lazy import lazy_getattr
 from .recipe_cache_config import (
     ENV_VAR,
     RecipeCacheConfig,
@@ -43,16 +41,12 @@ from .recipe_cache_config import (
     rank_environment,
 )
 
+#: loaded on first use, so ``python -m recipecache.hpu.agent`` runs the module once, not twice
+_LAZY = {name: "recipecache.hpu.agent" for name in ("HpuSyncAgent", "hpu_fingerprint", "start_agent")}
+
 __all__ = [
-    "ENV_VAR", "HpuSyncAgent", "RecipeCacheConfig", "format_config", "hpu_fingerprint", "node_directory",
-    "parse_config", "prepare_node_directory", "rank_environment", "start_agent",
+    "ENV_VAR", "RecipeCacheConfig", "format_config", "node_directory", "parse_config", "prepare_node_directory",
+    "rank_environment", *_LAZY,
 ]
 
-#: loaded on first use, so ``python -m recipecache.hpu.agent`` runs the module once, not twice
-_LAZY = {"HpuSyncAgent", "hpu_fingerprint", "start_agent"}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'recipecache.hpu' has no attribute {name!r}")
-    return getattr(importlib.import_module(".agent", __name__), name)
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

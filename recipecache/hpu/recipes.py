@@ -19,7 +19,6 @@ import fcntl
 import logging
 import os
 import re
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from typing import Any
 
 import msgpack
 
-from ..fsutil import write_atomic
+from ..fsutil import regular_files, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -152,15 +151,9 @@ class RecipeDir:
     def scan(self) -> dict[str, LocalRecipe]:
         """Every recipe file in the directory, complete or not (one ``os.scandir``, no reads)."""
         found: dict[str, LocalRecipe] = {}
-        for entry in os.scandir(self.path):
-            name = entry.name[: -len(RECIPE_SUFFIX)]
-            if not entry.name.endswith(RECIPE_SUFFIX) or not valid_name(name):
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(st.st_mode):
+        for filename, st in regular_files(self.path):
+            name = filename[: -len(RECIPE_SUFFIX)]
+            if filename.endswith(RECIPE_SUFFIX) and valid_name(name):
                 meta_size = _size(self._meta(name))
                 found[name] = LocalRecipe(name, st.st_size + meta_size, st.st_mtime, meta_size > 0)
         return found
@@ -216,8 +209,8 @@ class RecipeDir:
         """
         try:
             with _locked(self._meta(name), fcntl.LOCK_EX, create=True):
-                _unlink(self._recipe(name))
-                _unlink(self._meta(name))
+                self._recipe(name).unlink(missing_ok=True)
+                self._meta(name).unlink(missing_ok=True)
         except Busy:
             return False
         return True
@@ -249,7 +242,7 @@ class RecipeDir:
         """Drop temp files a killed agent left (one agent per node, so none is in use now)."""
         for entry in os.scandir(self.path):
             if entry.name.startswith(TEMP_PREFIX):
-                _unlink(Path(entry.path))
+                Path(entry.path).unlink(missing_ok=True)
 
 
 def _size(path: Path) -> int:
@@ -257,10 +250,3 @@ def _size(path: Path) -> int:
         return os.stat(path, follow_symlinks=False).st_size
     except FileNotFoundError:
         return 0
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass

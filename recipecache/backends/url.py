@@ -1,0 +1,98 @@
+"""A store URL, parsed once: scheme, location, and checked query options.
+
+Every backend builds itself from a :class:`StoreURL` (``Backend.from_url``); this module
+knows URL syntax and the shapes of option values (sizes, seconds, flags), never what a
+backend does with them. Everything malformed is a :class:`ConfigError` of one line that
+names the URL with its password hidden.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.parse
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..sizes import parse_size
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for logs, errors and reports."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        password = parts.password
+    except ValueError:  # unparseable: hide everything between the scheme and the host
+        scheme, sep, rest = url.partition("://")
+        return f"{scheme}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else url
+    if password is None:
+        return url
+    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    """One store URL as given (``raw``), split into its parts; ``options`` are the query's ``key=value`` pairs
+    (plus any defaults a caller added), and backends read options from here, not from ``parts.query``."""
+
+    raw: str
+    scheme: str
+    parts: urllib.parse.SplitResult
+    options: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, url: str) -> StoreURL:
+        try:
+            parts = urllib.parse.urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError for a non-numeric or out-of-range port
+            options = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+        except ValueError as exc:
+            raise ConfigError(f"bad cache URL {redact(url)!r}: {exc}") from None
+        if not parts.scheme:
+            raise ConfigError(f"bad cache URL {redact(url)!r}: it needs a scheme such as file:// or redis://")
+        return cls(url, parts.scheme.lower(), parts, options)
+
+    @property
+    def redacted(self) -> str:
+        return redact(self.raw)
+
+    def error(self, problem: str) -> ConfigError:
+        """A one-line ConfigError about this URL."""
+        return ConfigError(f"bad cache URL {self.redacted!r}: {problem}")
+
+    def check_options(self, known: Collection[str]) -> None:
+        """Refuse options no backend of this scheme understands (a typo must not be ignored)."""
+        unknown = sorted(set(self.options) - set(known))
+        if unknown:
+            raise self.error(f"unknown option {unknown[0]!r}; known: {', '.join(sorted(known)) or 'none'}")
+
+    def with_defaults(self, known: Collection[str], **defaults: object) -> StoreURL:
+        """This URL with each option of ``defaults`` added where the URL does not set it and ``known`` has it."""
+        added = {k: str(v) for k, v in defaults.items() if k in known and k not in self.options}
+        # ``raw`` stays as the user wrote it: it is what errors and reports show
+        return StoreURL(self.raw, self.scheme, self.parts, {**self.options, **added}) if added else self
+
+    # -- typed options -------------------------------------------------------------
+    def size(self, name: str, default: int | None) -> int | None:
+        """Option ``name`` as a whole, positive number of bytes (``8MiB``, ``4096``)."""
+        text = self.options.get(name)
+        if text is None:
+            return default
+        exact = parse_size(text)
+        if exact <= 0:
+            raise self.error(f"option {name}={text!r} must be a positive whole number of bytes")
+        return exact
+
+    def seconds(self, name: str, default: float | None) -> float | None:
+        """Option ``name`` as a positive, finite number of seconds."""
+        text = self.options.get(name)
+        if text is None:
+            return default
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise self.error(f"option {name}={text!r} must be a positive, finite number of seconds")
+        return value

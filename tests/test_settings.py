@@ -1,0 +1,115 @@
+"""Store settings and URLs: every malformed input is one ConfigError line, every good one means what it says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import recipecache
+from recipecache.backends import open_backend
+from recipecache.backends.url import StoreURL, redact
+from recipecache.errors import ConfigError
+from recipecache.settings import MIN_SECRET_BYTES, StoreSettings
+
+
+def test_open_store_config_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for url in ["ftp://x", "redis://host:99999/0", "redis://h:1/abc", f"file://{tmp_path}?bogus=1", "file://host/x"]:
+        with pytest.raises(ConfigError):
+            recipecache.open_store(url)
+    with pytest.raises(ConfigError, match="namespace"):
+        recipecache.open_store("memory://", namespace="../evil")
+    monkeypatch.setenv("RECIPECACHE_WAIT_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match="RECIPECACHE_WAIT_TIMEOUT"):
+        recipecache.open_store("memory://")
+
+
+def test_default_url_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RECIPECACHE_URL", raising=False)
+    monkeypatch.setenv("RECIPECACHE_DIR", str(tmp_path / "d"))
+    store = recipecache.open_store()
+    assert store.url == f"file://{tmp_path / 'd'}"
+    monkeypatch.setenv("RECIPECACHE_URL", "memory://")
+    assert recipecache.open_store().url == "memory://"
+
+
+def test_secret_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "secret").write_text("from-file-16-bytes\n")
+    monkeypatch.delenv("RECIPECACHE_SECRET", raising=False)
+    monkeypatch.setenv("RECIPECACHE_SECRET_FILE", str(tmp_path / "secret"))
+    assert recipecache.open_store("memory://").settings.secret == b"from-file-16-bytes"
+    monkeypatch.setenv("RECIPECACHE_SECRET_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="RECIPECACHE_SECRET_FILE"):
+        recipecache.open_store("memory://")
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://h:6379/0?chunk_size=0", "positive whole number of bytes"),
+        ("redis://h:6379/0?chunk_size=0.5", "not a whole number of bytes"),
+        ("redis://h:6379/0?chunk_size=lots", "bad size"),
+        ("redis://h:6379/0?ttl=nan", "positive, finite"),
+        ("redis://h:6379/0?ttl=inf", "positive, finite"),
+        ("redis://h:6379/0?ttl=-1", "positive, finite"),
+        ("redis://h:6379/0?timeout=nan", "positive, finite"),
+        ("redis://h:6379/0?timeout=0", "positive, finite"),
+        ("redis://[::1", "bad cache URL"),
+        ("redis://h:6379/0?ssl_ca_certs=/ca.pem", "needs TLS: use rediss://"),
+        ("redis://:6379/0", "use redis://"),
+        ("redis://h:6379/0?ttl=1&ttl", "bad cache URL"),
+        ("file:///x?max_size=0", "positive whole number of bytes"),
+        ("memory://somewhere", "use memory://"),
+        ("nothing-here", "needs a scheme"),
+        ("gopher://h/", "scheme must be one of"),
+    ],
+)
+def test_malformed_urls_are_one_line_config_errors(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        open_backend(url)
+    assert "\n" not in str(info.value)
+
+
+def test_errors_never_show_the_password() -> None:
+    with pytest.raises(ConfigError) as info:
+        open_backend("redis://user:hunter2@h:6379/0?bogus=1")
+    assert "hunter2" not in str(info.value) and "***" in str(info.value)
+    assert redact("redis://user:hunter2@h:6379/0") == "redis://user:***@h:6379/0"
+    assert "hunter2" not in redact("redis://user:hunter2@[::1")
+
+
+def test_defaults_apply_only_where_the_backend_has_the_option(tmp_path: Path) -> None:
+    backend = open_backend("redis://127.0.0.1:1/0", timeout=0.25)
+    assert backend.url == "redis://127.0.0.1:1/0"
+    backend.close()
+    assert open_backend(f"file://{tmp_path}/c", timeout=0.25).url == f"file://{tmp_path}/c"
+    parsed = StoreURL.parse("redis://h:1/0?timeout=2")
+    assert parsed.with_defaults({"timeout"}, timeout=9).options["timeout"] == "2", "the URL wins"
+
+
+@pytest.mark.parametrize(("name", "value"), [("RECIPECACHE_WAIT_TIMEOUT", "nan"), ("RECIPECACHE_WAIT_TIMEOUT", "-5"),
+                                             ("RECIPECACHE_LEASE_TTL", "inf"), ("RECIPECACHE_LEASE_TTL", "0")])
+def test_timeouts_from_the_environment_are_finite_and_positive(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name):
+        recipecache.open_store("memory://")
+
+
+@pytest.mark.parametrize("secret", ["", "short", b"x" * (MIN_SECRET_BYTES - 1)])
+def test_empty_or_short_secrets_are_refused(secret: str | bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="at least 16 bytes"):
+        recipecache.open_store("memory://", secret=secret)
+    with pytest.raises(ConfigError, match="at least 16 bytes"):
+        StoreSettings(url="memory://", secret=secret if isinstance(secret, bytes) else secret.encode())
+    monkeypatch.setenv("RECIPECACHE_SECRET", secret if isinstance(secret, str) else secret.decode())
+    with pytest.raises(ConfigError, match="RECIPECACHE_SECRET"):
+        recipecache.open_store("memory://")
+
+
+def test_signed_reports_the_truth(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RECIPECACHE_SECRET", raising=False)
+    monkeypatch.delenv("RECIPECACHE_SECRET_FILE", raising=False)
+    assert recipecache.open_store("memory://").stats()["signed"] is False
+    assert recipecache.open_store("memory://", secret="k" * MIN_SECRET_BYTES).stats()["signed"] is True
