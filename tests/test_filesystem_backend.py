@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import recipecache
 from recipecache.backends.filesystem import STALE_TEMP_S, FilesystemBackend
 from recipecache.backends import open_backend
 from recipecache.errors import ConfigError
@@ -128,3 +130,62 @@ def test_vacuum_removes_idle_lease_locks_and_stale_leftovers(tmp_path: Path) -> 
     # the locks of keys 0 and 1 went; key 2's was just taken to remove its lease, so it waits for the next sweep
     assert [p.name for p in leases.glob("*.lock")] == [f"{k(2).split('/')[1]}.lease.lock"]
     assert b.lease_add(k(2), "next", 30), "a lease can be taken after the sweep"
+
+
+_READ_ONLY_READER = """
+import json, logging, os, sys
+import recipecache
+logging.basicConfig(level=logging.WARNING)
+root = sys.argv[1]
+try:  # the premise: this mount refuses access-time updates
+    os.utime(os.path.join(root, "objects"))
+    premise = "utime worked"
+except OSError as exc:
+    premise = exc.strerror
+store = recipecache.open_store("file://" + root, namespace="ro")
+hits = [bytes(store.get(f"k{i}") or b"") for i in range(3)]
+print(json.dumps({"premise": premise, "hits": [h.decode() for h in hits], "stats": store.stats()}))
+"""
+
+
+def test_read_only_store_serves_hits(tmp_path: Path) -> None:
+    """Issue 15.4: a pre-warmed store on a read-only mount; os.utime fails, the data read is good.
+
+    Tests run as root, and root may utime any file, so permissions cannot make utime fail.
+    A read-only bind mount does, honestly (EROFS, as on a read-only pre-warmed volume): the
+    reader runs in its own mount and user namespace (``unshare -rm``), where it may bind the
+    store read-only over itself without touching the rest of the machine.
+    """
+    root = tmp_path / "c"
+    store = recipecache.open_store(f"file://{root}", namespace="ro")
+    for i in range(3):
+        store.put(f"k{i}", f"artifact {i}".encode())
+    mount = f'mount --bind -o ro "$1" "$1" && exec "{sys.executable}" -c "$2" "$1"'
+    try:
+        proc = subprocess.run(["unshare", "-rm", "sh", "-c", mount, "sh", str(root), _READ_ONLY_READER],
+                              capture_output=True, text=True, timeout=60, check=False,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    except FileNotFoundError:
+        pytest.skip("needs unshare (util-linux)")
+    if proc.returncode != 0 and "mount" in proc.stderr:
+        pytest.skip(f"this machine allows no private read-only mount: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["premise"] == "Read-only file system"
+    assert out["hits"] == ["artifact 0", "artifact 1", "artifact 2"]
+    assert out["stats"]["hits"] == 3 and out["stats"]["misses"] == 0
+    assert proc.stderr.count("cannot record access times") == 1, "one warning, not one per read"
+
+
+def test_vacuum_removes_idle_value_locks(tmp_path: Path) -> None:
+    """put_if/delete_if leave one .value.lock per key (filelock never deletes it); vacuum sweeps idle ones."""
+    b = FilesystemBackend(tmp_path / "c")
+    assert b.put_if(k(1), None, b"v1")
+    assert b.delete_if(k(1), b"v1")
+    locks = list((tmp_path / "c" / "leases" / NS).glob("*.value.lock"))
+    assert len(locks) == 1
+    assert b.vacuum() == 0, "a fresh lock may be in use"
+    old = time.time() - 2 * STALE_TEMP_S
+    os.utime(locks[0], (old, old))
+    assert b.vacuum() == 1 and not locks[0].exists()
+    assert b.put_if(k(1), None, b"v2") and b.get(k(1)) == b"v2", "the key's lock is made again when needed"
