@@ -312,7 +312,8 @@ def test_tampered_store_entry_is_refused_and_counted(nodes: Callable[..., Node],
     store = recipecache.open_store(file_url, namespace=ns)
     key = recipe_key("r1", hpu_fingerprint(OLD, OLD))
     forged = RecipeFiles("r1", b"\xcc" * 4096, b'{"size": 4096}').pack()
-    store.backend.put(storage_key(ns, key), envelope.seal(key, forged, secret=b"not-the-job-secret-either"))
+    store.backend.put(storage_key(ns, key), envelope.seal(key, forged, namespace=ns,
+                                                          secret=b"not-the-job-secret-either"))
     b = nodes("b", file_url, ns, env=secret)
     refused = wait_for("b refusing r1", lambda: b.events("hpu_refuse"))
     assert refused[0]["key"] == "r1" and refused[0]["reason"] == "bad_signature"
@@ -342,8 +343,9 @@ def test_lost_or_tampered_index_heals(pair: tuple[HpuSyncAgent, HpuSyncAgent, re
     a.sync_once()
     b.sync_once()
     assert lookup(b.dir.path, "r1") and lookup(b.dir.path, "r2")
-    # Both confirmed; now the index is replaced by an unsigned one, which the store refuses and deletes.
-    store.backend.put(storage_key("job", INDEX_KEY), envelope.seal(INDEX_KEY, Index.empty().encode()))
+    # Both confirmed; now the index is replaced by an unsigned one, which the store refuses (and leaves for the
+    # next put to replace).
+    store.backend.put(storage_key("job", INDEX_KEY), envelope.seal(INDEX_KEY, Index.empty().encode(), namespace="job"))
     assert write(b.dir.path, "r3", 1000)
     b.sync_once()  # b reads no index and writes one with r3 only
     a.sync_once()  # a puts r1 and r2 back
@@ -407,3 +409,4 @@ def test_started_agent_publishes_and_ends_with_its_parent(tmp_path: Path, file_u
             return True
 
     wait_for("the orphaned agent to exit", gone)
+

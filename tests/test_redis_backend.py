@@ -132,6 +132,27 @@ HOSTILE_MANIFESTS = {
 }
 
 
+def mget_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_mget", {}).get("calls", 0))
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_MANIFESTS))
+def test_hostile_manifest_is_a_quick_corrupt_miss_and_the_next_put_replaces_it(redis_url: str, name: str) -> None:
+    namespace = "h" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url + "?chunk_size=4KiB", namespace=namespace)
+    client = redis.Redis.from_url(redis_url)
+    entry = f"rc:e:{storage_key(namespace, 'k')}"
+    client.set(entry, HOSTILE_MANIFESTS[name])
+    before = mget_calls(client)
+    assert store.get("k") is None
+    assert store.stats()["misses_by_reason"] == {"corrupt": 1}
+    assert mget_calls(client) == before, "nothing is fetched for a manifest that does not validate"
+    assert client.get(entry) == HOSTILE_MANIFESTS[name], "a reader holds no bytes to compare: it leaves it"
+    assert store.put("k", b"v" * 20_000), "a put over a damaged manifest neither raises nor fails"
+    assert store.get("k") == b"v" * 20_000
+    assert store.stats()["put_failures_by_reason"] == {}
+
+
 @pytest.mark.parametrize(
     ("manifest", "chunks"),
     [
@@ -168,6 +189,61 @@ def test_lua_and_python_agree_on_which_manifests_name_chunks(redis_url: str, man
         backend.delete(key) if action == "delete" else backend.put(key, b"new")
         left = [c for c in planted if client.exists(c)]
         assert left == planted[chunks:], f"{action} over {manifest[:40]!r}"
+
+
+def test_old_format_chunked_entry_is_refused_kept_and_replaced(redis_url: str) -> None:
+    """An entry the previous version wrote (RCM1 manifest over RCE1 chunks) is an old_format miss, left for it."""
+    namespace = "o" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url + "?chunk_size=4KiB", namespace=namespace)
+    client = redis.Redis.from_url(redis_url)
+    skey = storage_key(namespace, "k")
+    client.set(f"rc:e:{skey}", b"RCM1" + struct.pack(">IQ", 2, 5000) + GEN)
+    client.set(f"rc:c:{skey}:{GEN.decode()}:0", b"RCE1" + bytes(4092))
+    client.set(f"rc:c:{skey}:{GEN.decode()}:1", bytes(904))
+    assert store.get("k") is None
+    assert store.stats()["misses_by_reason"] == {"old_format": 1}
+    assert client.exists(f"rc:e:{skey}", f"rc:c:{skey}:{GEN.decode()}:0") == 2, "left for the older version"
+    assert store.put("k", b"new")
+    assert store.get("k") == b"new"
+    assert client.keys(f"rc:c:{skey}:*") == [], "the old entry's chunks went with it"
+
+
+def test_damaged_chunks_are_corrupt_and_missing_chunks_a_miss(redis_url: str) -> None:
+    namespace = "d" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url + "?chunk_size=4KiB", namespace=namespace)
+    client = redis.Redis.from_url(redis_url)
+    store.put("k", b"v" * 20_000)
+    chunks = sorted(client.keys(f"rc:c:{storage_key(namespace, 'k')}:*"))
+    client.append(chunks[0], b"extra")  # a chunk longer than its manifest says
+    assert store.get("k") is None
+    client.delete(chunks[0])  # a chunk evicted (allkeys-lru) or being replaced
+    assert store.get("k") is None
+    assert store.stats()["misses_by_reason"] == {"corrupt": 1, "not_found": 1}
+
+
+def test_wrong_type_is_one_keys_problem_not_a_failed_backend(redis_url: str) -> None:
+    namespace = "w" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url, namespace=namespace)
+    client = redis.Redis.from_url(redis_url)
+    entry = f"rc:e:{storage_key(namespace, 'k')}"
+    client.hset(entry, "field", "value")
+    store.put("other", b"fine")
+    for _ in range(3):
+        assert store.get("k") is None
+        assert store.get("other") == b"fine", "the circuit breaker stays closed for every other key"
+    assert store.stats()["misses_by_reason"] == {"corrupt": 3}
+    assert storage_key(namespace, "k") in [e.key for e in store.scan()], "listed, so verify --fix can remove it"
+    assert store.update("k", lambda current: b"replaced" if current is None else None).data == b"replaced"
+    assert store.get("k") == b"replaced"
+    client.delete(entry)
+    client.hset(entry, "field", "value")
+    assert store.put("k", b"put over it")
+    assert store.get("k") == b"put over it"
+    client.delete(entry)
+    client.hset(entry, "field", "value")
+    store.backend.delete(storage_key(namespace, "k"))
+    assert client.exists(entry) == 0
+    assert store.stats()["put_failures_by_reason"] == {}
 
 
 def test_delete_takes_the_entry_and_its_chunks_in_one_step(redis_url: str) -> None:

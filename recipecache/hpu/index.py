@@ -27,6 +27,7 @@ from typing import Any
 
 import msgpack
 
+from ..buffers import Buffer
 from ..keys import make_key
 from .recipes import valid_name
 
@@ -66,7 +67,7 @@ class Index:
         return cls({}, {})
 
     @classmethod
-    def decode(cls, blob: bytes) -> Index:
+    def decode(cls, blob: Buffer) -> Index:
         """The index in ``blob``; malformed parts are skipped, never trusted (names become file names)."""
         try:
             doc: Any = msgpack.unpackb(blob, raw=False)
