@@ -15,7 +15,9 @@ One agent per node, next to the training ranks. Each cycle it
 Each recipe is handled once per agent: published, installed, found already present,
 refused, or missing from the store. The bridge evicts too, and re-installing what it
 evicted would only churn the directory. Store failures never stop the agent (the store
-degrades; what failed is retried next cycle).
+degrades; what failed is retried next cycle), and neither does anything else one cycle
+raises: it is logged and counted (``cycle_errors``) and the next cycle runs. If the sync
+thread itself dies, the agent exits with status 1, so a stopped sync is never silent.
 
 Run: ``python -m recipecache.hpu.agent --dir D --url URL --namespace NS [--interval S] [--once]``.
 """
@@ -221,20 +223,25 @@ class HpuSyncAgent:
         """Sync every ``interval`` seconds until ``stop`` is set, then once more.
 
         The last pass publishes what the bridge finished just before the job ended. A
-        directory error (a rank clearing it, a full disk) costs one cycle, not the agent.
+        directory error (a rank clearing it, a full disk) costs one cycle, not the agent;
+        so does any other exception, which is a bug or damage we did not foresee: logged
+        with its traceback and counted, and the sync goes on.
         """
         while True:
             last = stop.is_set()
             try:
                 self.sync_once()
-            except OSError as exc:
-                log.warning("recipecache: HPU sync of %s failed (%s); retrying", self.dir.path, exc)
+            except Exception as exc:  # noqa: BLE001 - one bad cycle must not stop the node's sync
+                self._counts["cycle_errors"] += 1
+                log.warning("recipecache: HPU sync of %s failed (%s); retrying next cycle", self.dir.path, exc,
+                            exc_info=not isinstance(exc, OSError))
             if last:
                 return
             stop.wait(self.interval)
 
     def stats(self) -> dict[str, Any]:
-        counts = ("published", "installed", "skipped_incompatible", "refused", "missing", "evicted", "too_large")
+        counts = ("published", "installed", "skipped_incompatible", "refused", "missing", "evicted", "too_large",
+                  "cycle_errors")
         return {**{name: self._counts[name] for name in counts}, "directory": str(self.dir.path),
                 "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id}
 
@@ -327,7 +334,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The loop runs in a thread: the signal handler runs on the main thread, and calling
     # stop.set() there while that same thread is inside stop.wait() can deadlock on the
     # event's internal lock.
-    worker = threading.Thread(target=agent.run, args=(stop,), name="recipecache-hpu-agent")
+    died: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            agent.run(stop)
+        except BaseException as exc:  # noqa: BLE001 - whatever ends the thread early ends the agent, loudly
+            died.append(exc)
+            log.critical("recipecache: HPU sync thread died; the agent stops", exc_info=True)
+
+    worker = threading.Thread(target=work, name="recipecache-hpu-agent")
     worker.start()
     worker.join()
     stats = {"agent": agent.stats(), "store": store.stats()}
@@ -336,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps(stats, sort_keys=True) if args.json else
           f"recipecache hpu agent {a['directory']}: published {a['published']}, installed {a['installed']}, "
           f"refused {a['refused']}, skipped {a['skipped_incompatible']} incompatible")
-    return 0
+    return 1 if died else 0
 
 
 if __name__ == "__main__":
