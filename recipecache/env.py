@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from .errors import ConfigError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 PREFIX = "RECIPECACHE_"
 #: the store URL of a process

@@ -33,7 +33,7 @@ from .recipes import valid_name
 
 log = logging.getLogger(__name__)
 
-INDEX_KEY = "recipecache.hpu/index/v1"
+INDEX_KEY = "recipecache.hpu/index/v2"
 #: Entries kept: far more recipes than one job compiles, and still a few hundred KiB.
 INDEX_CAP = 8192
 _VERSION = 1

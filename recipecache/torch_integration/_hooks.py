@@ -49,7 +49,7 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 #: prefix of every store key written here; bumping it retires all artifacts of an older format
-KEY_PREFIX = "torch1:"
+KEY_PREFIX = "torch2:"
 #: job id enable() gives torch when none is set (PGO does nothing without one)
 JOB_ID = "recipecache"
 
