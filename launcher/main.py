@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="processes per node (torchrun's --nproc-per-node; also auto, cpu, gpu, xpu); default 1")
     ours.add_argument("--cache", metavar="URL",
                       help="store URL: file:///shared/dir or redis://host:port/db (default: $RECIPECACHE_URL, "
-                           "else the filesystem store in $RECIPECACHE_DIR or ~/.cache/recipecache)")
+                           "else the filesystem store in $RECIPECACHE_DIR or ~/.cache/recipecache); a password "
+                           "in it is visible to every user of the machine (ps), so pass such a URL in "
+                           "$RECIPECACHE_URL, never here")
     ours.add_argument("--namespace", help="namespace in the store (default: $RECIPECACHE_NAMESPACE, else the "
                                           "script's file name without .py, so reruns of a script share)")
     ours.add_argument("--secret-file", metavar="PATH",
@@ -138,9 +140,9 @@ def start_hpu_agent(config: LaunchConfig) -> subprocess.Popen[bytes] | None:
         return None
     from recipecache.hpu import start_agent
 
-    env = {**config.rank_env(os.environ), env.EVENT_LOG: str(config.run_dir / "hpu-events")}
+    environ = {**config.rank_env(os.environ), env.EVENT_LOG: str(config.run_dir / "hpu-events")}
     return start_agent(directory=config.hpu_dir, url=config.cache_url, namespace=config.namespace,
-                       max_size_mb=config.hpu_max_size_mb, clear=config.hpu_clear, env=env)
+                       max_size_mb=config.hpu_max_size_mb, clear=config.hpu_clear, env=environ)
 
 
 def launch(config: LaunchConfig) -> int:

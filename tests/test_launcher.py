@@ -21,6 +21,7 @@ from redis_server import free_port
 import recipecache
 from recipecache.errors import ConfigError
 from launcher import bootstrap
+from launcher import main as launcher_main
 from launcher.launch_config import LaunchConfig, namespace_for
 from launcher.main import build_parser, main
 from launcher.report import build_report, format_report, load_metrics
@@ -217,6 +218,7 @@ def test_help_lists_our_options_and_points_to_torchrun(capsys: pytest.CaptureFix
                    "--threads", "--rank-dirs", "--rdzv-endpoint", "--master-port"):
         assert option in out
     assert "passed to torch.distributed.run unchanged" in " ".join(out.split())
+    assert "pass such a URL in $RECIPECACHE_URL" in " ".join(out.split())
 
 
 # -- the report --------------------------------------------------------------------------
@@ -441,3 +443,22 @@ def test_prewarm_and_hpu_wiring(script: Path, tmp_path: Path) -> None:
 def test_bad_hpu_options(script: Path, argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config_for(*argv, str(script))
+
+
+def test_hpu_agent_gets_the_store_url_in_its_environment_not_its_arguments(script: Path, tmp_path: Path) -> None:
+    """Any user can read a process's arguments (ps); the password must not be among them."""
+    password = "s3cret-" + os.urandom(4).hex()
+    config = config_for("--hpu", "--hpu-dir", str(tmp_path / "recipes"), "--cache",
+                        f"redis://recipecache:{password}@127.0.0.1:{free_port()}/0", str(script))
+    config.run_dir.mkdir(parents=True)
+    agent = launcher_main.start_hpu_agent(config)
+    assert agent is not None
+    try:
+        cmdline = Path(f"/proc/{agent.pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{agent.pid}/environ").read_bytes().split(b"\0")
+    finally:
+        agent.kill()
+        agent.wait()
+    assert b"recipecache.hpu.agent" in cmdline
+    assert password.encode() not in cmdline
+    assert f"RECIPECACHE_URL={config.cache_url}".encode() in environ
