@@ -21,7 +21,7 @@ from pathlib import Path
 
 from recipecache import env
 from recipecache.backends import StoreURL, backend_class, open_backend
-from recipecache.settings import default_url, read_secret_file
+from recipecache.settings import DEFAULT_LEASE_TTL, DEFAULT_WAIT_TIMEOUT, default_url, read_secret, read_secret_file
 from recipecache.errors import BackendError, ConfigError
 from recipecache.keys import check_namespace
 
@@ -148,6 +148,7 @@ class LaunchConfig:
         run_dir = run_dir.absolute()
         options = tuple((opt.name, getattr(args, opt.dest) if opt.takes_value else None)
                         for opt in PASS_THROUGH if getattr(args, opt.dest) not in (None, False))
+        _check_store_timing()
         return cls(
             script=script.absolute(),
             script_args=tuple(args.script_args),
@@ -213,11 +214,23 @@ def _hpu_dir(args: argparse.Namespace, namespace: str) -> Path | None:
 
 
 def _secret_file(path: str | None) -> Path | None:
-    """The HMAC key file, checked here so a typo fails before any rank starts."""
+    """The HMAC key file, checked here so a typo fails before any rank starts.
+
+    Without ``--secret-file`` the ranks take the key from the environment; it is read
+    here the same way (``RECIPECACHE_SECRET``, else the file ``RECIPECACHE_SECRET_FILE``),
+    so a missing or empty file is one line now instead of a traceback in every rank.
+    """
     if path is None:
+        read_secret()
         return None
     read_secret_file(path, "--secret-file")
     return Path(path).absolute()
+
+
+def _check_store_timing() -> None:
+    """The wait timeout and lease TTL every rank will read from the environment, checked before any starts."""
+    env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT)
+    env.seconds(env.LEASE_TTL, DEFAULT_LEASE_TTL)
 
 
 _NOT_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9._-]+")

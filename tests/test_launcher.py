@@ -211,6 +211,37 @@ def test_console_script_bad_input_has_no_traceback(tmp_path: Path) -> None:
     assert proc.stderr.splitlines() == ["recipecache-run: error: script 'x.py' not found"]
 
 
+def store_environments(tmp_path: Path) -> dict[str, dict[str, str]]:
+    return {
+        "missing secret file": {"RECIPECACHE_SECRET_FILE": str(tmp_path / "no-such-secret")},
+        "empty secret file": {"RECIPECACHE_SECRET_FILE": str(tmp_path / "empty-secret")},
+        "nan wait timeout": {"RECIPECACHE_WAIT_TIMEOUT": "nan"},
+        "infinite lease ttl": {"RECIPECACHE_LEASE_TTL": "inf"},
+    }
+
+
+@pytest.mark.parametrize("case", list(store_environments(Path("/x"))))
+def test_bad_store_environment_is_one_line_before_any_rank_starts(case: str, script: Path, tmp_path: Path) -> None:
+    """What every rank would read from the environment is checked by the real command, up front."""
+    (tmp_path / "empty-secret").write_text("\n")
+    (name, value), = store_environments(tmp_path)[case].items()
+    proc = subprocess.run([sys.executable, "-m", "launcher.main", "--nproc", "2", str(script)], capture_output=True,
+                          text=True, cwd=tmp_path, env={**os.environ, name: value}, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"recipecache-run: error: {name}")
+    assert not (tmp_path / "recipecache-runs").exists(), "nothing started"
+
+
+def test_secret_in_the_environment_wins_over_a_missing_secret_file(script: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks read RECIPECACHE_SECRET first and never open the file then: neither does the check."""
+    monkeypatch.setenv("RECIPECACHE_SECRET_FILE", str(tmp_path / "no-such-secret"))
+    monkeypatch.setenv("RECIPECACHE_SECRET", "a-secret-of-sixteen-bytes-or-more")
+    assert config_for(str(script)).secret_file is None
+
+
 def test_help_lists_our_options_and_points_to_torchrun(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
