@@ -37,6 +37,8 @@ PROG = "recipecache-run"
 MTIME_SLACK_S = 2.0
 #: prctl option from <linux/prctl.h>
 PR_SET_PDEATHSIG = 1
+#: How long the HPU agent may take for its last publishing pass before it is killed.
+AGENT_STOP_TIMEOUT_S = 60.0
 
 
 class _Refuse(argparse.Action):
@@ -145,6 +147,17 @@ def start_hpu_agent(config: LaunchConfig) -> subprocess.Popen[bytes] | None:
                        max_size_mb=config.hpu_max_size_mb, clear=config.hpu_clear, env=environ)
 
 
+def stop_hpu_agent(agent: subprocess.Popen[bytes]) -> None:
+    """Stop the node's agent: it makes a last publishing pass, but never holds up the job's status and report."""
+    agent.terminate()
+    try:
+        agent.wait(timeout=AGENT_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        log.warning("the HPU sync agent did not finish its last pass within %g s; killing it", AGENT_STOP_TIMEOUT_S)
+        agent.kill()
+        agent.wait()
+
+
 def launch(config: LaunchConfig) -> int:
     """Run the job and report on it; returns the job's exit status."""
     config.run_dir.mkdir(parents=True, exist_ok=True)
@@ -154,8 +167,7 @@ def launch(config: LaunchConfig) -> int:
         code = run_torchrun(config)
     finally:
         if agent is not None:
-            agent.terminate()  # it makes a last publishing pass before it exits
-            agent.wait(timeout=60)
+            stop_hpu_agent(agent)
     wall = time.time() - start
     report = build_report(
         load_metrics(config.run_dir, since=start - MTIME_SLACK_S),

@@ -476,6 +476,36 @@ def test_bad_hpu_options(script: Path, argv: list[str], message: str) -> None:
         config_for(*argv, str(script))
 
 
+@pytest.mark.multirank
+def test_job_status_and_report_survive_an_agent_that_will_not_stop(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An HPU agent stuck in its last pass is killed after its timeout; the job's status and report stay."""
+    stubborn: list[subprocess.Popen[bytes]] = []
+
+    def start_stubborn_agent(_config: LaunchConfig) -> subprocess.Popen[bytes]:
+        agent = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint(flush=True)\ntime.sleep(600)\n"],
+                                 stdout=subprocess.PIPE)
+        assert agent.stdout is not None
+        agent.stdout.readline()  # it ignores SIGTERM from here on
+        stubborn.append(agent)
+        return agent
+
+    monkeypatch.setattr(launcher_main, "start_hpu_agent", start_stubborn_agent)
+    monkeypatch.setattr(launcher_main, "AGENT_STOP_TIMEOUT_S", 0.5, raising=False)
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nsys.exit(5)\n")
+    config = config_for("--nproc", "1", "--no-enable", "--run-dir", str(tmp_path / "run"), str(script))
+    try:
+        assert launcher_main.launch(config) == 1  # torchrun's status for the failed rank
+    finally:
+        for agent in stubborn:
+            agent.kill()
+            agent.wait()
+    assert stubborn[0].returncode == -signal.SIGKILL, "the launcher killed it"
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["exit_code"] == 1
+
+
 def test_hpu_agent_gets_the_store_url_in_its_environment_not_its_arguments(script: Path, tmp_path: Path) -> None:
     """Any user can read a process's arguments (ps); the password must not be among them."""
     password = "s3cret-" + os.urandom(4).hex()
