@@ -33,6 +33,9 @@ NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
 PROBE_TIMEOUT_S = 3.0
 #: ``{rank}`` is replaced by each rank (recipecache's metrics writer does this).
 METRICS_NAME = "metrics-rank{rank}.json"
+#: Seconds a node's ranks may take to exit once the script finished on all of them (``--exit-grace``):
+#: enough for atexit handlers that flush or upload, far less than a hang that would hold the job.
+DEFAULT_EXIT_GRACE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class LaunchConfig:
     hpu_dir: Path | None = None
     hpu_max_size_mb: int = 1024
     hpu_clear: bool = False
+    #: a rank still running this long after the script finished on every rank of the node is ended
+    exit_grace_s: float = DEFAULT_EXIT_GRACE_S
     #: torchrun options as given, in torchrun's dash spelling: ``(("--nnodes", "2"), ("--standalone", None))``
     torchrun_options: tuple[tuple[str, str | None], ...] = ()
 
@@ -160,6 +165,8 @@ class LaunchConfig:
             enable=not args.no_enable,
             threads=_threads(args.threads, nproc),
             secret_file=_secret_file(args.secret_file),
+            exit_grace_s=(DEFAULT_EXIT_GRACE_S if args.exit_grace is None
+                          else env.positive_seconds("--exit-grace", args.exit_grace)),
             rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
             prewarm=args.prewarm,
             hpu_dir=_hpu_dir(args, namespace),
