@@ -41,6 +41,8 @@ AUTO_ENABLE = "RECIPECACHE_AUTO_ENABLE"
 RANK_DIRS = "RECIPECACHE_RANK_DIRS"
 #: set by recipecache-run --prewarm: compile the declared shapes before training
 PREWARM = "RECIPECACHE_PREWARM"
+#: set by recipecache-run: the directory where each rank's bootstrap marks that its script finished
+FINISHED_DIR = "RECIPECACHE_FINISHED_DIR"
 
 
 def process_rank(environ: Mapping[str, str] | None = None) -> int:

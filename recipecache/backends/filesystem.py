@@ -12,9 +12,14 @@ into a counted ``corrupt`` miss, which is cheaper than an fsync on every put.
 
 Leases are created with ``link(2)`` of a fully written temp file (atomic and exclusive,
 also on NFS); taking over an expired lease, renewing and releasing happen under a
-``filelock`` on ``<lease>.lock``, re-reading the lease inside the lock. Expiry uses the
-wall clock, so hosts sharing a mount need synchronised clocks (NTP) within a fraction of
-the lease TTL.
+``filelock`` on ``<lease>.lock``, re-reading the lease inside the lock. Nobody waits long
+for that lock, since a holder that hangs (a stopped process, a stuck mount) must not hold
+up the rest: a follower that finds it busy has not taken the lease and polls again, so its
+deadline holds; a renewal (within a third of the TTL, before the lease could lapse) or a
+release (within ``LEASE_LOCK_TIMEOUT_S``) that cannot get it is a ``backend_slow`` error:
+the leader then stops renewing, and the lease expires by itself. Expiry
+uses the wall clock, so hosts sharing a mount need synchronised clocks (NTP) within a
+fraction of the lease TTL.
 
 The root must not be writable by group or others (anyone who can write the cache can
 run code on every rank), and no path under it is followed through a symlink.
@@ -58,6 +63,9 @@ log = logging.getLogger(__name__)
 
 #: Temp files older than this belong to a writer that died; eviction removes them.
 STALE_TEMP_S = 3600.0
+#: The most a lease holder waits for ``<lease>.lock`` to renew or release; the lock guards a
+#: read and a rename, so a holder keeping it longer is stuck.
+LEASE_LOCK_TIMEOUT_S = 5.0
 #: Between size checks a process writes at most this fraction of the cap, or waits this long.
 _EVICT_CHECK_FRACTION = 0.05
 _EVICT_CHECK_S = 30.0
@@ -335,7 +343,7 @@ class FilesystemBackend(Backend):
                 return True
             except FileExistsError:
                 pass
-            with filelock.FileLock(f"{path}.lock"):
+            with filelock.FileLock(f"{path}.lock", timeout=0):
                 held = self._read_lease(path)
                 if held is None:
                     # released meanwhile: others may be linking too, so only link(2) decides
@@ -349,6 +357,8 @@ class FilesystemBackend(Backend):
                 os.replace(tmp, path)  # expired: replaced under the lock, and a linker fails on the existing file
                 tmp = None
                 return True
+        except filelock.Timeout:
+            return False  # another process is deciding this lease right now; the caller polls again
         except OSError as exc:
             raise BackendError(_reason(exc), f"lease {name}: {exc.strerror}") from None
         finally:
@@ -357,23 +367,28 @@ class FilesystemBackend(Backend):
 
     def lease_renew(self, name: str, token: str, ttl: float) -> bool:
         path = self._lease_path(name)
+        lock_timeout = min(LEASE_LOCK_TIMEOUT_S, ttl / 3)
         try:
-            with filelock.FileLock(f"{path}.lock"):
+            with filelock.FileLock(f"{path}.lock", timeout=lock_timeout):
                 held = self._read_lease(path)
                 if held is None or held[0] != token or held[1] <= self._clock():
                     return False
                 os.replace(self._write_temp_lease(path.parent, token, ttl), path)
                 return True
+        except filelock.Timeout:
+            raise _lock_stuck(name, lock_timeout) from None
         except OSError as exc:
             raise BackendError(_reason(exc), f"lease {name}: {exc.strerror}") from None
 
     def lease_release(self, name: str, token: str) -> None:
         path = self._lease_path(name)
         try:
-            with filelock.FileLock(f"{path}.lock"):
+            with filelock.FileLock(f"{path}.lock", timeout=LEASE_LOCK_TIMEOUT_S):
                 held = self._read_lease(path)
                 if held is not None and held[0] == token:
                     path.unlink(missing_ok=True)
+        except filelock.Timeout:
+            raise _lock_stuck(name, LEASE_LOCK_TIMEOUT_S) from None
         except OSError as exc:
             raise BackendError(_reason(exc), f"lease {name}: {exc.strerror}") from None
 
@@ -435,3 +450,6 @@ def _read_path(path: Path) -> bytes | None:
     finally:
         os.close(fd)
 
+
+def _lock_stuck(name: str, waited_s: float) -> BackendError:
+    return BackendError(Reason.BACKEND_SLOW, f"lease {name}: its lock stayed held by another process for {waited_s:g} s")

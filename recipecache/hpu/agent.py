@@ -19,7 +19,9 @@ degrades; what failed is retried next cycle), and neither does anything else one
 raises: it is logged and counted (``cycle_errors``) and the next cycle runs. If the sync
 thread itself dies, the agent exits with status 1, so a stopped sync is never silent.
 
-Run: ``python -m recipecache.hpu.agent --dir D --url URL --namespace NS [--interval S] [--once]``.
+Run: ``RECIPECACHE_URL=URL python -m recipecache.hpu.agent --dir D --namespace NS [--interval S] [--once]``
+(``--url`` exists for people typing a URL without a password: any user of the machine can
+read a process's arguments with ``ps``, while its environment is private to its owner).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import env as envvars
 from ..argparsing import OneLineArgumentParser
 from ..errors import ConfigError
 from ..reasons import Reason
@@ -262,17 +265,22 @@ def start_agent(
 
     A process, not a thread, so a launcher that ``exec``s torchrun keeps it: the agent
     watches its parent pid and stops (after a last publish) once it is reparented.
-    Stop it earlier with ``terminate()``.
+    Stop it earlier with ``terminate()``. ``env`` is its environment (default: ours);
+    ``url`` reaches it as ``RECIPECACHE_URL`` there, never as an argument: any user of the
+    machine can read a process's arguments (``ps``), and the URL may hold a password.
     """
     argv = [sys.executable, "-m", "recipecache.hpu.agent", "--dir", str(directory), "--max-size-mb", str(max_size_mb),
             "--interval", str(interval), "--parent-pid", str(os.getpid())]
-    for flag, value in (("--url", url), ("--namespace", namespace), ("--bridge-version", bridge_version),
+    for flag, value in (("--namespace", namespace), ("--bridge-version", bridge_version),
                         ("--driver-version", driver_version)):
         if value is not None:
             argv += [flag, value]
     if clear:
         argv.append("--clear")
-    return subprocess.Popen(argv, env=dict(env) if env is not None else None)
+    environ = dict(os.environ if env is None else env)
+    if url is not None:
+        environ[envvars.URL] = url
+    return subprocess.Popen(argv, env=environ)
 
 
 # -- command line ------------------------------------------------------------------
@@ -280,7 +288,9 @@ def _parser() -> argparse.ArgumentParser:
     p = OneLineArgumentParser(prog="python -m recipecache.hpu.agent", description="Sync a node's Gaudi recipe directory with a recipecache store.")
     p.add_argument("--dir", help=f"node recipe directory (default: the path in ${ENV_VAR}, else a private temp directory)")
     p.add_argument("--max-size-mb", type=int, help=f"directory cap in MB (default: from ${ENV_VAR}, else {DEFAULT_MAX_SIZE_MB})")
-    p.add_argument("--url", help="store URL (default: $RECIPECACHE_URL or the filesystem default)")
+    p.add_argument("--url", help="store URL (default: $RECIPECACHE_URL or the filesystem default); a password in "
+                                 "it is visible to every user of the machine (ps), so pass such a URL in "
+                                 "$RECIPECACHE_URL instead")
     p.add_argument("--namespace", help="namespace (default: $RECIPECACHE_NAMESPACE or 'default')")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between passes")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
