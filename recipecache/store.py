@@ -299,19 +299,39 @@ class Store:
         return Lookup(None, Reason.CONFLICT)
 
     # -- single flight -------------------------------------------------------------
-    def begin(self, key: str, *, wait_timeout: float | None = None) -> Flight:
-        """Look ``key`` up; on a miss either wait for the process compiling it or become its compiler."""
-        first = self.lookup(key)
-        if first.data is not None:
-            return Flight(self, key, Role.HIT, data=first.data)
-        miss = first.reason
-        if first.failed:
-            return self._fallback(key, first.reason, miss_reason=miss)  # the backend failed: no lease to take
+    def begin(
+        self,
+        key: str,
+        *,
+        wait_timeout: float | None = None,
+        stale: Buffer | None = None,
+        stale_reason: Reason = Reason.GUARD_REJECTED,
+    ) -> Flight:
+        """Look ``key`` up; on a miss either wait for the process compiling it or become its compiler.
+
+        ``stale`` is a value the caller already read under ``key`` and cannot use (none of
+        the guard variants it holds fits, or it is malformed), for ``stale_reason``. While
+        the key holds exactly that value it counts as missing: the caller takes the lease
+        and compiles what it needs, or waits for the lease holder to publish something
+        else. The caller counted its own lookup, so this one is not counted again.
+        """
+        if stale is None:
+            first = self.lookup(key)
+            if first.data is not None:
+                return Flight(self, key, Role.HIT, data=first.data)
+            miss = first.reason
+            if first.failed:
+                return self._fallback(key, first.reason, miss_reason=miss)  # the backend failed: no lease to take
+        else:
+            miss = stale_reason
         timeout = self.settings.wait_timeout if wait_timeout is None else wait_timeout
+
+        def fetch() -> memoryview | None:
+            data = self._read(key).data
+            return None if data is None or (stale is not None and data == stale) else data
+
         try:
-            outcome = self._call(
-                "lease", self._flight.run, storage_key(self.namespace, key), lambda: self._read(key).data, timeout
-            )
+            outcome = self._call("lease", self._flight.run, storage_key(self.namespace, key), fetch, timeout)
         except BackendError as exc:
             return self._fallback(key, exc.reason, miss_reason=miss)
         if outcome.waited_s:

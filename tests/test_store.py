@@ -208,6 +208,27 @@ def test_import_does_not_load_torch() -> None:
     assert out.strip() == "False"
 
 
+def test_begin_with_a_stale_value_leads_or_waits_for_a_different_one() -> None:
+    """A caller that cannot use what the key holds (no guard variant fits) compiles or waits for the next value."""
+    import threading
+    import time
+
+    store = make_store()
+    store.put("k", b"variants A")
+    with store.begin("k", stale=b"variants A") as flight:
+        assert (flight.role, flight.data, flight.miss_reason) == ("leader", None, "guard_rejected")
+        other = make_store(store.backend)
+        waited: list[object] = []
+        waiter = threading.Thread(target=lambda: waited.append(other.begin("k", wait_timeout=30, stale=b"variants A")))
+        waiter.start()
+        time.sleep(0.2)
+        store.put("k", b"variants A+B")  # what the leader publishes
+    waiter.join(timeout=30)
+    follower = waited[0]
+    assert (follower.role, follower.data) == ("follower", b"variants A+B")  # type: ignore[attr-defined]
+    assert store.stats()["hits"] == 0 and store.stats()["misses"] == 0, "the caller counted its own lookup"
+
+
 # -- read-modify-write (Store.update, for the shared PGO state) -------------------------------
 def test_update_is_read_modify_write() -> None:
     store = make_store()
