@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -35,6 +36,15 @@ def private_directory(path: str | os.PathLike[str], what: str) -> Path:
         parent = os.stat(directory.parent)
     except OSError as exc:
         raise ConfigError(f"{what} {directory} is not usable: {exc.strerror}") from None
+    uid = _check_private(st, what, directory)
+    others_write = parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if parent.st_uid not in (uid, 0) or (others_write and not parent.st_mode & stat.S_ISVTX):
+        raise ConfigError(f"the parent of {what} {directory} may be changed by other users; use a private path")
+    return directory
+
+
+def _check_private(st: os.stat_result, what: str, directory: str | os.PathLike[str]) -> int:
+    """Refuse (ConfigError) a directory that is a symlink, not ours, or writable by group or others; our uid."""
     uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"{what} {directory} is a symlink or not a directory")
@@ -45,10 +55,58 @@ def private_directory(path: str | os.PathLike[str], what: str) -> Path:
             f"{what} {directory} is writable by group or others, who could plant code that runs here; "
             f"run: chmod go-w {directory}"
         )
-    others_write = parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    if parent.st_uid not in (uid, 0) or (others_write and not parent.st_mode & stat.S_ISVTX):
-        raise ConfigError(f"the parent of {what} {directory} may be changed by other users; use a private path")
-    return directory
+    return uid
+
+
+def open_private_directory(path: str | os.PathLike[str], what: str, *, dir_fd: int | None = None) -> int:
+    """A read-only fd of the private directory ``path`` (relative to ``dir_fd`` if given), created 0700 if missing.
+
+    No symlink is followed at the last component (``O_NOFOLLOW``), and the directory opened
+    is checked as :func:`private_directory` checks one (through the fd, so it cannot be
+    swapped between check and use). Raises ConfigError naming ``what``. With ``dir_fd``,
+    the caller vouches for that directory (see :func:`private_directory`), so nobody else
+    can replace ``path`` in it afterwards.
+    """
+    try:
+        os.mkdir(path, 0o700, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} is not usable: {exc.strerror}") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise ConfigError(f"{what} {path} is a symlink or not a directory") from None
+        raise ConfigError(f"{what} {path} is not usable: {exc.strerror}") from None
+    try:
+        _check_private(os.fstat(fd), what, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_atomic_at(dir_fd: int, name: str, *parts: Buffer, prefix: str = TEMP_PREFIX) -> None:
+    """:func:`write_atomic` of ``name`` in the directory ``dir_fd``, following no symlink.
+
+    The temp file is created with ``O_EXCL | O_NOFOLLOW`` (0600) next to ``name`` and
+    renamed over it: a symlink planted at ``name`` is replaced, never written through.
+    """
+    tmp = f"{prefix}{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            write_all(fd, parts)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 #: ``writev`` takes at most this many buffers per call (POSIX guarantees 16; Linux allows 1024).
