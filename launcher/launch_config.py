@@ -235,9 +235,10 @@ def _secret_file(path: str | None) -> Path | None:
 
 
 def _check_store_timing() -> None:
-    """The wait timeout and lease TTL every rank will read from the environment, checked before any starts."""
+    """The wait timeout, lease TTL and CPU fingerprint every rank will read from the environment, checked before any starts."""
     env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT)
     env.seconds(env.LEASE_TTL, DEFAULT_LEASE_TTL)
+    env.cpu_fingerprint()
 
 
 _NOT_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -221,6 +221,7 @@ def store_environments(tmp_path: Path) -> dict[str, dict[str, str]]:
         "empty secret file": {"RECIPECACHE_SECRET_FILE": str(tmp_path / "empty-secret")},
         "nan wait timeout": {"RECIPECACHE_WAIT_TIMEOUT": "nan"},
         "infinite lease ttl": {"RECIPECACHE_LEASE_TTL": "inf"},
+        "cpu fingerprint not a key part": {"RECIPECACHE_CPU_FINGERPRINT": "two words"},
     }
 
 
