@@ -38,9 +38,12 @@ class EntryReport:
     size: int
     header: envelope.Header | None
     problem: str | None
+    #: last read or write (Unix time) where the backend tracks it (the filesystem store), else None
+    last_used: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"storage_key": self.storage_key, "size": self.size, "problem": self.problem}
+        out: dict[str, Any] = {"storage_key": self.storage_key, "size": self.size, "problem": self.problem,
+                               "last_used": self.last_used}
         if self.header is not None:
             out.update(self.header.to_dict())
         return out
@@ -72,7 +75,7 @@ def _read_entries(store: Store) -> Iterator[tuple[EntryReport, bytes]]:
         if blob is None:
             continue  # evicted or deleted while we listed
         header, problem = check_entry(store, info.key, blob)
-        yield EntryReport(info.key, len(blob), header, problem), blob
+        yield EntryReport(info.key, len(blob), header, problem, info.atime or None), blob
 
 
 def inspect_entries(store: Store) -> Iterator[EntryReport]:

@@ -4,8 +4,9 @@ Layout (all integers big-endian)::
 
     b"RCE1" | u32 header length | msgpack header | payload bytes
 
-The header is a map ``{"v", "key", "host", "rank", "created", "size", "sha256"}`` and,
-when a secret is configured, ``"hmac"``: HMAC-SHA256 over the canonical msgpack of the
+The header is a map ``{"v", "key", "host", "rank", "created", "size", "sha256"}``, an
+optional ``"meta"`` (what the entry is, for ``recipecache ls``: a small map of scalars,
+see :func:`check_meta`) and, when a secret is configured, ``"hmac"``: HMAC-SHA256 over the canonical msgpack of the
 other header fields. The header carries the payload's sha256, so the HMAC covers the
 payload too, and it names the caller's key, so a signed entry cannot be replayed under
 another key. The payload is appended raw (not msgpack-wrapped) so that a reader slices
@@ -23,7 +24,7 @@ import hmac
 import socket
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -37,6 +38,9 @@ FORMAT_VERSION = 1
 _PREFIX = struct.Struct(">4sI")
 #: A header is a few hundred bytes; anything far larger is damage, not data.
 _MAX_HEADER = 64 * 1024
+#: ``meta`` describes an entry (kind, function, shapes, compile seconds); it is no place for data
+MAX_META_BYTES = 1024
+_SCALARS = (str, int, float, bool, type(None))
 _HOST = socket.gethostname()
 
 
@@ -51,6 +55,8 @@ class Header:
     size: int
     sha256: bytes
     signed: bool
+    #: what the producer said the entry is (``{}`` when it said nothing)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,7 +67,22 @@ class Header:
             "size": self.size,
             "sha256": self.sha256.hex(),
             "signed": self.signed,
+            "meta": dict(self.meta),
         }
+
+
+def check_meta(meta: Any) -> dict[str, Any]:
+    """``meta`` if it is a map of string keys to scalars packing to at most :data:`MAX_META_BYTES`.
+
+    Raises ValueError otherwise: a writer passing more is a bug, and a reader finding more
+    treats the header as damaged.
+    """
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, _SCALARS) for k, v in meta.items()):
+        raise ValueError("envelope meta must map strings to scalars (str, int, float, bool, None)")
+    size = len(msgpack.packb(meta, use_bin_type=True))
+    if size > MAX_META_BYTES:
+        raise ValueError(f"envelope meta is {size} bytes packed; at most {MAX_META_BYTES}")
+    return meta
 
 
 def _signature(secret: bytes, fields: dict[str, Any]) -> bytes:
@@ -69,8 +90,14 @@ def _signature(secret: bytes, fields: dict[str, Any]) -> bytes:
     return hmac.new(secret, canonical, hashlib.sha256).digest()
 
 
-def seal(key: str, payload: bytes, *, secret: bytes | None = None, rank: int | None = None) -> bytes:
-    """Wrap ``payload`` for storage under ``key``, signing it when ``secret`` is given."""
+def seal(
+    key: str, payload: bytes, *, secret: bytes | None = None, rank: int | None = None, meta: dict[str, Any] | None = None
+) -> bytes:
+    """Wrap ``payload`` for storage under ``key``, signing it when ``secret`` is given.
+
+    ``meta`` (checked by :func:`check_meta`) says what the entry is; it is signed with the
+    rest of the header.
+    """
     fields: dict[str, Any] = {
         "v": FORMAT_VERSION,
         "key": key,
@@ -80,6 +107,8 @@ def seal(key: str, payload: bytes, *, secret: bytes | None = None, rank: int | N
         "size": len(payload),
         "sha256": hashlib.sha256(payload).digest(),
     }
+    if meta:
+        fields["meta"] = check_meta(meta)
     if secret:
         fields["hmac"] = _signature(secret, fields)
     header = msgpack.packb(fields, use_bin_type=True)
@@ -124,6 +153,7 @@ def open_envelope(blob: bytes, *, key: str | None, secret: bytes | None = None) 
             size=size,
             sha256=digest,
             signed="hmac" in fields,
+            meta=check_meta(fields.get("meta", {})),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise VerificationError(Reason.CORRUPT, f"malformed header: {exc}") from None

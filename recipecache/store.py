@@ -88,9 +88,9 @@ class Flight:
     miss_reason: Reason | None = None
     lease: HeldLease | None = field(default=None, repr=False)
 
-    def publish(self, data: bytes) -> bool:
-        """Store ``data`` and release the lease; False if the backend did not take it."""
-        stored = self.store.put(self.key, data)
+    def publish(self, data: bytes, *, meta: dict[str, Any] | None = None) -> bool:
+        """Store ``data`` (described by ``meta``, see :meth:`Store.put`) and release the lease; False if not taken."""
+        stored = self.store.put(self.key, data, meta=meta)
         self.release()
         return stored
 
@@ -195,10 +195,14 @@ class Store:
         """The verified artifact under ``key``, or None (a miss, counted by reason)."""
         return self.lookup(key, trace=trace).data
 
-    def put(self, key: str, data: bytes, *, trace: bool = True) -> bool:
-        """Publish ``data`` under ``key``; False (logged and counted, never raised) if the backend failed."""
+    def put(self, key: str, data: bytes, *, trace: bool = True, meta: dict[str, Any] | None = None) -> bool:
+        """Publish ``data`` under ``key``; False (logged and counted, never raised) if the backend failed.
+
+        ``meta`` says what the entry is (kind, function, shapes, compile seconds) for
+        ``recipecache ls``: a small map of scalars (:func:`recipecache.envelope.check_meta`).
+        """
         start = time.perf_counter()
-        blob = envelope.seal(key, data, secret=self.settings.secret)
+        blob = envelope.seal(key, data, secret=self.settings.secret, meta=meta)
         try:
             self._call("put", self.backend.put, storage_key(self.namespace, key), blob)
         except BackendError as exc:
@@ -240,6 +244,7 @@ class Store:
         if outcome.takeover:
             self._stats.count("takeovers")
             self.events.record("takeover", key)
+        self.events.record("compile_start", key)
         return Flight(self, key, Role.LEADER, lease=outcome.lease, waited_s=outcome.waited_s, miss_reason=miss)
 
     def _fallback(self, key: str, reason: Reason, *, miss_reason: Reason | None, waited_s: float = 0.0) -> Flight:
