@@ -11,6 +11,9 @@ In short:
 * ``codecache.write`` is wrapped to learn which ``<hash>.main.so`` kernels the current
   graph loads (they are not in torch's entry), and ``VecISA.check_build`` to learn the
   CPU-feature probe libraries every fresh process would otherwise build with g++.
+* ``codecache.compiled_fx_graph_hash`` is wrapped to record what each FX key is made of
+  (:mod:`recipecache.keyinfo`, for ``recipecache explain``) and what the graph is (its
+  function and input shapes, the ``meta`` of the artifact it publishes).
 * ``compile_fx.fx_codegen_and_compile`` is wrapped to count and time the graphs inductor
   actually compiles here; ``compile_fx._compile_fx_inner`` bounds one graph's compile, so
   a lease whose put never comes (the compile raised, the graph could not be pickled) is
@@ -40,9 +43,10 @@ from torch._inductor import codecache, compile_fx, remote_cache
 from torch._inductor.cpu_vec_isa import VecISA
 from torch._inductor.runtime.runtime_utils import cache_dir
 
+from ..keyinfo import KeyLog
 from ..reasons import Reason
 from ..store import Flight, Store
-from . import pgo
+from . import describe, pgo
 from .artifact import Artifact, ArtifactError, collect, install
 from .metrics import Metrics
 
@@ -52,6 +56,8 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = "torch1:"
 #: job id enable() gives torch when none is set (PGO does nothing without one)
 JOB_ID = "recipecache"
+#: what ``recipecache ls`` calls each artifact kind (the ``kind`` of its envelope meta)
+KIND_NAMES = {"fx": "graph", "aot": "aot", "pgo": "pgo", "isa": "cpu_probe"}
 
 R = TypeVar("R")
 
@@ -71,6 +77,12 @@ class _Attempt(threading.local):
         #: kernel libraries the graph loaded since the lookup (absolute paths)
         self.kernels: set[str] = set()
         self.in_isa_probe = False
+        #: torch's FX key this thread computed last, its hash-detail lines, function name and
+        #: input shapes; outlives end_attempt(), which runs between the key's computation
+        #: and its lookup (fx_get takes it)
+        self.described: tuple[str, list[str], str, str] | None = None
+        #: what ``key`` is (function name, input shapes), for the meta of its artifact
+        self.what: tuple[str, str] = ("graph", "")
 
 
 class Integration:
@@ -90,6 +102,7 @@ class Integration:
         self._isa_done = False
         self._isa_key: str | None = None
         self._originals: list[tuple[Any, str, Any]] = []
+        self.keys = KeyLog.beside(store.events)
 
     def guarded(self, fn: Callable[..., R], *args: Any) -> R | None:
         """``fn(*args)``, or None with a counted ``hook_error`` if it raises: our bugs must not stop a compile."""
@@ -147,18 +160,18 @@ class Integration:
             self._flights[id(flight)] = flight
         return None
 
-    def _close_flight(self, flight: Flight, data: bytes | None = None) -> None:
+    def _close_flight(self, flight: Flight, data: bytes | None = None, meta: dict[str, Any] | None = None) -> None:
         """Publish ``data`` through ``flight`` (or only release its lease) and forget it."""
         with self._lock:
             self._flights.pop(id(flight), None)
         if data is None:
             flight.release()
-        elif flight.publish(data):
+        elif flight.publish(data, meta=meta):
             self.metrics.put("fx")
 
-    def _put(self, kind: str, key: str, blob: bytes) -> None:
+    def _put(self, kind: str, key: str, blob: bytes, meta: dict[str, Any] | None = None) -> None:
         """Publish a non-graph artifact (or a graph torch saved outside its lookup); kept out of the trace unless a graph."""
-        if self.store.put(key, blob, trace=kind == "fx"):
+        if self.store.put(key, blob, trace=kind == "fx", meta=meta or {"kind": KIND_NAMES[kind]}):
             self.metrics.put(kind)
 
     def end_attempt(self) -> None:
@@ -168,6 +181,7 @@ class Integration:
             flight, attempt.flight = attempt.flight, None
             self._close_flight(flight)
         attempt.key = None
+        attempt.what = ("graph", "")
         attempt.served_s = None
         attempt.compile_s = 0.0
         attempt.kernels.clear()
@@ -185,6 +199,7 @@ class Integration:
         self.end_attempt()
         key = KEY_PREFIX + torch_key
         self.attempt.key = key
+        self.guarded(self.record_key, torch_key)
         artifact = self.fetch("fx", key)
         if artifact is None:
             return None
@@ -199,12 +214,14 @@ class Integration:
             self.metrics.fallback(Reason.KERNEL_MISSING, f"{len(missing)} kernel(s) of {key} not built when it was saved; "
                                   "publishing it without them (a hit compiles those)")
         ours = attempt.key == key
-        blob = Artifact("fx", data, tuple(files), attempt.compile_s if ours else 0.0).pack()
+        compile_s = attempt.compile_s if ours else 0.0
+        blob = Artifact("fx", data, tuple(files), compile_s).pack()
+        meta = describe.graph_meta(*(attempt.what if ours else ("graph", "")), compile_s)
         if ours and attempt.flight is not None:
             flight, attempt.flight = attempt.flight, None
-            self._close_flight(flight, blob)
+            self._close_flight(flight, blob, meta)
         else:
-            self._put("fx", key, blob)
+            self._put("fx", key, blob, meta)
         self.metrics.kernels(shipped=len(files))
         self.publish_isa_probe()
 
@@ -231,6 +248,26 @@ class Integration:
         self._put("pgo", key, Artifact("pgo", data).pack())
 
     # -- compile bookkeeping -------------------------------------------------------
+    def describe_key(self, fx_key: str, details: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """torch computed an FX key (``compiled_fx_graph_hash(gm, example_inputs, fx_kwargs, ...)``): keep its
+        components and what the graph is until its lookup."""
+        example_inputs = args[1] if len(args) > 1 else kwargs["example_inputs"]
+        fx_kwargs = args[2] if len(args) > 2 else kwargs["fx_kwargs"]
+        self.attempt.described = (fx_key, details, describe.function_name(fx_kwargs), describe.input_shapes(example_inputs))
+
+    def record_key(self, torch_key: str) -> None:
+        """The store is asked for ``torch_key``: record what it is made of (for ``recipecache explain``).
+
+        torch's remote cache wraps the FX key (``pt2:fx-graph-v1::<key>:c1``), so the key
+        the hash hook saw is matched by containment.
+        """
+        described, self.attempt.described = self.attempt.described, None
+        if described is None or described[0] not in torch_key:
+            return
+        _fx_key, details, name, shapes = described
+        self.attempt.what = (name, shapes)
+        self.keys.record(KEY_PREFIX + torch_key, details, name=name, shapes=shapes, context=describe.process_context())
+
     def compiled(self, seconds: float) -> None:
         """inductor codegen of one graph ran here for ``seconds``."""
         attempt = self.attempt
@@ -285,6 +322,7 @@ class Integration:
         original_check_build = VecISA.check_build
         original_codegen = compile_fx.fx_codegen_and_compile
         original_inner = compile_fx._compile_fx_inner
+        original_hash = codecache.compiled_fx_graph_hash
 
         def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
             result = original_write(content, extension, *args, **kwargs)
@@ -305,6 +343,11 @@ class Integration:
             finally:
                 self.guarded(self.compiled, time.perf_counter() - start)
 
+        def compiled_fx_graph_hash(*args: Any, **kwargs: Any) -> tuple[str, list[str]]:
+            key, details = original_hash(*args, **kwargs)
+            self.guarded(self.describe_key, key, details, args, kwargs)
+            return key, details
+
         def _compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
             self.guarded(self.end_attempt)
             try:
@@ -323,6 +366,7 @@ class Integration:
             (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
             (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
             (codecache, "write", write),
+            (codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash),
             (VecISA, "check_build", check_build),
             (compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile),
             (compile_fx, "_compile_fx_inner", _compile_fx_inner),
@@ -338,6 +382,7 @@ class Integration:
             setattr(owner, name, value)
         # functools.cache'd: it may hold a backend (or None) from before the override
         AOTAutogradCache.get_remote_cache.cache_clear()
+        self.metrics.local_hits_source = describe.local_hits
         self.guarded(self.install_isa_probe)
 
     def uninstall(self) -> None:
@@ -347,6 +392,7 @@ class Integration:
             setattr(owner, name, value)
         self._originals.clear()
         AOTAutogradCache.get_remote_cache.cache_clear()
+        self.keys.close()
 
 
 class _StoreBackend(remote_cache.RemoteCacheBackend[bytes]):
