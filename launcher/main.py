@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -26,8 +26,10 @@ from recipecache.argparsing import OneLineArgumentParser
 from recipecache.backends import redact
 from recipecache.errors import ConfigError
 
+from . import hpu_metrics
 from .launch_config import LaunchConfig, probe_store
-from .report import build_report, format_report, load_metrics, write_report
+from .progress import Progress
+from .report import build_report, format_report, load_graphs, load_metrics, write_report
 from .torchrun_options import NPROC_PER_NODE, PASS_THROUGH, REFUSED
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--rank-dirs", metavar="DIR",
                       help="give rank N its own TORCHINDUCTOR_CACHE_DIR and TMPDIR under DIR/rankN, as if every "
                            "rank ran on its own node (tests, benchmarks); use a fresh DIR for empty local caches")
+    ours.add_argument("--quiet", action="store_true",
+                      help="print no progress lines (each rank's compile start and finish) while the job runs")
     ours.add_argument("--prewarm", action="store_true",
                       help="compile the shapes the script declares (recipecache.declare_shapes) before training, "
                            "spread over the ranks")
@@ -111,13 +115,17 @@ def _die_with_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def run_torchrun(config: LaunchConfig) -> int:
-    """Run the job; forward SIGINT/SIGTERM to torchrun; return its exit status."""
+def run_torchrun(config: LaunchConfig, *, started: Callable[[], None] = lambda: None) -> int:
+    """Run the job; forward SIGINT/SIGTERM to torchrun; return its exit status.
+
+    ``started`` runs once torchrun is started (threads may start then, not before).
+    """
     cmd = [sys.executable, *config.torchrun_argv()]
     log.info("starting %s", " ".join(cmd))
     proc = subprocess.Popen(cmd, env=config.rank_env(os.environ), start_new_session=True,
-                            # the launcher runs no threads, so a preexec_fn is safe here
+                            # the launcher runs no threads yet, so a preexec_fn is safe here
                             preexec_fn=_die_with_launcher if sys.platform == "linux" else None)  # noqa: PLW1509
+    started()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         if proc.poll() is None:
@@ -148,16 +156,21 @@ def launch(config: LaunchConfig) -> int:
     config.run_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     agent = start_hpu_agent(config)
+    progress = Progress(config.events_dir, since=start - MTIME_SLACK_S, quiet=config.quiet)
     try:
-        code = run_torchrun(config)
+        code = run_torchrun(config, started=progress.start)
     finally:
+        progress.stop()
         if agent is not None:
             agent.terminate()  # it makes a last publishing pass before it exits
             agent.wait(timeout=60)
     wall = time.time() - start
+    hpu_file = config.hpu_metrics_file(os.environ)
     report = build_report(
         load_metrics(config.run_dir, since=start - MTIME_SLACK_S),
         config.local_ranks,
+        hpu=hpu_metrics.load(hpu_file, since=start - MTIME_SLACK_S) if hpu_file else None,
+        graphs=load_graphs(config.events_dir, since=start - MTIME_SLACK_S),
         exit_code=code,
         wall_s=round(wall, 3),
         script=str(config.script),
