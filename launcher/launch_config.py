@@ -21,7 +21,7 @@ from pathlib import Path
 
 from recipecache import env
 from recipecache.backends import StoreURL, backend_class, open_backend
-from recipecache.settings import default_url, read_secret_file
+from recipecache.settings import DEFAULT_LEASE_TTL, DEFAULT_WAIT_TIMEOUT, default_url, read_secret, read_secret_file
 from recipecache.errors import BackendError, ConfigError
 from recipecache.keys import check_namespace
 
@@ -34,6 +34,9 @@ NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
 PROBE_TIMEOUT_S = 3.0
 #: ``{rank}`` is replaced by each rank (recipecache's metrics writer does this).
 METRICS_NAME = "metrics-rank{rank}.json"
+#: Seconds a node's ranks may take to exit once the script finished on all of them (``--exit-grace``):
+#: enough for atexit handlers that flush or upload, far less than a hang that would hold the job.
+DEFAULT_EXIT_GRACE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class LaunchConfig:
     hpu_clear: bool = False
     #: no progress lines while the job runs (compile start and finish per rank)
     quiet: bool = False
+    #: a rank still running this long after the script finished on every rank of the node is ended
+    exit_grace_s: float = DEFAULT_EXIT_GRACE_S
     #: torchrun options as given, in torchrun's dash spelling: ``(("--nnodes", "2"), ("--standalone", None))``
     torchrun_options: tuple[tuple[str, str | None], ...] = ()
 
@@ -159,6 +164,7 @@ class LaunchConfig:
         run_dir = run_dir.absolute()
         options = tuple((opt.name, getattr(args, opt.dest) if opt.takes_value else None)
                         for opt in PASS_THROUGH if getattr(args, opt.dest) not in (None, False))
+        _check_store_timing()
         return cls(
             script=script.absolute(),
             script_args=tuple(args.script_args),
@@ -170,6 +176,8 @@ class LaunchConfig:
             enable=not args.no_enable,
             threads=_threads(args.threads, nproc),
             secret_file=_secret_file(args.secret_file),
+            exit_grace_s=(DEFAULT_EXIT_GRACE_S if args.exit_grace is None
+                          else env.positive_seconds("--exit-grace", args.exit_grace)),
             rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
             prewarm=args.prewarm,
             hpu_dir=_hpu_dir(args, namespace),
@@ -225,11 +233,23 @@ def _hpu_dir(args: argparse.Namespace, namespace: str) -> Path | None:
 
 
 def _secret_file(path: str | None) -> Path | None:
-    """The HMAC key file, checked here so a typo fails before any rank starts."""
+    """The HMAC key file, checked here so a typo fails before any rank starts.
+
+    Without ``--secret-file`` the ranks take the key from the environment; it is read
+    here the same way (``RECIPECACHE_SECRET``, else the file ``RECIPECACHE_SECRET_FILE``),
+    so a missing or empty file is one line now instead of a traceback in every rank.
+    """
     if path is None:
+        read_secret()
         return None
     read_secret_file(path, "--secret-file")
     return Path(path).absolute()
+
+
+def _check_store_timing() -> None:
+    """The wait timeout and lease TTL every rank will read from the environment, checked before any starts."""
+    env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT)
+    env.seconds(env.LEASE_TTL, DEFAULT_LEASE_TTL)
 
 
 _NOT_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -18,6 +18,10 @@ Per rank:
 
 The report also lists graphs compiled by more than one rank and ranks that compiled a
 graph others had loaded, with the reason (:mod:`recipecache.explain`).
+
+The launcher adds the job's fields, among them ``hung_ranks``: the ranks it had to end
+because they were still running ``exit_grace_s`` after their script finished on every
+rank of the node (see :mod:`launcher.exit_watch`).
 """
 
 from __future__ import annotations
@@ -206,6 +210,11 @@ def format_report(report: Mapping[str, Any]) -> str:
                      f"{report['total']['ranks_reported']} rank(s) reported")
     elif report["missing_ranks"]:
         lines.append(f"WARNING: no usable metrics from rank(s) {', '.join(map(str, report['missing_ranks']))}")
+    hung = report.get("hung_ranks")
+    if hung:
+        lines.append(f"WARNING: rank(s) {', '.join(str(r['rank']) for r in hung)} still running "
+                     f"{report['exit_grace_s']:g} s after the script finished on every rank of this node; ended "
+                     f"(the exit status is the scripts' own; see hung_ranks in the report)")
     lines += format_graphs(report)
     return "\n".join(lines)
 

@@ -78,7 +78,7 @@ def _store_checks(url: str, namespace: str) -> list[HealthCheck]:
 
 def _round_trip(backend: Backend, skey: str) -> HealthCheck:
     """Write a sealed (and, with a secret, signed) entry, read it back, verify it, delete it."""
-    key = skey.split("/", 1)[1]
+    namespace, key = skey.split("/", 1)
     try:
         secret = read_secret()
     except ConfigError:
@@ -86,7 +86,7 @@ def _round_trip(backend: Backend, skey: str) -> HealthCheck:
     payload = secrets.token_bytes(4096)
     start = time.perf_counter()
     try:
-        backend.put(skey, envelope.seal(key, payload, secret=secret))
+        backend.put(skey, envelope.seal(key, payload, namespace=namespace, secret=secret))
         blob = backend.get(skey)
         backend.delete(skey)
     except BackendError as exc:
@@ -97,11 +97,11 @@ def _round_trip(backend: Backend, skey: str) -> HealthCheck:
         return HealthCheck("store", FAIL, f"{backend.url}: an entry written was not there to read back",
                            "check for an eviction policy or a full store")
     try:
-        _header, read = envelope.open_envelope(blob, key=key, secret=secret)
+        _header, read = envelope.open_envelope(blob, key=key, namespace=namespace, secret=secret)
     except VerificationError as exc:
         return HealthCheck("store", FAIL, f"{backend.url}: the entry read back failed verification ({exc.reason})",
                            "something rewrites values in this store; use another one")
-    if read != payload:
+    if bytes(read) != payload:
         return HealthCheck("store", FAIL, f"{backend.url}: read back other bytes than written", "use another store")
     return HealthCheck("store", PASS, f"{backend.url}: write, read, verify, delete in {elapsed_ms:.1f} ms")
 

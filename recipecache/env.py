@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from .errors import ConfigError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 PREFIX = "RECIPECACHE_"
 #: the store URL of a process
@@ -41,6 +41,8 @@ AUTO_ENABLE = "RECIPECACHE_AUTO_ENABLE"
 RANK_DIRS = "RECIPECACHE_RANK_DIRS"
 #: set by recipecache-run --prewarm: compile the declared shapes before training
 PREWARM = "RECIPECACHE_PREWARM"
+#: set by recipecache-run: the directory where each rank's bootstrap marks that its script finished
+FINISHED_DIR = "RECIPECACHE_FINISHED_DIR"
 
 
 def process_rank(environ: Mapping[str, str] | None = None) -> int:

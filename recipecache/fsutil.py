@@ -6,12 +6,14 @@ alone, and a file in it must appear whole or not at all.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from .buffers import Buffer
 from .errors import ConfigError
 
 #: prefix of in-flight temp files; scanners skip names starting with "."
@@ -49,28 +51,58 @@ def private_directory(path: str | os.PathLike[str], what: str) -> Path:
     return directory
 
 
-def write_atomic(target: Path, data: bytes | memoryview, *, durable: bool = False, prefix: str = TEMP_PREFIX) -> None:
-    """Write ``target`` through a temp file in its own directory and a rename.
+#: ``writev`` takes at most this many buffers per call (POSIX guarantees 16; Linux allows 1024).
+_IOV_MAX = 16
+
+
+def write_all(fd: int, parts: tuple[Buffer, ...]) -> None:
+    """Write every byte of ``parts`` to ``fd`` with ``writev``: the parts are never joined (copied) first.
+
+    ``writev`` may write less than asked (a signal, a 2 GiB per-call limit); the rest is
+    written by further calls.
+    """
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        written = os.writev(fd, views[:_IOV_MAX])
+        if written == 0:
+            raise OSError(errno.EIO, "writev wrote nothing")
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
+
+
+def write_atomic(target: Path, *parts: Buffer, durable: bool = False, prefix: str = TEMP_PREFIX) -> None:
+    """Write the concatenation of ``parts`` as ``target`` through a temp file in its own directory and a rename.
 
     Readers see the old file, the new one or none, never a partial one. ``durable``
     adds an fsync before the rename, for files whose readers cannot verify a checksum
     (after a crash the rename may otherwise survive while the data does not). ``prefix``
     names the temp file, so whoever cleans up after dead writers can find it.
     """
-    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=target.parent)
+    tmp = write_temp(target.parent, parts, durable=durable, prefix=prefix)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def write_temp(directory: Path, parts: tuple[Buffer, ...], *, durable: bool = False, prefix: str = TEMP_PREFIX) -> Path:
+    """A new private (0600) temp file in ``directory`` holding the concatenation of ``parts``."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
+    try:
+        try:
+            write_all(fd, parts)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
 
 
 def subdirectories(path: Path) -> list[str]:

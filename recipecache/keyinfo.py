@@ -254,7 +254,7 @@ def differing(infos: Sequence[KeyInfo]) -> list[tuple[str, list[str]]]:
 
 
 def torch_hash(key: str) -> str:
-    """torch's own hash inside a store key (``torch1:pt2:fx-graph-v1::<hash>:c1``); the key itself otherwise."""
+    """torch's own hash inside a store key (``torch2:pt2:fx-graph-v1::<hash>:c1``); the key itself otherwise."""
     inner = key.split("::", 1)[1] if "::" in key else key.rsplit(":", 1)[-1]
     return inner.split(":", 1)[0]
 

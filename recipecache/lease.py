@@ -105,7 +105,10 @@ class SingleFlight:
         self._poll_max = poll_max
 
     def run(self, name: str, fetch: Callable[[], T | None], timeout: float) -> Outcome[T]:
-        """Become leader or wait for one; see the module docstring. Backend errors propagate."""
+        """Become leader or wait for one; see the module docstring.
+
+        Backend errors and errors of ``fetch`` propagate; a lease taken before ``fetch`` failed is released.
+        """
         token = secrets.token_hex(16)
         start = self._clock()
         delay = self._poll_initial
@@ -113,7 +116,11 @@ class SingleFlight:
         while True:
             if self.backend.lease_add(name, token, self.ttl):
                 lease = HeldLease(self.backend, name, token, self.ttl)
-                value = fetch()
+                try:
+                    value = fetch()
+                except BaseException:
+                    lease.release()  # nobody will compile under it: free the key for the others now
+                    raise
                 waited = self._clock() - start if contended else 0.0
                 if value is not None:
                     lease.release()

@@ -335,17 +335,25 @@ def test_progress_prints_compile_start_and_finish_as_they_come(job: Path) -> Non
 # -- what ls shows ---------------------------------------------------------------------------------
 def test_envelope_meta_round_trips_signed_and_checked() -> None:
     meta = {"kind": "graph", "name": "M.forward", "shapes": "f32[8,4]", "compile_s": 1.5}
-    blob = envelope.seal("k", b"data", secret=b"s" * 16, meta=meta)
-    header, payload = envelope.open_envelope(blob, key="k", secret=b"s" * 16)
-    assert (header.meta, payload) == (meta, b"data")
-    assert envelope.open_envelope(envelope.seal("k", b"d"), key="k")[0].meta == {}
+    blob = envelope.seal("k", b"data", namespace="ns", secret=b"s" * 16, meta=meta)
+    header, payload = envelope.open_envelope(blob, key="k", namespace="ns", secret=b"s" * 16)
+    assert (header.meta, bytes(payload)) == (meta, b"data")
+    assert envelope.open_envelope(envelope.seal("k", b"d", namespace="ns"), key="k", namespace="ns")[0].meta == {}
     tampered = blob.replace(b"M.forward", b"X.forward")
     with pytest.raises(recipecache.errors.VerificationError) as err:
-        envelope.open_envelope(tampered, key="k", secret=b"s" * 16)
+        envelope.open_envelope(tampered, key="k", namespace="ns", secret=b"s" * 16)
     assert err.value.reason == "bad_signature", "meta is signed with the rest of the header"
     for bad in ({"shapes": "x" * 2000}, {"nested": {"a": 1}}, {1: "x"}):
         with pytest.raises(ValueError):
-            envelope.seal("k", b"d", meta=bad)  # type: ignore[arg-type]
+            envelope.seal("k", b"d", namespace="ns", meta=bad)  # type: ignore[arg-type]
+    import msgpack
+
+    prefix, header_len = envelope._PREFIX.unpack_from(blob)
+    fields = msgpack.unpackb(blob[8:8 + header_len], raw=False)
+    fields["meta"] = {"nested": [1]}
+    forged = blob[:4] + envelope._PREFIX.pack(prefix, len(packed := msgpack.packb(fields)))[4:] + packed + b"data"
+    with pytest.raises(recipecache.errors.VerificationError, match="meta"):
+        envelope.open_envelope(forged, key="k", namespace="ns")
 
 
 def test_ls_says_what_each_entry_is(tmp_path: Path) -> None:

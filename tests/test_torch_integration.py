@@ -15,7 +15,6 @@ backend's get/put split in this process, without compiling.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import pickle
@@ -36,6 +35,7 @@ from recipecache.envelope import read_header
 from recipecache.events import read_events
 from recipecache.torch_integration import pgo
 from recipecache.torch_integration.artifact import (
+    FORMAT,
     Artifact,
     ArtifactError,
     KernelFile,
@@ -279,28 +279,33 @@ def test_disable_restores_every_setting_and_stops_using_the_store(runs: ColdRuns
 # -- in-process: no compiles -----------------------------------------------------------
 def _raw_artifact(kind: str, files: list[dict[str, Any]]) -> bytes:
     """An artifact built without :class:`KernelFile`'s checks, as an attacker would."""
-    return msgpack.packb({"format": "recipecache-torch/1", "kind": kind, "entry": b"{}", "compile_s": 1.0,
+    return msgpack.packb({"format": FORMAT, "kind": kind, "entry": b"{}", "compile_s": 1.0,
                           "files": files}, use_bin_type=True)
 
 
 @pytest.mark.parametrize("path", ["../x.so", "/tmp/x.so", "ab/../../x.so", "ab/x.py", "abc/x.so", "ab/c/x.so"])
 def test_artifact_refuses_paths_outside_the_kernel_layout(path: str, tmp_path: Path) -> None:
-    blob = _raw_artifact("fx", [{"path": path, "sha256": hashlib.sha256(b"x").digest(), "data": b"x"}])
+    blob = _raw_artifact("fx", [{"path": path, "data": b"x"}])
     with pytest.raises(ArtifactError):
         Artifact.unpack(blob, "fx")
     with pytest.raises(ArtifactError):
         KernelFile(path, b"x")
 
 
-def test_artifact_round_trip_checksums_and_install(tmp_path: Path) -> None:
+def test_artifact_round_trip_refusals_and_install(tmp_path: Path) -> None:
+    """The envelope's digest covers the whole artifact: files carry a path and bytes, nothing else."""
     art = Artifact("fx", b'{"data": ""}', (KernelFile("ab/cdef.main.so", b"lib"),), 2.5)
     assert Artifact.unpack(art.pack(), "fx") == art
+    assert Artifact.unpack(memoryview(art.pack()), "fx") == art, "the store hands out views"
     with pytest.raises(ArtifactError, match="kind"):
         Artifact.unpack(art.pack(), "aot")
-    bad_sum = _raw_artifact("fx", [{"path": "ab/cdef.so", "sha256": b"\0" * 32, "data": b"lib"}])
-    with pytest.raises(ArtifactError, match="checksum"):
-        Artifact.unpack(bad_sum, "fx")
-    for garbage in (b"", b"\x80\x04K\x01.", pickle.dumps({"format": "recipecache-torch/1"})):
+    for record in ({"path": "ab/cdef.so", "sha256": b"\0" * 32, "data": b"lib"}, {"path": "ab/cdef.so"},
+                   {"path": "ab/cdef.so", "data": "not bytes"}, ["ab/cdef.so", b"lib"]):
+        with pytest.raises(ArtifactError):
+            Artifact.unpack(_raw_artifact("fx", [record]), "fx")
+    format_1 = msgpack.packb({"format": "recipecache-torch/1", "kind": "fx", "entry": b"{}", "compile_s": 1.0,
+                              "files": []}, use_bin_type=True)
+    for garbage in (b"", b"\x80\x04K\x01.", pickle.dumps({"format": FORMAT}), format_1):
         with pytest.raises(ArtifactError):
             Artifact.unpack(garbage, "fx")
     assert install(art.files, tmp_path) == 1
@@ -375,7 +380,7 @@ def test_a_compile_that_never_puts_frees_its_lease(integration: Any) -> None:
 def test_bad_artifact_in_the_store_falls_back_without_writing(integration: Any, tmp_path: Path) -> None:
     from recipecache.torch_integration._hooks import KEY_PREFIX
 
-    evil = _raw_artifact("fx", [{"path": "../../evil.so", "sha256": hashlib.sha256(b"x").digest(), "data": b"x"}])
+    evil = _raw_artifact("fx", [{"path": "../../evil.so", "data": b"x"}])
     integration.store.put(KEY_PREFIX + FX_KEY, evil)  # verified by the store: only our checks stand in the way
     assert integration.fx_get(FX_KEY) is None
     m = integration.metrics.snapshot()

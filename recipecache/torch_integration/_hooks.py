@@ -53,7 +53,7 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 #: prefix of every store key written here; bumping it retires all artifacts of an older format
-KEY_PREFIX = "torch1:"
+KEY_PREFIX = "torch2:"
 #: job id enable() gives torch when none is set (PGO does nothing without one)
 JOB_ID = "recipecache"
 #: what ``recipecache ls`` calls each artifact kind (the ``kind`` of its envelope meta)

@@ -7,20 +7,21 @@ loads, and a hit installs them where torch looks before it loads the entry.
 
 Framing is one msgpack map (never pickle)::
 
-    {"format": "recipecache-torch/1", "kind": "fx"|"aot"|"pgo"|"isa", "entry": <bytes>,
-     "compile_s": <float>, "files": [{"path": <str>, "sha256": <32 bytes>, "data": <bytes>}]}
+    {"format": "recipecache-torch/2", "kind": "fx"|"aot"|"pgo"|"isa", "entry": <bytes>,
+     "compile_s": <float>, "files": [{"path": <str>, "data": <bytes>}]}
 
 ``entry`` is torch's own value (JSON with a base64 pickle inside) and stays opaque here:
-the store has verified the envelope's sha256/HMAC before these bytes arrive, and only
-torch unpickles them. A file is accepted only with a relative path of the shape torch
-itself writes (no ``/`` prefix, no ``..``, one two-character directory) and a matching
-sha256, so even a verified artifact cannot write outside the kernel cache. This module
-does not import torch.
+the store has verified the envelope's BLAKE3 digest (and signature) over the whole
+artifact before these bytes arrive, so the files need no digests of their own, and only
+torch unpickles ``entry``. A file is accepted only with a relative path of the shape torch
+itself writes (no ``/`` prefix, no ``..``, one two-character directory), so even a
+verified artifact cannot write outside the kernel cache. Format 1 (a sha256 per file) is
+refused like any other unknown format: the graph compiles and its new artifact replaces
+it. This module does not import torch.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -31,11 +32,12 @@ from typing import Any
 
 import msgpack
 
+from ..buffers import Buffer
 from ..fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 
-FORMAT = "recipecache-torch/1"
+FORMAT = "recipecache-torch/2"
 KINDS = ("fx", "aot", "pgo", "isa")
 #: the only kernel paths torch writes under its cache dir: ``<2 chars>/<hash>[.main].so``
 KERNEL_PATH = re.compile(r"^[a-z0-9]{2}/[a-z0-9]+(\.main)?\.so\Z")
@@ -74,15 +76,13 @@ class Artifact:
                 "kind": self.kind,
                 "entry": self.entry,
                 "compile_s": float(self.compile_s),
-                "files": [
-                    {"path": f.path, "sha256": hashlib.sha256(f.data).digest(), "data": f.data} for f in self.files
-                ],
+                "files": [{"path": f.path, "data": f.data} for f in self.files],
             },
             use_bin_type=True,
         )
 
     @classmethod
-    def unpack(cls, blob: bytes, kind: str) -> Artifact:
+    def unpack(cls, blob: Buffer, kind: str) -> Artifact:
         """Decode and check ``blob``; raises :class:`ArtifactError` for anything unexpected."""
         try:
             obj = msgpack.unpackb(blob, raw=False, strict_map_key=True)
@@ -101,12 +101,9 @@ class Artifact:
 
 
 def _checked_file(item: Any) -> KernelFile:
-    if not isinstance(item, dict):
+    if not isinstance(item, dict) or set(item) != {"path", "data"}:
         raise ArtifactError("artifact file record malformed")
-    kernel = KernelFile(item.get("path"), item.get("data"))  # type: ignore[arg-type]  # checked in __post_init__
-    if item.get("sha256") != hashlib.sha256(kernel.data).digest():
-        raise ArtifactError(f"checksum mismatch for {kernel.path}")
-    return kernel
+    return KernelFile(item["path"], item["data"])  # checked in __post_init__
 
 
 def install(files: Iterable[KernelFile], root: Path) -> int:
