@@ -25,6 +25,7 @@ from recipecache.settings import DEFAULT_LEASE_TTL, DEFAULT_WAIT_TIMEOUT, defaul
 from recipecache.errors import BackendError, ConfigError
 from recipecache.keys import check_namespace
 
+from . import hpu_metrics
 from .torchrun_options import NPROC_PER_NODE, PASS_THROUGH
 
 #: ``--nproc`` words torchrun resolves itself (anything else must be a positive count).
@@ -57,6 +58,8 @@ class LaunchConfig:
     hpu_dir: Path | None = None
     hpu_max_size_mb: int = 1024
     hpu_clear: bool = False
+    #: no progress lines while the job runs (compile start and finish per rank)
+    quiet: bool = False
     #: a rank still running this long after the script finished on every rank of the node is ended
     exit_grace_s: float = DEFAULT_EXIT_GRACE_S
     #: torchrun options as given, in torchrun's dash spelling: ``(("--nnodes", "2"), ("--standalone", None))``
@@ -133,7 +136,15 @@ class LaunchConfig:
             # delete flag stays off; the node's sync agent clears the directory instead
             environ.update(rank_environment(0, namespace=self.namespace, directory=self.hpu_dir,
                                             max_size_mb=self.hpu_max_size_mb))
+            # the bridge's own compile and recipe-cache figures, one file per rank, for the report
+            environ.update(hpu_metrics.rank_environment(self.run_dir, environ))
         return environ
+
+    def hpu_metrics_file(self, base: Mapping[str, str]) -> Path | None:
+        """The bridge's metrics file name the ranks get (before its ``-rank<N>``), or None without ``--hpu``."""
+        if self.hpu_dir is None:
+            return None
+        return Path(self.rank_env(base)[hpu_metrics.METRICS_FILE])
 
     # -- construction --------------------------------------------------------------
     @classmethod
@@ -172,6 +183,7 @@ class LaunchConfig:
             hpu_dir=_hpu_dir(args, namespace),
             hpu_max_size_mb=_positive("--hpu-max-size-mb", args.hpu_max_size_mb),
             hpu_clear=args.hpu_clear,
+            quiet=args.quiet,
             torchrun_options=options,
         )
 

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -35,9 +35,11 @@ from recipecache.argparsing import OneLineArgumentParser
 from recipecache.backends import redact
 from recipecache.errors import ConfigError
 
+from . import hpu_metrics
 from .exit_watch import ExitWatch, FinishedRank, job_status, running_child
 from .launch_config import DEFAULT_EXIT_GRACE_S, LaunchConfig, probe_store
-from .report import build_report, format_report, load_metrics, write_report
+from .progress import Progress
+from .report import build_report, format_report, load_graphs, load_metrics, write_report
 from .torchrun_options import NPROC_PER_NODE, PASS_THROUGH, REFUSED
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--rank-dirs", metavar="DIR",
                       help="give rank N its own TORCHINDUCTOR_CACHE_DIR and TMPDIR under DIR/rankN, as if every "
                            "rank ran on its own node (tests, benchmarks); use a fresh DIR for empty local caches")
+    ours.add_argument("--quiet", action="store_true",
+                      help="print no progress lines (each rank's compile start and finish) while the job runs")
     ours.add_argument("--exit-grace", metavar="SECONDS",
                       help="seconds the ranks of a node may take to exit once the script finished on all of them; "
                            "a rank still running then is reported and ended (atexit handlers and non-daemon "
@@ -133,17 +137,21 @@ def _die_with_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def run_torchrun(config: LaunchConfig, watch: ExitWatch) -> tuple[int, list[FinishedRank]]:
+def run_torchrun(
+    config: LaunchConfig, watch: ExitWatch, *, started: Callable[[], None] = lambda: None
+) -> tuple[int, list[FinishedRank]]:
     """Run the job; forward SIGINT/SIGTERM to torchrun; end ranks that outlive their script.
 
     Returns the job's exit status and the ranks the launcher had to end (see the module docstring).
+    ``started`` runs once torchrun is started (threads may start then, not before).
     """
     cmd = [sys.executable, *config.torchrun_argv()]
     log.info("starting %s", " ".join(cmd))
     proc = subprocess.Popen(cmd, env={**config.rank_env(os.environ), env.FINISHED_DIR: str(watch.directory)},
                             start_new_session=True,
-                            # the launcher runs no threads, so a preexec_fn is safe here
+                            # the launcher runs no threads yet, so a preexec_fn is safe here
                             preexec_fn=_die_with_launcher if sys.platform == "linux" else None)  # noqa: PLW1509
+    started()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         if proc.poll() is None:
@@ -224,16 +232,21 @@ def launch(config: LaunchConfig) -> int:
     start = time.time()
     watch = ExitWatch(Path(tempfile.mkdtemp(prefix=".finished-", dir=config.run_dir)), config.exit_grace_s)
     agent = start_hpu_agent(config)
+    progress = Progress(config.events_dir, since=start - MTIME_SLACK_S, quiet=config.quiet)
     try:
-        code, hung = run_torchrun(config, watch)
+        code, hung = run_torchrun(config, watch, started=progress.start)
     finally:
+        progress.stop()
         if agent is not None:
             stop_hpu_agent(agent)
         shutil.rmtree(watch.directory, ignore_errors=True)
     wall = time.time() - start
+    hpu_file = config.hpu_metrics_file(os.environ)
     report = build_report(
         load_metrics(config.run_dir, since=start - MTIME_SLACK_S),
         config.local_ranks,
+        hpu=hpu_metrics.load(hpu_file, since=start - MTIME_SLACK_S) if hpu_file else None,
+        graphs=load_graphs(config.events_dir, since=start - MTIME_SLACK_S),
         exit_code=code,
         wall_s=round(wall, 3),
         script=str(config.script),

@@ -43,9 +43,12 @@ class EntryReport:
     size: int
     header: envelope.Header | None
     problem: str | None
+    #: last read or write (Unix time) where the backend tracks it (the filesystem store), else None
+    last_used: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"storage_key": self.storage_key, "size": self.size, "problem": self.problem}
+        out: dict[str, Any] = {"storage_key": self.storage_key, "size": self.size, "problem": self.problem,
+                               "last_used": self.last_used}
         if self.header is not None:
             out.update(self.header.to_dict())
         return out
@@ -76,12 +79,12 @@ def _read_entries(store: Store) -> Iterator[tuple[EntryReport, Buffer | None]]:
         try:
             blob = store.read_raw(info.key)
         except VerificationError as exc:  # the backend's own framing of it is damaged
-            yield EntryReport(info.key, info.size, None, f"{exc.reason}: {exc}"), None
+            yield EntryReport(info.key, info.size, None, f"{exc.reason}: {exc}", info.atime or None), None
             continue
         if blob is None:
             continue  # evicted or deleted while we listed
         header, problem = check_entry(store, info.key, blob)
-        yield EntryReport(info.key, len(blob), header, problem), blob
+        yield EntryReport(info.key, len(blob), header, problem, info.atime or None), blob
 
 
 def inspect_entries(store: Store) -> Iterator[EntryReport]:
@@ -220,7 +223,8 @@ def import_file(store: Store, path: Path) -> tuple[int, int]:
                     refused += 1
                     continue
                 if header.namespace != store.namespace:
-                    blob = envelope.seal(header.key, payload, namespace=store.namespace, secret=store.settings.secret)
+                    blob = envelope.seal(header.key, payload, namespace=store.namespace, secret=store.settings.secret,
+                                         meta=header.meta)
                 store.write_raw(storage_key(store.namespace, header.key), blob)
                 imported += 1
         except _Damaged as exc:

@@ -8,7 +8,9 @@ The header is a map of exactly these fields, each type- and length-checked on re
 
 ``v`` (2), ``ns`` (the namespace), ``key`` (the caller's key), ``host``, ``rank``,
 ``created`` (unix time), ``size`` (payload bytes), ``blake3`` (the payload's 32-byte BLAKE3
-digest), and, when a secret is configured, ``sig``: keyed BLAKE3 over the canonical msgpack
+digest), optionally ``meta`` (what the entry is, for ``recipecache ls``: a map of at most
+:data:`MAX_META_BYTES` packed, string keys to scalars; see :func:`check_meta`), and, when a
+secret is configured, ``sig``: keyed BLAKE3 over the canonical msgpack
 of the other fields, with a key derived from the secret (BLAKE3's ``derive_key`` mode, so
 the secret itself is never used as a key). The header carries the payload's digest, so the
 signature covers the payload too; it names the namespace and the caller's key, so a signed
@@ -32,7 +34,7 @@ import math
 import socket
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import blake3
@@ -63,6 +65,9 @@ _THREADED_HASH_MIN = 1 << 20
 #: BLAKE3 ``derive_key`` context: a globally unique, hardcoded string naming this one use.
 _SIGNING_CONTEXT = "recipecache 2025-01 envelope v2 signing key"
 _HOST = socket.gethostname()[:_MAX_HOST]
+#: ``meta`` describes an entry (kind, function, shapes, compile seconds); it is no place for data
+MAX_META_BYTES = 1024
+_SCALARS = (str, int, float, bool, type(None))
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,8 @@ class Header:
     size: int
     digest: bytes
     signed: bool
+    #: what the producer said the entry is (``{}`` when it said nothing)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,7 +95,22 @@ class Header:
             "size": self.size,
             "blake3": self.digest.hex(),
             "signed": self.signed,
+            "meta": dict(self.meta),
         }
+
+
+def check_meta(meta: Any) -> dict[str, Any]:
+    """``meta`` if it is a map of string keys to scalars packing to at most :data:`MAX_META_BYTES`.
+
+    Raises ValueError otherwise: a writer passing more is a bug (a reader finding more
+    treats the header as damaged).
+    """
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, _SCALARS) for k, v in meta.items()):
+        raise ValueError("envelope meta must map strings to scalars (str, int, float, bool, None)")
+    size = len(msgpack.packb(meta, use_bin_type=True))
+    if size > MAX_META_BYTES:
+        raise ValueError(f"envelope meta is {size} bytes packed; at most {MAX_META_BYTES}")
+    return meta
 
 
 def digest(payload: Buffer) -> bytes:
@@ -105,12 +127,19 @@ def _signature(secret: bytes, fields: dict[str, Any]) -> bytes:
 
 
 def seal_header(
-    key: str, payload: Buffer, *, namespace: str, secret: bytes | None = None, rank: int | None = None
+    key: str,
+    payload: Buffer,
+    *,
+    namespace: str,
+    secret: bytes | None = None,
+    rank: int | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> bytes:
     """The envelope's prefix and header for ``payload``; the envelope is this followed by the payload.
 
     A writer sends the two buffers as they are (``backend.put(k, header, payload)``), so the
-    payload is never copied to join them.
+    payload is never copied to join them. ``meta`` (:func:`check_meta`) says what the entry
+    is; it is signed with the rest of the header.
     """
     if not NAMESPACE_PATTERN.match(namespace):
         raise ValueError(f"bad namespace {namespace!r}")
@@ -126,15 +155,25 @@ def seal_header(
         "size": len(payload),
         "blake3": digest(payload),
     }
+    if meta:
+        fields["meta"] = check_meta(meta)
     if secret:
         fields["sig"] = _signature(secret, fields)
     header = msgpack.packb(fields, use_bin_type=True)
     return _PREFIX.pack(MAGIC, len(header)) + header
 
 
-def seal(key: str, payload: Buffer, *, namespace: str, secret: bytes | None = None, rank: int | None = None) -> bytes:
+def seal(
+    key: str,
+    payload: Buffer,
+    *,
+    namespace: str,
+    secret: bytes | None = None,
+    rank: int | None = None,
+    meta: dict[str, Any] | None = None,
+) -> bytes:
     """The whole envelope as one buffer (for tools and tests; the store writes the two parts)."""
-    return seal_header(key, payload, namespace=namespace, secret=secret, rank=rank) + bytes(payload)
+    return seal_header(key, payload, namespace=namespace, secret=secret, rank=rank, meta=meta) + bytes(payload)
 
 
 def _check(ok: bool, field: str) -> None:
@@ -157,7 +196,7 @@ def _checked_fields(fields: object) -> dict[str, Any]:
     if fields.get("v") != FORMAT_VERSION or type(fields.get("v")) is not int:
         raise VerificationError(Reason.CORRUPT, "unknown envelope format version")
     required = {"v", "ns", "key", "host", "rank", "created", "size", "blake3"}
-    extra = set(fields) - required - {"sig"}
+    extra = set(fields) - required - {"sig", "meta"}
     if required - set(fields) or extra:
         raise VerificationError(Reason.CORRUPT, f"header fields {sorted(map(str, fields))} are not this format's")
     _check(_is_str(fields["ns"], 1, 64) and NAMESPACE_PATTERN.match(fields["ns"]) is not None, "ns")
@@ -170,6 +209,11 @@ def _checked_fields(fields: object) -> dict[str, Any]:
     _check(type(fields["blake3"]) is bytes and len(fields["blake3"]) == _DIGEST_LEN, "blake3")
     if "sig" in fields:
         _check(type(fields["sig"]) is bytes and len(fields["sig"]) == _DIGEST_LEN, "sig")
+    if "meta" in fields:
+        try:
+            check_meta(fields["meta"])
+        except ValueError:
+            _check(False, "meta")
     return fields
 
 
@@ -237,5 +281,6 @@ def open_envelope(
         size=size,
         digest=fields["blake3"],
         signed="sig" in fields,
+        meta=dict(fields.get("meta") or {}),
     )
     return header, payload

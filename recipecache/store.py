@@ -103,9 +103,9 @@ class Flight:
     miss_reason: Reason | None = None
     lease: HeldLease | None = field(default=None, repr=False)
 
-    def publish(self, data: Buffer) -> bool:
-        """Store ``data`` and release the lease; False if the backend did not take it."""
-        stored = self.store.put(self.key, data)
+    def publish(self, data: Buffer, *, meta: dict[str, Any] | None = None) -> bool:
+        """Store ``data`` (described by ``meta``, see :meth:`Store.put`) and release the lease; False if not taken."""
+        stored = self.store.put(self.key, data, meta=meta)
         self.release()
         return stored
 
@@ -226,8 +226,8 @@ class Store:
         """The verified artifact under ``key`` (a read-only view), or None (a miss, counted by reason)."""
         return self.lookup(key, trace=trace).data
 
-    def _seal(self, key: str, data: Buffer) -> bytes:
-        return envelope.seal_header(key, data, namespace=self.namespace, secret=self.settings.secret)
+    def _seal(self, key: str, data: Buffer, meta: dict[str, Any] | None = None) -> bytes:
+        return envelope.seal_header(key, data, namespace=self.namespace, secret=self.settings.secret, meta=meta)
 
     def _published(self, key: str, data: Buffer, start: float, trace: bool) -> None:
         self._stats.count("puts")
@@ -235,16 +235,18 @@ class Store:
         if trace:
             self.events.record("put", key, time.perf_counter() - start, bytes=len(data))
 
-    def put(self, key: str, data: Buffer, *, trace: bool = True) -> bool:
+    def put(self, key: str, data: Buffer, *, trace: bool = True, meta: dict[str, Any] | None = None) -> bool:
         """Publish ``data`` under ``key``; False (logged and counted, never raised) if the backend failed.
 
         The envelope's header and ``data`` go to the backend as two buffers: ``data`` is
-        never copied to join them.
+        never copied to join them. ``meta`` says what the entry is (kind, function, shapes,
+        compile seconds) for ``recipecache ls``: a small map of scalars
+        (:func:`recipecache.envelope.check_meta`).
         """
         start = time.perf_counter()
         data = byte_view(data)
         try:
-            self._call("put", self.backend.put, storage_key(self.namespace, key), self._seal(key, data), data)
+            self._call("put", self.backend.put, storage_key(self.namespace, key), self._seal(key, data, meta), data)
         except BackendError as exc:
             self._stats.reason("put_failures", exc.reason)
             return False
@@ -258,6 +260,7 @@ class Store:
         *,
         attempts: int = UPDATE_ATTEMPTS,
         trace: bool = False,
+        meta: dict[str, Any] | None = None,
     ) -> Lookup:
         """Replace the value under ``key`` with ``change(current)``, atomically against other updates.
 
@@ -267,6 +270,8 @@ class Store:
         writes nothing. The write is a compare-and-set on the envelope read: if another
         process wrote meanwhile, the update is retried on what it wrote, after a short
         random backoff, up to ``attempts`` times.
+
+        ``meta`` describes the value written, as for :meth:`put`.
 
         Returns the value written (or, when ``change`` returned None, what is there), or
         None and the reason: the backend's failure, or ``conflict`` after ``attempts``
@@ -286,7 +291,7 @@ class Store:
                 return current
             new = byte_view(new)
             try:
-                written = self._call("put", self.backend.put_if, skey, stored, self._seal(key, new), new)
+                written = self._call("put", self.backend.put_if, skey, stored, self._seal(key, new, meta), new)
             except BackendError as exc:
                 self._stats.reason("put_failures", exc.reason)
                 return Lookup(None, exc.reason)
@@ -348,6 +353,7 @@ class Store:
         if outcome.takeover:
             self._stats.count("takeovers")
             self.events.record("takeover", key)
+        self.events.record("compile_start", key)
         return Flight(self, key, Role.LEADER, lease=outcome.lease, waited_s=outcome.waited_s, miss_reason=miss)
 
     def _fallback(self, key: str, reason: Reason, *, miss_reason: Reason | None, waited_s: float = 0.0) -> Flight:

@@ -194,7 +194,7 @@ def test_event_log_records_the_trace(tmp_path: Path) -> None:
     store.get("k")
     store.close()
     events = list(read_events(tmp_path))
-    assert [e["event"] for e in events] == ["miss", "compile", "put", "hit"]
+    assert [e["event"] for e in events] == ["miss", "compile_start", "compile", "put", "hit"]
     assert all(e["rank"] == 3 and e["key"] == "k" for e in events)
     assert {"time", "duration"} <= set(events[0])
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..buffers import Buffer
 from ..errors import ConfigError
+from ..health import HealthCheck
 
 if TYPE_CHECKING:
     from .url import StoreURL
@@ -166,6 +167,14 @@ class Backend(ABC):
 
     def ping(self) -> None:
         """Raise BackendError unless the service answers; a local backend always does."""
+
+    def health_checks(self, probe_key: str) -> list[HealthCheck]:
+        """What ``recipecache doctor`` checks beyond a round trip: space, permissions, clock, rights.
+
+        ``probe_key`` is a backend key (``<namespace>/<hex>``) the checks may write and
+        must delete. A backend with nothing more to check returns no checks.
+        """
+        return []
 
     def close(self) -> None:
         """Release connections or handles; the backend is not used afterwards."""

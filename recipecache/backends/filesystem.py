@@ -55,6 +55,7 @@ import filelock
 from ..buffers import Buffer
 from ..errors import BackendError
 from ..fsutil import TEMP_PREFIX, private_directory, regular_files, subdirectories, write_atomic, write_temp
+from ..health import FAIL, PASS, HealthCheck, free_space, private
 from ..reasons import Reason
 from .base import Backend, Clock, EntryInfo, check_key, is_key, value_matches
 from .url import StoreURL
@@ -63,6 +64,8 @@ log = logging.getLogger(__name__)
 
 #: Temp files older than this belong to a writer that died; eviction removes them.
 STALE_TEMP_S = 3600.0
+#: Clock difference to the file server above which leases on a shared mount are unsafe (they expire by writers' clocks).
+MAX_CLOCK_SKEW_S = 2.0
 #: The most a lease holder waits for ``<lease>.lock`` to renew or release; the lock guards a
 #: read and a rename, so a holder keeping it longer is stuck.
 LEASE_LOCK_TIMEOUT_S = 5.0
@@ -391,6 +394,34 @@ class FilesystemBackend(Backend):
             raise _lock_stuck(name, LEASE_LOCK_TIMEOUT_S) from None
         except OSError as exc:
             raise BackendError(_reason(exc), f"lease {name}: {exc.strerror}") from None
+
+    # -- doctor --------------------------------------------------------------------
+    def health_checks(self, probe_key: str) -> list[HealthCheck]:
+        """The root's permissions and free space, and this host's clock against the file system's."""
+        return [private("permissions", self.root, "cache directory"), free_space("free space", self.root),
+                self._clock_check()]
+
+    def _clock_check(self) -> HealthCheck:
+        """Compare the clock with a new file's mtime, which a network file system's server sets.
+
+        Hosts sharing the store on a mount must agree on the time: a lease names its expiry
+        in the writer's clock and is taken over by the reader's.
+        """
+        before = self._clock()
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self.root)
+            os.close(fd)
+            mtime = os.stat(tmp).st_mtime
+            os.unlink(tmp)
+        except OSError as exc:
+            return HealthCheck("clock", FAIL, f"cannot create a file in {self.root}: {exc.strerror}",
+                               "fix the store directory's permissions")
+        after = self._clock()
+        skew = 0.0 if before - 1.0 <= mtime <= after + 1.0 else mtime - (before + after) / 2  # 1 s: mtime granularity
+        if abs(skew) > MAX_CLOCK_SKEW_S:
+            return HealthCheck("clock", FAIL, f"this host's clock is {-skew:+.1f} s off the file system's",
+                               "synchronise the clocks (NTP): leases on a shared store expire by the writers' clocks")
+        return HealthCheck("clock", PASS, f"within {MAX_CLOCK_SKEW_S:.0f} s of the file system's (leases are safe)")
 
 
 def _read_fd(fd: int) -> bytes:

@@ -37,11 +37,13 @@ Every Redis failure becomes a :class:`BackendError`: ``backend_down`` (connectio
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import struct
+import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +54,7 @@ from redis.retry import Retry
 
 from ..buffers import Buffer
 from ..errors import BackendError, VerificationError
+from ..health import FAIL, PASS, WARN, HealthCheck
 from ..reasons import Reason
 from .base import Backend, EntryInfo, check_key, value_matches
 from .url import StoreURL
@@ -64,6 +67,11 @@ ACL_COMMANDS = (
     "get", "getrange", "strlen", "set", "del", "mget", "scan", "pexpire", "evalsha", "script|load", "ping", "auth",
     "hello",
 )
+
+#: Clock difference to the server above which event timelines of several hosts no longer line up
+#: (leases are unaffected: they expire on the server's clock)
+MAX_CLOCK_SKEW_S = 1.0
+_DOCTOR_SCRIPT = "return 1"
 
 #: Values up to this size (and up to ``chunk_size``) are stored inline; a Lua script copies
 #: its arguments, which costs more than a second round trip for larger ones.
@@ -417,6 +425,68 @@ class RedisBackend(Backend):
 
     def close(self) -> None:
         self._client.close()
+
+    # -- doctor --------------------------------------------------------------------
+    def health_checks(self, probe_key: str) -> list[HealthCheck]:
+        """Whether the user may run every command in :data:`ACL_COMMANDS`, and the clock against ``TIME``."""
+        return [self._acl_check("rc:e:" + check_key(probe_key)), self._clock_check()]
+
+    def _acl_probes(self, key: str) -> dict[str, Callable[[], Any]]:
+        """One harmless call of each command in :data:`ACL_COMMANDS` on ``key``, in an order that works (``del`` last)."""
+        run = self._client.execute_command
+        auth = self._client.connection_pool.connection_kwargs
+        credentials = [auth[k] for k in ("username", "password") if auth.get(k)]
+        return {
+            "ping": lambda: run("PING"),
+            "hello": lambda: run("HELLO", 2),
+            "auth": lambda: run("AUTH", *credentials) if auth.get("password") else None,
+            "set": lambda: run("SET", key, b"recipecache doctor", "PX", 60_000),
+            "get": lambda: run("GET", key),
+            "getrange": lambda: run("GETRANGE", key, 0, 3),
+            "strlen": lambda: run("STRLEN", key),
+            "mget": lambda: run("MGET", key),
+            "pexpire": lambda: run("PEXPIRE", key, 60_000),
+            "scan": lambda: run("SCAN", 0, "MATCH", key, "COUNT", 10),
+            "script|load": lambda: run("SCRIPT", "LOAD", _DOCTOR_SCRIPT),
+            "evalsha": lambda: run("EVALSHA", hashlib.sha1(_DOCTOR_SCRIPT.encode()).hexdigest(), 1, key),
+            "del": lambda: run("DEL", key),
+        }
+
+    def _acl_check(self, key: str) -> HealthCheck:
+        """A real call per command: ``ACL DRYRUN`` needs rights a job user must not have."""
+        refused = []
+        for command, probe in self._acl_probes(key).items():
+            try:
+                probe()
+            except redis.exceptions.NoPermissionError:
+                refused.append(command)
+            except redis.exceptions.ResponseError:
+                pass  # an answer other than a refusal: the user may run it (e.g. HELLO on an old server)
+            except redis.exceptions.RedisError as exc:
+                error = _error(exc, command)
+                return HealthCheck("acl", FAIL, f"could not check the user's rights: {error.reason}: {error}",
+                                   "make the server reachable first")
+        if refused:
+            grants = " ".join(f"+{c}" for c in refused)
+            return HealthCheck("acl", FAIL, f"the user may not run {', '.join(refused)}",
+                               f"ACL SETUSER <user> {grants} (deploy/redis/users.acl.template grants what the backend sends)")
+        return HealthCheck("acl", PASS, f"the user may run all {len(ACL_COMMANDS)} commands the backend sends on rc:* keys")
+
+    def _clock_check(self) -> HealthCheck:
+        before = time.time()
+        try:
+            seconds, micros = self._client.execute_command("TIME")
+        except redis.exceptions.NoPermissionError:
+            return HealthCheck("clock", PASS, "not measured (the user may not run TIME); Redis leases expire on the "
+                                              "server's clock, so client clocks do not affect them")
+        except redis.exceptions.RedisError as exc:
+            return HealthCheck("clock", FAIL, f"TIME failed: {exc}", "make the server reachable first")
+        skew = (before + time.time()) / 2 - (int(seconds) + int(micros) / 1e6)
+        detail = f"this host's clock is {skew:+.3f} s off the server's"
+        if abs(skew) > MAX_CLOCK_SKEW_S:
+            return HealthCheck("clock", WARN, detail + " (leases are unaffected; timelines of several hosts are skewed)",
+                               "synchronise the clocks (NTP)")
+        return HealthCheck("clock", PASS, detail)
 
 
 def _stored_size(head: bytes, length: int) -> int:

@@ -152,7 +152,8 @@ class HpuSyncAgent:
             if files is None:
                 continue  # still being written: next cycle
             start = time.perf_counter()
-            if self.store.put(recipe_key(local.name, self.fingerprint), files.pack()):
+            if self.store.put(recipe_key(local.name, self.fingerprint), files.pack(),
+                              meta={"kind": "hpu_recipe", "name": local.name}):
                 self._published[local.name] = IndexEntry(self.fingerprint_id, local.name, time.time(), files.size)
                 self._settle(local.name, "published", "hpu_publish", time.perf_counter() - start, bytes=files.size)
 
@@ -163,7 +164,8 @@ class HpuSyncAgent:
         missing = [e for name, e in self._published.items()
                    if (self.fingerprint_id, name) not in index and (name not in self._confirmed or len(index) < INDEX_CAP)]
         if missing:
-            self.store.put(INDEX_KEY, index.merged(missing, self.fingerprint_id, self.fingerprint).encode())
+            self.store.put(INDEX_KEY, index.merged(missing, self.fingerprint_id, self.fingerprint).encode(),
+                           meta={"kind": "hpu_index"})
 
     def _count_foreign(self, index: Index) -> None:
         for key, entry in index.entries.items():

@@ -19,6 +19,9 @@ In short:
 * ``codecache.write`` is wrapped to learn which ``<hash>.main.so`` kernels the current
   graph loads (they are not in torch's entry), and ``VecISA.check_build`` to learn the
   CPU-feature probe libraries every fresh process would otherwise build with g++.
+* ``codecache.compiled_fx_graph_hash`` is wrapped to record what each FX key is made of
+  (:mod:`recipecache.keyinfo`, for ``recipecache explain``) and what the graph is (its
+  function and input shapes, the ``meta`` of the artifact it publishes).
 * ``compile_fx.fx_codegen_and_compile`` is wrapped to count and time the graphs inductor
   actually compiles here; ``compile_fx._compile_fx_inner`` bounds one graph's compile, so
   a lease whose put never comes (the compile raised, the graph could not be pickled) is
@@ -53,9 +56,10 @@ from torch._inductor.cpu_vec_isa import VecISA
 from torch._inductor.runtime.runtime_utils import cache_dir
 
 from ..errors import ConfigError
+from ..keyinfo import KeyLog
 from ..reasons import Reason
 from ..store import Flight, Store
-from . import host_cpu, pgo
+from . import describe, host_cpu, pgo
 from .artifact import Artifact, ArtifactError, Entry, collect, install
 from .metrics import Metrics
 
@@ -68,6 +72,8 @@ KEY_PREFIX = "torch3:"
 VARIANT_WAITS = 4
 #: job id enable() gives torch when none is set (PGO does nothing without one)
 JOB_ID = "recipecache"
+#: what ``recipecache ls`` calls each artifact kind (the ``kind`` of its envelope meta)
+KIND_NAMES = {"fx": "graph", "aot": "aot", "pgo": "pgo", "isa": "cpu_probe"}
 
 R = TypeVar("R")
 #: stands for "the class had no attribute of its own" among the originals install() saves
@@ -89,6 +95,12 @@ class _Attempt(threading.local):
         #: kernel libraries the graph loaded since the lookup (absolute paths)
         self.kernels: set[str] = set()
         self.in_isa_probe = False
+        #: torch's FX key this thread computed last, its hash-detail lines, function name and
+        #: input shapes; outlives end_attempt(), which runs between the key's computation
+        #: and its lookup (fx_get takes it)
+        self.described: tuple[str, list[str], str, str] | None = None
+        #: what ``key`` is (function name, input shapes), for the meta of its artifact
+        self.what: tuple[str, str] = ("graph", "")
 
 
 class Integration:
@@ -111,6 +123,7 @@ class Integration:
         self._isa_done = False
         self._isa_key: str | None = None
         self._originals: list[tuple[Any, str, Any]] = []
+        self.keys = KeyLog.beside(store.events)
 
     def guarded(self, fn: Callable[..., R], *args: Any) -> R | None:
         """``fn(*args)``, or None with a counted ``hook_error`` if it raises: our bugs must not stop a compile."""
@@ -171,7 +184,7 @@ class Integration:
 
     def _put(self, kind: str, key: str, blob: bytes) -> None:
         """Publish an AOTAutograd or probe artifact (written once per key, so a plain put); kept out of the trace."""
-        if self.store.put(key, blob, trace=False):
+        if self.store.put(key, blob, trace=False, meta={"kind": KIND_NAMES[kind]}):
             self.metrics.put(kind)
 
     def end_attempt(self) -> None:
@@ -181,6 +194,7 @@ class Integration:
             flight, attempt.flight = attempt.flight, None
             self._close_flight(flight)
         attempt.key = None
+        attempt.what = ("graph", "")
         attempt.served_s = None
         attempt.compile_s = 0.0
         attempt.kernels.clear()
@@ -211,6 +225,7 @@ class Integration:
         key = self.cpu_key(torch_key)
         attempt = self.attempt
         attempt.key = key
+        self.guarded(self.record_key, torch_key)
         try:
             yield from self._offer_variants(key)
         except GeneratorExit:  # torch's guards accepted the variant it was evaluating
@@ -267,7 +282,9 @@ class Integration:
             self.metrics.fallback(Reason.KERNEL_MISSING, f"{len(missing)} kernel(s) of {key} not built when it was saved; "
                                   "publishing it without them (a hit compiles those)")
         ours = attempt.key == key
-        variant = Entry(data, attempt.compile_s if ours else 0.0, tuple(f.path for f in files), _guards_of(data))
+        compile_s = attempt.compile_s if ours else 0.0
+        variant = Entry(data, compile_s, tuple(f.path for f in files), _guards_of(data))
+        meta = describe.graph_meta(*(attempt.what if ours else ("graph", "")), compile_s)
 
         def merged(current: memoryview | None) -> bytes:
             base = Artifact("fx", ())
@@ -278,7 +295,7 @@ class Integration:
                     pass  # replaced: the new variant is the only one we can vouch for
             return base.with_variant(variant, files).pack()
 
-        if self.store.update(key, merged, trace=True).data is not None:
+        if self.store.update(key, merged, trace=True, meta=meta).data is not None:
             self.metrics.put("fx")
         if ours and attempt.flight is not None:
             flight, attempt.flight = attempt.flight, None
@@ -318,13 +335,34 @@ class Integration:
             wrote[0] = combined is not None
             return None if combined is None else Artifact.single("pgo", combined).pack()
 
-        written = self.store.update(key, merged)
+        written = self.store.update(key, merged, meta={"kind": KIND_NAMES["pgo"]})
         if failures:
             self.metrics.fallback(Reason.PGO_MERGE_FAILED, f"{key}: {failures[0]!r}; published this rank's state")
         if written.data is not None and wrote[0]:
             self.metrics.put("pgo")
 
     # -- compile bookkeeping -------------------------------------------------------
+    def describe_key(self, fx_key: str, details: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """torch computed an FX key (``compiled_fx_graph_hash(gm, example_inputs, fx_kwargs, ...)``): keep its
+        components and what the graph is until its lookup."""
+        example_inputs = args[1] if len(args) > 1 else kwargs["example_inputs"]
+        fx_kwargs = args[2] if len(args) > 2 else kwargs["fx_kwargs"]
+        self.attempt.described = (fx_key, details, describe.function_name(fx_kwargs), describe.input_shapes(example_inputs))
+
+    def record_key(self, torch_key: str) -> None:
+        """The store is asked for ``torch_key``: record what it is made of (for ``recipecache explain``).
+
+        torch's remote cache wraps the FX key (``pt2:fx-graph-v1::<key>:c1``), so the key
+        the hash hook saw is matched by containment.
+        """
+        described, self.attempt.described = self.attempt.described, None
+        if described is None or described[0] not in torch_key:
+            return
+        _fx_key, details, name, shapes = described
+        self.attempt.what = (name, shapes)
+        self.keys.record(self.cpu_key(torch_key), details, name=name, shapes=shapes,
+                         context={**describe.process_context(), "cpu_key": self.cpu})
+
     def compiled(self, seconds: float) -> None:
         """inductor codegen of one graph ran here for ``seconds``."""
         attempt = self.attempt
@@ -381,6 +419,7 @@ class Integration:
         original_inner = compile_fx._compile_fx_inner
         original_iterate = codecache.FxGraphCache.iterate_over_candidates.__func__
         remote_key = remote_cache.RemoteFxGraphCache._get_key  # how torch names a graph in a remote cache
+        original_hash = codecache.compiled_fx_graph_hash
 
         def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
             result = original_write(content, extension, *args, **kwargs)
@@ -400,6 +439,11 @@ class Integration:
                 return original_codegen(*args, **kwargs)
             finally:
                 self.guarded(self.compiled, time.perf_counter() - start)
+
+        def compiled_fx_graph_hash(*args: Any, **kwargs: Any) -> tuple[str, list[str]]:
+            key, details = original_hash(*args, **kwargs)
+            self.guarded(self.describe_key, key, details, args, kwargs)
+            return key, details
 
         def _compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
             self.guarded(self.end_attempt)
@@ -425,6 +469,7 @@ class Integration:
             (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
             (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
             (codecache, "write", write),
+            (codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash),
             (VecISA, "check_build", check_build),
             (compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile),
             (compile_fx, "_compile_fx_inner", _compile_fx_inner),
@@ -444,6 +489,7 @@ class Integration:
             setattr(owner, name, value)
         # functools.cache'd: it may hold a backend (or None) from before the override
         AOTAutogradCache.get_remote_cache.cache_clear()
+        self.metrics.local_hits_source = describe.local_hits
         self.guarded(self.install_isa_probe)
 
     def uninstall(self) -> None:
@@ -456,6 +502,7 @@ class Integration:
                 setattr(owner, name, value)
         self._originals.clear()
         AOTAutogradCache.get_remote_cache.cache_clear()
+        self.keys.close()
 
 
 def _guards_of(entry: bytes) -> str | None:
