@@ -245,6 +245,14 @@ def test_update_is_read_modify_write() -> None:
     assert store.stats()["puts"] == 2
 
 
+def test_update_describes_what_it_writes_with_meta() -> None:
+    store = make_store()
+    store.update("k", lambda current: b"merged", meta={"kind": "pgo"})
+    blob = store.read_raw(storage_key(store.namespace, "k"))
+    assert blob is not None
+    assert envelope.open_envelope(blob, key="k", namespace=store.namespace)[0].meta == {"kind": "pgo"}
+
+
 def test_update_retries_when_another_writer_wins_the_race() -> None:
     store = make_store()
     store.put("k", b"1")
