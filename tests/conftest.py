@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +10,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from redis_server import RedisServer  # noqa: E402
+
+# Every process a test starts (torchrun ranks, CLIs, agents) prints its Python stacks if it
+# dies of a signal (SIGABRT, SIGSEGV): a rank that crashes in CI then says where.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
 @pytest.fixture(scope="session")
