@@ -32,7 +32,7 @@ from typing import Any
 
 from recipecache import env
 from recipecache.argparsing import OneLineArgumentParser
-from recipecache.backends import redact
+from recipecache.backends import command_line_password_warning, redact
 from recipecache.errors import ConfigError
 
 from . import hpu_metrics
@@ -270,6 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2); argparse has printed it
         return int(exc.code or 0)
+    warning = command_line_password_warning(args.cache, "--cache")
+    if warning:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     try:
         config = LaunchConfig.from_args(args)
         probe_store(config.cache_url)

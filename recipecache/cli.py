@@ -19,6 +19,7 @@ from typing import Any
 
 from . import admin, doctor, explain, timeline
 from .argparsing import OneLineArgumentParser
+from .backends import command_line_password_warning
 from .errors import BackendError, ConfigError
 from .sizes import format_size, parse_size
 from .store import Store, open_store
@@ -180,6 +181,9 @@ _EXTENSIONS: list[Callable[[Any], None]] = [_sim_parser]
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    warning = command_line_password_warning(args.url, "--url")
+    if warning:
+        print(f"recipecache: warning: {warning}", file=sys.stderr)
     try:
         return int(args.func(args))
     except ConfigError as exc:

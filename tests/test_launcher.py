@@ -207,6 +207,17 @@ def test_bad_input_is_one_line_and_exit_2(case: str, script: Path, tmp_path: Pat
     assert not (tmp_path / "recipecache-runs").exists()
 
 
+def test_password_in_cache_option_is_warned_about_and_redacted(script: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """--cache is visible to every user (ps): a password in it earns a warning; no output shows it."""
+    assert main(["--cache", f"redis://u:hunter2-secret@127.0.0.1:{free_port()}/0", str(script)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("recipecache-run: warning: the password in --cache redis://u:***@")
+    assert lines[1].startswith("recipecache-run: error: ")
+    assert not any("hunter2-secret" in line for line in lines)
+
+
 def test_console_script_bad_input_has_no_traceback(tmp_path: Path) -> None:
     """The installed entry point, as users run it: exit 2 and one line, from a real process."""
     proc = subprocess.run(["recipecache-run", "--nproc", "0", "x.py"], capture_output=True, text=True, cwd=tmp_path,

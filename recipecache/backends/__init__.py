@@ -12,9 +12,9 @@ import importlib
 
 from ..errors import URLError
 from .base import Backend
-from .url import StoreURL, redact
+from .url import StoreURL, command_line_password_warning, redact
 
-__all__ = ["SCHEMES", "Backend", "StoreURL", "backend_class", "open_backend", "redact"]
+__all__ = ["SCHEMES", "Backend", "StoreURL", "backend_class", "command_line_password_warning", "open_backend", "redact"]
 
 #: URL scheme -> ``module:class`` of its backend
 SCHEMES: dict[str, str] = {

@@ -31,6 +31,25 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+def command_line_password_warning(url: str | None, option: str) -> str | None:
+    """The warning for a store URL given as ``option`` with a password in it, or None.
+
+    Process arguments are readable by every user of the machine (``ps``, ``/proc``), while
+    the environment is readable by its owner and root only: ``RECIPECACHE_URL`` is the
+    place for such a URL.
+    """
+    if not url:
+        return None
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except ValueError:  # malformed: the parse that follows reports it
+        return None
+    if not password:
+        return None
+    return (f"the password in {option} {redact(url)} is visible to every user of this machine (ps); "
+            "set RECIPECACHE_URL instead")
+
+
 @dataclass(frozen=True)
 class StoreURL:
     """One store URL as given (``raw``), split into its parts; ``options`` are the query's ``key=value`` pairs
