@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,6 +115,35 @@ def test_expired_lease_is_taken_over(backend: Backend, ns: str) -> None:
     assert backend.lease_add(name, "b", 30)
     assert not backend.lease_renew(name, "dead", 30), "the old holder must learn it lost the lease"
     assert backend.lease_renew(name, "b", 30)
+
+
+def test_lease_holder_names_the_token_and_time_left(backend: Backend, ns: str) -> None:
+    name = k(ns, 11)
+    assert backend.lease_holder(name) is None
+    assert backend.lease_add(name, "tok-a:1:99:host", 30)
+    held = backend.lease_holder(name)
+    assert held is not None and held.token == "tok-a:1:99:host" and 20 < held.remaining_s <= 30
+    backend.lease_release(name, "tok-a:1:99:host")
+    assert backend.lease_holder(name) is None
+
+
+def test_lease_wait_ends_when_the_holder_releases(backend: Backend, ns: str) -> None:
+    name = k(ns, 12)
+    assert backend.lease_add(name, "tok-a", 30)
+    woke = backend.lease_wait(name, "tok-a", 0.2)
+    if woke is None:
+        return  # a backend that cannot wake waiters says so at once; its waiters poll
+    assert woke is False, "nobody released it: the wait times out"
+    backend.lease_release(name, "tok-b")  # not the holder: wakes nobody
+    assert backend.lease_wait(name, "tok-a", 0.2) is False
+    release = threading.Timer(0.3, backend.lease_release, (name, "tok-a"))
+    release.start()
+    try:
+        assert backend.lease_wait(name, "tok-a", 60) is True, "the release woke the waiter (not its timeout)"
+    finally:
+        release.join()
+    assert backend.lease_wait(name, "tok-a", 60) is True, "a waiter arriving after the release is not stuck"
+    assert backend.lease_holder(name) is None
 
 
 def test_evict_keeps_the_cap(backend: Backend, ns: str) -> None:

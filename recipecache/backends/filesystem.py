@@ -15,6 +15,8 @@ also on NFS); taking over an expired lease, renewing and releasing happen under 
 ``filelock`` on ``<lease>.lock``, re-reading the lease inside the lock. Expiry uses the
 wall clock, so hosts sharing a mount need synchronised clocks (NTP) within a fraction of
 the lease TTL.
+Nothing wakes a waiting process here (no ``lease_wait``): waiters poll the lease file
+with backoff, which costs a local read, not a network round trip.
 
 The root must not be writable by group or others (anyone who can write the cache can
 run code on every rank), and no path under it is followed through a symlink.
@@ -38,7 +40,7 @@ import filelock
 from ..errors import BackendError
 from ..reasons import Reason
 from ..fsutil import TEMP_PREFIX, private_directory, regular_files, subdirectories, write_atomic
-from .base import Backend, Clock, EntryInfo, check_key, is_key
+from .base import Backend, Clock, EntryInfo, LeaseState, check_key, is_key
 from .url import StoreURL
 
 log = logging.getLogger(__name__)
@@ -276,3 +278,7 @@ class FilesystemBackend(Backend):
         except OSError as exc:
             raise BackendError(_reason(exc), f"lease {name}: {exc.strerror}") from None
 
+    def lease_holder(self, name: str) -> LeaseState | None:
+        """Read without the lock: the lease file is replaced whole (link or rename), never rewritten in place."""
+        held = self._read_lease(self._lease_path(name))
+        return None if held is None else LeaseState(held[0], held[1] - self._clock())

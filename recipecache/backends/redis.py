@@ -12,6 +12,14 @@ finds a manifest fetches every chunk in one ``MGET`` and treats a missing chunk 
 miss, so nobody ever sees a partial value. The old generation's chunks are deleted after
 the swap. Leases are ``SET NX PX`` plus Lua compare-and-renew / compare-and-delete.
 
+Waiting for a lease holder does not poll: a waiter blocks in ``BLMOVE`` on the holder's
+wake list ``rc:w:<key>:<token digest>``, and the holder's release (after it published)
+pushes one element there, with an expiry, in the same script that deletes the lease.
+``BLMOVE`` from a list to itself rotates the element instead of taking it, so every
+waiter blocked on that list, and any that arrives later, wakes at once; the list expires
+by itself. Blocking calls go through a second connection pool whose socket timeout
+exceeds the longest block (:data:`MAX_BLOCK_S`), so a long wait is not a timeout.
+
 Every Redis failure becomes a :class:`BackendError`: ``backend_down`` (connection),
 ``backend_slow`` (socket timeout), ``backend_full`` (OOM under ``maxmemory``) or
 ``backend_error``.
@@ -19,6 +27,8 @@ Every Redis failure becomes a :class:`BackendError`: ``backend_down`` (connectio
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import secrets
 import struct
 import urllib.parse
@@ -32,7 +42,7 @@ from redis.retry import Retry
 
 from ..errors import BackendError
 from ..reasons import Reason
-from .base import Backend, EntryInfo, check_key
+from .base import Backend, EntryInfo, LeaseState, check_key
 from .url import StoreURL
 
 #: Every command this backend sends, as ACL names; deploy/ builds its ACL user from this
@@ -40,8 +50,8 @@ from .url import StoreURL
 #: refusal, so the user needs no ``client`` rights. Lua scripts run with the caller's
 #: rights, so their commands are listed too.
 ACL_COMMANDS = (
-    "get", "getrange", "strlen", "set", "del", "mget", "scan", "pexpire", "evalsha", "script|load", "ping", "auth",
-    "hello",
+    "get", "getrange", "strlen", "set", "del", "mget", "scan", "pexpire", "pttl", "rpush", "blmove", "evalsha",
+    "script|load", "ping", "auth", "hello",
 )
 
 _MANIFEST = b"RCM1"
@@ -70,9 +80,14 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# Delete the lease if ARGV[1] holds it, and wake its waiters: one element on its wake
+# list KEYS[2], which expires after ARGV[2] ms (waiters rotate it, never empty it).
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
+  redis.call('del', KEYS[1])
+  redis.call('rpush', KEYS[2], '1')
+  redis.call('pexpire', KEYS[2], ARGV[2])
+  return 1
 end
 return 0
 """
@@ -95,6 +110,11 @@ def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
 TLS_OPTIONS = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"})
 DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 5.0
+#: The longest one ``lease_wait`` blocks in Redis; a caller waiting longer calls again.
+MAX_BLOCK_S = 30.0
+#: How long a released lease's wake list outlives the release: waiters that read the
+#: holder just before it released still find the element when they block.
+WAKE_TTL_MS = 60_000
 
 
 class RedisBackend(Backend):
@@ -133,15 +153,18 @@ class RedisBackend(Backend):
         self.url = redacted_url
         self.ttl_ms = int(ttl * 1000) if ttl else None
         self.chunk_size = chunk_size
-        self._client = redis.Redis.from_url(
+        self._timeout = timeout
+        self._connect = functools.partial(
+            redis.Redis.from_url,
             url,
-            socket_timeout=timeout,
             socket_connect_timeout=timeout,
             health_check_interval=30,
             # one quick retry for a dropped connection; redis-py's default retries turn a
             # wrong password or a dead server into seconds of stall per call
             retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
         )
+        self._client = self._connect(socket_timeout=timeout)
+        self._blocking_client: Any = None
         self._swap = self._client.register_script(_SWAP)
         self._renew = self._client.register_script(_RENEW)
         self._release = self._client.register_script(_RELEASE)
@@ -230,7 +253,34 @@ class RedisBackend(Backend):
         return bool(self._call("lease renew", self._renew, keys=["rc:l:" + check_key(name)], args=[token, int(ttl * 1000)]))
 
     def lease_release(self, name: str, token: str) -> None:
-        self._call("lease release", self._release, keys=["rc:l:" + check_key(name)], args=[token])
+        self._call("lease release", self._release, keys=["rc:l:" + check_key(name), self._wake_key(name, token)],
+                   args=[token, WAKE_TTL_MS])
+
+    def lease_holder(self, name: str) -> LeaseState | None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.get("rc:l:" + check_key(name))
+        pipe.pttl("rc:l:" + name)
+        token, pttl = self._call("lease holder", pipe.execute)
+        if token is None or pttl == -2:  # -2: released or expired between the two commands
+            return None
+        # -1: a lease without expiry (not one of ours): look again after the longest block
+        return LeaseState(token.decode(errors="replace"), pttl / 1000 if pttl >= 0 else MAX_BLOCK_S)
+
+    def lease_wait(self, name: str, token: str, timeout: float) -> bool:
+        key = self._wake_key(check_key(name), token)
+        block = min(max(timeout, 0.01), MAX_BLOCK_S)
+        return self._call("lease wait", self._blocking().blmove, key, key, block, "RIGHT", "LEFT") is not None
+
+    def _wake_key(self, name: str, token: str) -> str:
+        return f"rc:w:{name}:{hashlib.sha256(token.encode()).hexdigest()[:16]}"
+
+    def _blocking(self) -> Any:
+        """The client for blocking calls, made on first use: most processes never wait."""
+        if self._blocking_client is None:
+            self._blocking_client = self._connect(socket_timeout=MAX_BLOCK_S + self._timeout)
+        return self._blocking_client
 
     def close(self) -> None:
         self._client.close()
+        if self._blocking_client is not None:
+            self._blocking_client.close()
