@@ -9,6 +9,9 @@ The store is what training code talks to. Its promises:
 * ``get_or_compile`` runs the caller's compile at most once per key across processes
   and hosts (single-flight, :mod:`recipecache.lease`), except when the backend cannot
   help, in which case it compiles locally.
+* With a node directory (``RECIPECACHE_NODE_DIR``, :mod:`recipecache.node_tier`) lookups
+  go through it: one process per node reads each entry from the backend, the node's
+  other processes read the verified copy it leaves there; puts go to both.
 * Nothing a backend does (down, slow, full, corrupt) raises into the caller. A failure
   opens a short circuit breaker: for ``retry_after`` seconds the backend is not asked at
   all (each skipped call still counts under the failure's reason), so an outage costs
@@ -17,6 +20,7 @@ The store is what training code talks to. Its promises:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -32,6 +36,7 @@ from .errors import BackendError, VerificationError
 from .events import EventLog
 from .keys import storage_key
 from .lease import HeldLease, SingleFlight
+from .node_tier import NodeTier
 from .reasons import ABSENT, FAILED, REFUSED, Reason, Role
 from .stats import Stats
 
@@ -117,6 +122,9 @@ class Store:
         self._lock = threading.Lock()
         self._broken_until = 0.0
         self._broken_reason: Reason | None = None
+        self.node = None if settings.node_dir is None else NodeTier(
+            settings.node_dir, max_size=settings.node_max_size, lease_ttl=settings.lease_ttl,
+            wait_timeout=settings.wait_timeout, stats=self._stats)
 
     @property
     def url(self) -> str:
@@ -151,16 +159,31 @@ class Store:
 
     # -- bytes ---------------------------------------------------------------------
     def _read(self, key: str) -> Lookup:
-        """The verified payload, or why not; deletes entries that fail verification. Counts nothing."""
+        """The verified payload, or why not, through the node tier if there is one. Counts nothing but bytes."""
+        if self.node is None:
+            result = self._read_remote(key)[0]
+        else:
+            result = self.node.read(storage_key(self.namespace, key), functools.partial(self._open, key),
+                                    functools.partial(self._read_remote, key), Lookup)
+        if result.data is not None:
+            self._stats.count("bytes_read", len(result.data))
+        return result
+
+    def _open(self, key: str, blob: bytes) -> bytes:
+        """The payload of ``blob`` filed under ``key``; VerificationError unless every check passes."""
+        return envelope.open_envelope(blob, key=key, secret=self.settings.secret)[1]
+
+    def _read_remote(self, key: str) -> tuple[Lookup, bytes | None]:
+        """The backend's answer, and for a hit the verified envelope as stored; deletes entries that fail verification."""
         skey = storage_key(self.namespace, key)
         try:
             blob = self._call("get", self.backend.get, skey)
         except BackendError as exc:
-            return Lookup(None, exc.reason)
+            return Lookup(None, exc.reason), None
         if blob is None:
-            return Lookup(None, Reason.NOT_FOUND)
+            return Lookup(None, Reason.NOT_FOUND), None
         try:
-            _header, payload = envelope.open_envelope(blob, key=key, secret=self.settings.secret)
+            payload = self._open(key, blob)
         except VerificationError as exc:
             log.warning("recipecache: refusing entry %s: %s", key, exc)
             self._stats.count("deleted_bad")
@@ -168,9 +191,8 @@ class Store:
                 self._call("delete", self.backend.delete, skey)
             except BackendError:
                 pass
-            return Lookup(None, exc.reason)
-        self._stats.count("bytes_read", len(payload))
-        return Lookup(payload)
+            return Lookup(None, exc.reason), None
+        return Lookup(payload), blob
 
     def lookup(self, key: str, *, trace: bool = True) -> Lookup:
         """The verified artifact under ``key``, or None and the counted miss reason.
@@ -199,8 +221,11 @@ class Store:
         """Publish ``data`` under ``key``; False (logged and counted, never raised) if the backend failed."""
         start = time.perf_counter()
         blob = envelope.seal(key, data, secret=self.settings.secret)
+        skey = storage_key(self.namespace, key)
+        if self.node is not None:  # the node's other processes read it there (even if the backend fails)
+            self.node.publish(skey, blob)
         try:
-            self._call("put", self.backend.put, storage_key(self.namespace, key), blob)
+            self._call("put", self.backend.put, skey, blob)
         except BackendError as exc:
             self._stats.reason("put_failures", exc.reason)
             return False
@@ -307,7 +332,8 @@ class Store:
 
     def stats(self) -> dict[str, Any]:
         out = self._stats.snapshot()
-        out.update(url=self.backend.url, namespace=self.namespace, signed=self.settings.secret is not None)
+        out.update(url=self.backend.url, namespace=self.namespace, signed=self.settings.secret is not None,
+                   node_dir=None if self.node is None else str(self.node.directory))
         return out
 
     def close(self) -> None:
