@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from .backends.filesystem import FilesystemBackend
@@ -48,6 +50,16 @@ A = TypeVar("A")
 #: a local stat, so waits end within milliseconds of the fetcher's publish.
 POLL_INITIAL_S = 0.005
 POLL_MAX_S = 0.1
+
+
+def default_node_dir() -> Path:
+    """Where ``recipecache-run`` puts a node's directory: ``$TMPDIR/recipecache-node-<uid>``.
+
+    Local disk, shared by every job of this user on the node (entries are namespaced and
+    verified, so a later job starts warm); the uid keeps other users of ``/tmp`` out.
+    """
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(tempfile.gettempdir()) / f"recipecache-node-{uid}"
 
 
 class NodeTier:
@@ -106,6 +118,7 @@ class NodeTier:
         self._stats.count("node_fetches")
         answer, entry = remote()
         if entry is not None:
+            self._stats.count("node_fetched_bytes", len(entry))
             self.publish(name, entry)
         return answer
 

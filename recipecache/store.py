@@ -158,9 +158,9 @@ class Store:
         return result
 
     # -- bytes ---------------------------------------------------------------------
-    def _read(self, key: str) -> Lookup:
-        """The verified payload, or why not, through the node tier if there is one. Counts nothing but bytes."""
-        if self.node is None:
+    def _read(self, key: str, *, node: bool = True) -> Lookup:
+        """The verified payload, or why not, through the node tier if there is one (and ``node``). Counts nothing but bytes."""
+        if self.node is None or not node:
             result = self._read_remote(key)[0]
         else:
             result = self.node.read(storage_key(self.namespace, key), functools.partial(self._open, key),
@@ -194,14 +194,16 @@ class Store:
             return Lookup(None, exc.reason), None
         return Lookup(payload), blob
 
-    def lookup(self, key: str, *, trace: bool = True) -> Lookup:
+    def lookup(self, key: str, *, trace: bool = True, node: bool = True) -> Lookup:
         """The verified artifact under ``key``, or None and the counted miss reason.
 
         ``trace=False`` keeps the lookup out of the event log (which the simulator replays
         as the job's compile keys); it is counted in :meth:`stats` all the same.
+        ``node=False`` reads the backend even with a node tier: for entries rewritten under
+        the same key (merged PGO state, an index), whose node copy would go stale.
         """
         start = time.perf_counter()
-        result = self._read(key)
+        result = self._read(key, node=node)
         if result.reason is not None:
             self._stats.reason("misses", result.reason)
             if trace:
@@ -213,16 +215,17 @@ class Store:
                 self.events.record("hit", key, time.perf_counter() - start, bytes=len(result.data))
         return result
 
-    def get(self, key: str, *, trace: bool = True) -> bytes | None:
+    def get(self, key: str, *, trace: bool = True, node: bool = True) -> bytes | None:
         """The verified artifact under ``key``, or None (a miss, counted by reason)."""
-        return self.lookup(key, trace=trace).data
+        return self.lookup(key, trace=trace, node=node).data
 
-    def put(self, key: str, data: bytes, *, trace: bool = True) -> bool:
-        """Publish ``data`` under ``key``; False (logged and counted, never raised) if the backend failed."""
+    def put(self, key: str, data: bytes, *, trace: bool = True, node: bool = True) -> bool:
+        """Publish ``data`` under ``key`` (and in the node directory, unless ``node=False``);
+        False (logged and counted, never raised) if the backend failed."""
         start = time.perf_counter()
         blob = envelope.seal(key, data, secret=self.settings.secret)
         skey = storage_key(self.namespace, key)
-        if self.node is not None:  # the node's other processes read it there (even if the backend fails)
+        if self.node is not None and node:  # the node's other processes read it there (even if the backend fails)
             self.node.publish(skey, blob)
         try:
             self._call("put", self.backend.put, skey, blob)

@@ -126,7 +126,7 @@ class HpuSyncAgent:
     # -- one cycle -----------------------------------------------------------------
     def sync_once(self) -> None:
         """One pass: read the index, publish, repair the index, skip foreign recipes, install."""
-        found = self.store.lookup(INDEX_KEY)
+        found = self.store.lookup(INDEX_KEY, node=False)  # rewritten by every node's agent: never a node copy
         if found.refused:  # forged or damaged; agents rebuild it below
             self._counts["refused"] += 1
             self._record("hpu_refuse", INDEX_KEY, reason=found.reason)
@@ -158,7 +158,8 @@ class HpuSyncAgent:
         missing = [e for name, e in self._published.items()
                    if (self.fingerprint_id, name) not in index and (name not in self._confirmed or len(index) < INDEX_CAP)]
         if missing:
-            self.store.put(INDEX_KEY, index.merged(missing, self.fingerprint_id, self.fingerprint).encode())
+            merged = index.merged(missing, self.fingerprint_id, self.fingerprint)
+            self.store.put(INDEX_KEY, merged.encode(), node=False)
 
     def _count_foreign(self, index: Index) -> None:
         for key, entry in index.entries.items():

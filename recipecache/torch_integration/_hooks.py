@@ -112,7 +112,7 @@ class Integration:
         if kind == "fx":
             data = self._fly(key)
         else:
-            found = self.store.lookup(key, trace=False)
+            found = self.store.lookup(key, trace=False, node=kind != "pgo")  # PGO state is rewritten in place
             data = found.data
             if found.failed:
                 self.metrics.fallback(found.reason, f"store {self.store.url} did not answer; compiling locally")
@@ -158,7 +158,7 @@ class Integration:
 
     def _put(self, kind: str, key: str, blob: bytes) -> None:
         """Publish a non-graph artifact (or a graph torch saved outside its lookup); kept out of the trace unless a graph."""
-        if self.store.put(key, blob, trace=kind == "fx"):
+        if self.store.put(key, blob, trace=kind == "fx", node=kind != "pgo"):
             self.metrics.put(kind)
 
     def end_attempt(self) -> None:
@@ -222,7 +222,7 @@ class Integration:
 
     def pgo_put(self, torch_key: str, data: bytes) -> None:
         key = KEY_PREFIX + pgo.shared_key(torch_key)
-        stored = self.store.get(key, trace=False)
+        stored = self.store.get(key, trace=False, node=False)
         if stored is not None:
             try:
                 data = pgo.merge(data, Artifact.unpack(stored, "pgo").entry)
