@@ -1,4 +1,5 @@
-"""One conformance suite that every backend runs: memory, filesystem, and a real redis-server."""
+"""One conformance suite that every backend runs: memory, filesystem, a real redis-server, a real
+3-primary Redis Cluster and a real primary behind a sentinel."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from recipecache.backends import open_backend
 from recipecache.errors import ConfigError
 
 
-@pytest.fixture(params=["memory", "filesystem", "redis"])
+@pytest.fixture(params=["memory", "filesystem", "redis", "redis-cluster", "redis-sentinel"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "memory":
         url = "memory://"
@@ -23,8 +24,10 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         url = f"file://{tmp_path / 'cache'}"
     else:
         request.applymarker(pytest.mark.redis)
+        server = {"redis": "redis_url", "redis-cluster": "redis_cluster", "redis-sentinel": "redis_sentinel"}
+        found = request.getfixturevalue(server[request.param])
         # a small chunk size so the suite exercises chunked values on Redis
-        url = request.getfixturevalue("redis_url") + "?chunk_size=4KiB"
+        url = (found if isinstance(found, str) else found.url) + "?chunk_size=4KiB"
     b = open_backend(url)
     yield b
     b.close()

@@ -1,4 +1,5 @@
-"""Single-flight across real processes, on the filesystem backend and on a real redis-server."""
+"""Single-flight across real processes, on the filesystem backend, a real redis-server and a real
+3-primary Redis Cluster."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ import recipecache
 WORKERS = Path(__file__).parent / "workers"
 
 
-@pytest.fixture(params=["filesystem", "redis"])
+@pytest.fixture(params=["filesystem", "redis", "redis-cluster"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "filesystem":
         return f"file://{tmp_path / 'cache'}"
     request.applymarker(pytest.mark.redis)
+    if request.param == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
     return str(request.getfixturevalue("redis_url"))
 
 

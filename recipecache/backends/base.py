@@ -149,6 +149,11 @@ class Backend(ABC):
         """
         return 0
 
+    def discover(self) -> None:
+        """Raise ConfigError if the URL names no usable service at all: a cluster none of whose seed
+        nodes answers, sentinels that know no primary for the service. A URL that names one
+        server does nothing here: that server being down is a backend failure, not bad input."""
+
     def ping(self) -> None:
         """Raise BackendError unless the service answers; a local backend always does."""
 

@@ -32,7 +32,7 @@ import hashlib
 import secrets
 import struct
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -117,6 +117,17 @@ MAX_BLOCK_S = 30.0
 WAKE_TTL_MS = 60_000
 
 
+def client_options(timeout: float) -> dict[str, Any]:
+    """redis-py connection settings of every client this backend makes (plain, cluster, sentinel)."""
+    return {
+        "socket_connect_timeout": timeout,
+        "health_check_interval": 30,
+        # one quick retry for a dropped connection; redis-py's default retries turn a
+        # wrong password or a dead server into seconds of stall per call
+        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
+    }
+
+
 class RedisBackend(Backend):
     URL_OPTIONS = frozenset({"ttl", "chunk_size", "timeout"}) | TLS_OPTIONS
 
@@ -149,20 +160,14 @@ class RedisBackend(Backend):
         ttl: float | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         timeout: float = DEFAULT_TIMEOUT_S,
+        connect: Callable[..., Any] | None = None,
     ) -> None:
+        """``connect(socket_timeout=S)`` makes a redis-py client (default: one server at ``url``)."""
         self.url = redacted_url
         self.ttl_ms = int(ttl * 1000) if ttl else None
         self.chunk_size = chunk_size
         self._timeout = timeout
-        self._connect = functools.partial(
-            redis.Redis.from_url,
-            url,
-            socket_connect_timeout=timeout,
-            health_check_interval=30,
-            # one quick retry for a dropped connection; redis-py's default retries turn a
-            # wrong password or a dead server into seconds of stall per call
-            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
-        )
+        self._connect = connect or functools.partial(redis.Redis.from_url, url, **client_options(timeout))
         self._client = self._connect(socket_timeout=timeout)
         self._blocking_client: Any = None
         self._swap = self._client.register_script(_SWAP)
@@ -181,7 +186,7 @@ class RedisBackend(Backend):
 
     # -- values --------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
-        value = self._call("get", self._client.get, "rc:e:" + check_key(key))
+        value = self._call("get", self._client.get, self._name("e", key))
         if value is None or not value.startswith(_MANIFEST):
             return value
         count, total, gen = self._parse_manifest(value)
@@ -192,7 +197,7 @@ class RedisBackend(Backend):
         return data if len(data) == total else None
 
     def put(self, key: str, value: bytes) -> None:
-        entry = "rc:e:" + check_key(key)
+        entry = self._name("e", key)
         if len(value) > self.chunk_size:
             gen = secrets.token_hex(8)
             count = -(-len(value) // self.chunk_size)
@@ -207,16 +212,13 @@ class RedisBackend(Backend):
             self._delete_chunks(key, old)
 
     def delete(self, key: str) -> None:
-        old = self._call("get", self._client.get, "rc:e:" + check_key(key))
-        self._call("del", self._client.delete, "rc:e:" + key)
+        old = self._call("get", self._client.get, self._name("e", key))
+        self._call("del", self._client.delete, self._name("e", key))
         if old is not None and old.startswith(_MANIFEST):
             self._delete_chunks(key, old)
 
     def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
-        pattern = f"rc:e:{namespace}/*" if namespace else "rc:e:*"
-        cursor = 0
-        while True:
-            cursor, keys = self._call("scan", self._client.scan, cursor, match=pattern, count=500)
+        for keys in self._scan_batches(self._pattern(namespace)):
             if keys:
                 # sizes without the values: a plain value's length, or the total a manifest names
                 pipe = self._client.pipeline(transaction=False)
@@ -227,14 +229,35 @@ class RedisBackend(Backend):
                 for k, length, head in zip(keys, answers[::2], answers[1::2], strict=True):
                     if length:
                         size = self._parse_manifest(head)[1] if head.startswith(_MANIFEST) else length
-                        yield EntryInfo(k.decode()[len("rc:e:"):], size, 0.0)
+                        yield EntryInfo(self._key_of(k.decode()), size, 0.0)
+
+    def _scan_batches(self, pattern: str) -> Iterator[list[bytes]]:
+        """The names matching ``pattern``, a batch per ``SCAN`` call."""
+        cursor = 0
+        while True:
+            cursor, keys = self._call("scan", self._client.scan, cursor, match=pattern, count=500)
+            yield keys
             if cursor == 0:
                 return
 
+    # -- key names -----------------------------------------------------------------
+    # The only place Redis key names are made, so that a cluster can keep every key of one
+    # entry (value, chunks, lease, wake list) in one hash slot (recipecache.backends.redis_cluster).
+    def _name(self, kind: str, key: str) -> str:
+        """The Redis key of ``kind`` (``e`` value, ``c`` chunk prefix, ``l`` lease, ``w`` wake list) for ``key``."""
+        return f"rc:{kind}:{check_key(key)}"
+
+    def _pattern(self, namespace: str | None) -> str:
+        """A ``SCAN`` pattern for the values of one namespace, or of every namespace."""
+        return f"rc:e:{namespace}/*" if namespace else "rc:e:*"
+
+    def _key_of(self, name: str) -> str:
+        """The backend key of a value's Redis key (the inverse of ``_name("e", key)``)."""
+        return name[len("rc:e:"):]
+
     # -- chunks --------------------------------------------------------------------
-    @staticmethod
-    def _chunk_key(key: str, gen: str, index: int) -> str:
-        return f"rc:c:{key}:{gen}:{index}"
+    def _chunk_key(self, key: str, gen: str, index: int) -> str:
+        return f"{self._name('c', key)}:{gen}:{index}"
 
     @staticmethod
     def _parse_manifest(value: bytes) -> tuple[int, int, str]:
@@ -247,19 +270,19 @@ class RedisBackend(Backend):
 
     # -- leases --------------------------------------------------------------------
     def lease_add(self, name: str, token: str, ttl: float) -> bool:
-        return bool(self._call("lease", self._client.set, "rc:l:" + check_key(name), token, nx=True, px=int(ttl * 1000)))
+        return bool(self._call("lease", self._client.set, self._name("l", name), token, nx=True, px=int(ttl * 1000)))
 
     def lease_renew(self, name: str, token: str, ttl: float) -> bool:
-        return bool(self._call("lease renew", self._renew, keys=["rc:l:" + check_key(name)], args=[token, int(ttl * 1000)]))
+        return bool(self._call("lease renew", self._renew, keys=[self._name("l", name)], args=[token, int(ttl * 1000)]))
 
     def lease_release(self, name: str, token: str) -> None:
-        self._call("lease release", self._release, keys=["rc:l:" + check_key(name), self._wake_key(name, token)],
+        self._call("lease release", self._release, keys=[self._name("l", name), self._wake_key(name, token)],
                    args=[token, WAKE_TTL_MS])
 
     def lease_holder(self, name: str) -> LeaseState | None:
         pipe = self._client.pipeline(transaction=False)
-        pipe.get("rc:l:" + check_key(name))
-        pipe.pttl("rc:l:" + name)
+        pipe.get(self._name("l", name))
+        pipe.pttl(self._name("l", name))
         token, pttl = self._call("lease holder", pipe.execute)
         if token is None or pttl == -2:  # -2: released or expired between the two commands
             return None
@@ -267,12 +290,12 @@ class RedisBackend(Backend):
         return LeaseState(token.decode(errors="replace"), pttl / 1000 if pttl >= 0 else MAX_BLOCK_S)
 
     def lease_wait(self, name: str, token: str, timeout: float) -> bool:
-        key = self._wake_key(check_key(name), token)
+        key = self._wake_key(name, token)
         block = min(max(timeout, 0.01), MAX_BLOCK_S)
         return self._call("lease wait", self._blocking().blmove, key, key, block, "RIGHT", "LEFT") is not None
 
     def _wake_key(self, name: str, token: str) -> str:
-        return f"rc:w:{name}:{hashlib.sha256(token.encode()).hexdigest()[:16]}"
+        return f"{self._name('w', name)}:{hashlib.sha256(token.encode()).hexdigest()[:16]}"
 
     def _blocking(self) -> Any:
         """The client for blocking calls, made on first use: most processes never wait."""
