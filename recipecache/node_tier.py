@@ -49,7 +49,7 @@ A = TypeVar("A")
 #: A waiting process looks at the directory this often at first, doubling up to the max:
 #: a local stat, so waits end within milliseconds of the fetcher's publish.
 POLL_INITIAL_S = 0.005
-POLL_MAX_S = 0.1
+POLL_MAX_S = 0.05
 
 
 def default_node_dir() -> Path:
