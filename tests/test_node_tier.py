@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from processes import kill_once_ready
 
 import recipecache
 from recipecache import envelope
@@ -194,12 +194,7 @@ def test_a_fetcher_killed_mid_fetch_is_taken_over(redis_url: str, tmp_path: Path
     fetcher = subprocess.Popen([sys.executable, str(WORKERS / "stuck_fetcher.py"), redis_url, namespace, str(node),
                                 "k", str(ready)])
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert fetcher.poll() is None and time.monotonic() < deadline, "the fetcher never started"
-            time.sleep(0.02)
-        fetcher.send_signal(signal.SIGKILL)
-        fetcher.wait()
+        kill_once_ready(fetcher, ready, "the fetcher")
     finally:
         fetcher.kill()
     monkeypatch.setenv("RECIPECACHE_NODE_DIR", str(node))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from processes import kill_once_ready
 
 import recipecache
 
@@ -54,12 +54,7 @@ def test_leader_killed_mid_compile_is_taken_over(url: str, tmp_path: Path, monke
     ready = tmp_path / "ready"
     leader = subprocess.Popen([sys.executable, str(WORKERS / "stuck_leader.py"), url, namespace, "k", str(ready)])
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert leader.poll() is None and time.monotonic() < deadline, "leader never started compiling"
-            time.sleep(0.05)
-        leader.send_signal(signal.SIGKILL)
-        leader.wait()
+        kill_once_ready(leader, ready, "the leader")
         store = recipecache.open_store(url, namespace=namespace)
         assert store.get_or_compile("k", lambda: b"from the follower", wait_timeout=60) == b"from the follower"
         stats = store.stats()
