@@ -201,12 +201,11 @@ class RedisSentinelBackend(RedisBackend):
             return sentinel.master_for(service, db=int(db or 0), socket_timeout=socket_timeout,
                                        **client_options(timeout), **credentials)
 
-        backend = cls(url.raw, connect=connect, **settings)
-        backend._sentinel, backend._service = sentinel, service
-        return backend
+        return cls(url.raw, sentinel=sentinel, service=service, connect=connect, **settings)
 
-    _sentinel: Sentinel
-    _service: str
+    def __init__(self, url: str, *, sentinel: Sentinel, service: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self._sentinel, self._service = sentinel, service
 
     def discover(self) -> None:
         try:
