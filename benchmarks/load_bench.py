@@ -24,9 +24,10 @@ Per backend and phase it prints: p50/p99 seconds from asking for an artifact to 
 it, seconds until every process has every artifact, remote bytes per artifact over its
 size (the copies Redis sent: at most the number of nodes with the node tier), Redis
 commands per second (every node's ``INFO commandstats``), compiles per artifact, lost and
-corrupt entries (an entry some rank published that cannot be read back whole afterwards,
-or an artifact a rank got with the wrong bytes: must be 0), fallbacks counted by the
-ranks' stores, and processes that raised (must be 0).
+corrupt entries (an entry some rank published, or for the warm phases any entry, that
+cannot be read back whole afterwards, or an artifact a rank got with the wrong bytes: must
+be 0), lookups the store failed to answer (down, slow: the rank goes on without it),
+fallbacks counted by the ranks' stores, and processes that raised (must be 0).
 
 ``--validate`` checks the simulator (``recipecache.sim``) against this machine: it
 measures the host's aggregate rates for fetching from Redis and for reading node copies
@@ -47,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +58,7 @@ import numpy as np
 import redis
 
 import recipecache
+from recipecache.reasons import FAILED
 from recipecache.sim import Costs, simulate
 
 HERE = Path(__file__).resolve().parent
@@ -96,7 +99,12 @@ def single_redis(work: Path) -> Iterator[Servers]:
     server.start()
 
     def restart() -> None:
-        server.stop()
+        """A clean restart: SHUTDOWN SAVE, however long the snapshot takes, then start on the same port."""
+        assert server.proc is not None
+        with contextlib.suppress(redis.exceptions.ConnectionError):
+            redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=600).shutdown(save=True)
+        server.proc.wait(timeout=600)
+        server.proc = None
         server.start()
 
     try:
@@ -107,7 +115,8 @@ def single_redis(work: Path) -> Iterator[Servers]:
 
 @contextlib.contextmanager
 def redis_cluster(work: Path) -> Iterator[Servers]:
-    cluster = RedisCluster(work / "cluster", primaries=3, replicas=1, config="maxclients 10000")
+    # deploy/'s node timeout: a node busy serving 64 processes on a loaded host is not a dead one
+    cluster = RedisCluster(work / "cluster", primaries=3, replicas=1, config="maxclients 10000", node_timeout_ms=5000)
     cluster.start()
     try:
         yield Servers("cluster", cluster.url, cluster.live, lambda: cluster.kill(cluster.primary_nodes()[0]),
@@ -192,10 +201,16 @@ def run_phase(servers: Servers, phase: Phase, artifacts: list[list[Any]], *, nod
         "copies": None if phase.fault else (after[0] - before[0]) / total_size,
         "cmd_s": None if phase.fault else (after[1] - before[1]) / wall,
         "compiles_per_artifact": sum(len(o["compiled"]) for o in outs) / len(artifacts),
-        "lost": lost_entries(servers.url, phase.namespace, artifacts, published)
-        + (sum(len(o["missing"]) for o in outs) if phase.mode == "warm" else 0),
+        # warm phases read what the cold phase published: all of it must be there afterwards
+        "lost": lost_entries(servers.url, phase.namespace, artifacts,
+                             {a[0] for a in artifacts} if phase.mode == "warm" else published),
         "corrupt": sum(len(o["corrupt"]) for o in outs),
+        # lookups the store did not answer (down, slow, full): the rank compiled or went on without
+        "failed": sum(n for o in outs for reason, n in o["stats"]["misses_by_reason"].items() if reason in FAILED),
         "fallbacks": sum(o["stats"]["fallback"] for o in outs),
+        "why": dict(sum((Counter({f"{k} {r}": n for k in ("misses", "fallback")
+                                  for r, n in o["stats"][f"{k}_by_reason"].items() if r != "not_found"})
+                         for o in outs), Counter())),
         "node_hits": sum(o["stats"]["node_hits"] for o in outs),
     }
 
@@ -219,11 +234,14 @@ def fmt(value: float | None, spec: str) -> str:
 def print_rows(rows: list[dict[str, Any]], servers: str, nodes: int, per_node: int) -> None:
     print(f"\n{servers}: {nodes} nodes x {per_node} ranks")
     print(f"{'phase':<7}{'p50 s':>8}{'p99 s':>8}{'all s':>8}{'copies':>8}{'cmd/s':>9}{'compiles':>9}"
-          f"{'lost':>6}{'corrupt':>8}{'fallbacks':>10}{'raised':>7}")
+          f"{'lost':>6}{'corrupt':>8}{'failed':>7}{'fallbacks':>10}{'raised':>7}")
     for r in rows:
         print(f"{r['phase']:<7}{r['p50_s']:>8.2f}{r['p99_s']:>8.2f}{r['all_s']:>8.1f}{fmt(r['copies'], '.2f'):>8}"
               f"{fmt(r['cmd_s'], '.0f'):>9}{r['compiles_per_artifact']:>9.2f}{r['lost']:>6}{r['corrupt']:>8}"
-              f"{r['fallbacks']:>10}{r['raised']:>7}", flush=True)
+              f"{r['failed']:>7}{r['fallbacks']:>10}{r['raised']:>7}", flush=True)
+    for r in rows:
+        if r["why"]:
+            print(f"  {r['phase']}: {', '.join(f'{n} {what}' for what, n in sorted(r['why'].items()))}")
 
 
 def load(args: argparse.Namespace, work: Path, deadline: float) -> int:

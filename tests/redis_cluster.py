@@ -31,20 +31,22 @@ def _port_below(limit: int) -> int:
 
 
 class RedisCluster:
-    def __init__(self, workdir: Path, *, primaries: int = 3, replicas: int = 0, config: str = "") -> None:
+    def __init__(self, workdir: Path, *, primaries: int = 3, replicas: int = 0, config: str = "",
+                 node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
         cli = shutil.which("redis-cli")
         if cli is None:
             raise RuntimeError("redis-cli not found: Debian's redis-server package installs it")
         self.cli = cli
         self.primaries, self.replicas = primaries, replicas
         self.config = config
+        self.node_timeout_ms = node_timeout_ms
         self.nodes = [RedisServer(Path(workdir) / f"node{i}", config=self._config(Path(workdir) / f"node{i}"),
                                   port=_port_below(55535)) for i in range(primaries * (1 + replicas))]
 
     def _config(self, workdir: Path) -> str:
         # the cluster bus port is given, not port + 10000, which may be taken
         return (f"cluster-enabled yes\ncluster-port {free_port()}\ncluster-config-file {workdir / 'nodes.conf'}\n"
-                f"cluster-node-timeout {NODE_TIMEOUT_MS}\ncluster-require-full-coverage no\n"
+                f"cluster-node-timeout {self.node_timeout_ms}\ncluster-require-full-coverage no\n"
                 f"cluster-allow-reads-when-down no\n{self.config}\n")
 
     @property

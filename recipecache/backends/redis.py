@@ -5,6 +5,7 @@ Keys (all under ``rc:`` so an ACL can confine the user to ``~rc:*``)::
     rc:e:<key>                   the value, or a chunk manifest for large values
     rc:c:<key>:<gen>:<i>         chunk i of generation gen
     rc:l:<key>                   a lease: the owner token, with a PX expiry
+    rc:w:<key>:<digest>          the wake list of the lease holder whose token hashes to digest
 
 Values above ``chunk_size`` are split: the chunks are written first under a fresh
 generation id, then the manifest is swapped in with one ``SET ... GET``; a reader that
@@ -31,6 +32,7 @@ import functools
 import hashlib
 import secrets
 import struct
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -170,6 +172,7 @@ class RedisBackend(Backend):
         self._connect = connect or functools.partial(redis.Redis.from_url, url, **client_options(timeout))
         self._client = self._connect(socket_timeout=timeout)
         self._blocking_client: Any = None
+        self._blocking_lock = threading.Lock()
         self._swap = self._client.register_script(_SWAP)
         self._renew = self._client.register_script(_RENEW)
         self._release = self._client.register_script(_RELEASE)
@@ -299,9 +302,10 @@ class RedisBackend(Backend):
 
     def _blocking(self) -> Any:
         """The client for blocking calls, made on first use: most processes never wait."""
-        if self._blocking_client is None:
-            self._blocking_client = self._connect(socket_timeout=MAX_BLOCK_S + self._timeout)
-        return self._blocking_client
+        with self._blocking_lock:
+            if self._blocking_client is None:
+                self._blocking_client = self._connect(socket_timeout=MAX_BLOCK_S + self._timeout)
+            return self._blocking_client
 
     def close(self) -> None:
         self._client.close()
