@@ -47,7 +47,7 @@ class RedisCluster:
         # the cluster bus port is given, not port + 10000, which may be taken
         return (f"cluster-enabled yes\ncluster-port {free_port()}\ncluster-config-file {workdir / 'nodes.conf'}\n"
                 f"cluster-node-timeout {self.node_timeout_ms}\ncluster-require-full-coverage no\n"
-                f"cluster-allow-reads-when-down no\n{self.config}\n")
+                f"cluster-allow-reads-when-down no\nrepl-diskless-sync-delay 0\n{self.config}\n")
 
     @property
     def seeds(self) -> str:
@@ -69,6 +69,7 @@ class RedisCluster:
             raise RuntimeError(f"redis-cli --cluster create failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
         try:
             self.wait_ok()
+            self._wait_replicas_synced()
         except BaseException:
             self.stop()
             raise
@@ -85,6 +86,15 @@ class RedisCluster:
                 pass
             time.sleep(0.1)
         raise RuntimeError("the cluster did not reach cluster_state:ok")
+
+    def _wait_replicas_synced(self, timeout: float = 60.0) -> None:
+        """Until every replica has its primary's data: one that never synced will not take over."""
+        deadline = time.monotonic() + timeout
+        while any(self.client(node).info("replication").get("master_link_status", "up") != "up"
+                  for node in self.nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replicas did not sync with their primaries")
+            time.sleep(0.1)
 
     def _healthy(self, node: RedisServer) -> bool:
         client = self.client(node)
