@@ -82,11 +82,13 @@ class Servers:
 
 
 def counters(nodes: list[RedisServer]) -> tuple[int, int]:
-    """Bytes sent and commands run so far, summed over ``nodes`` (``INFO`` itself left out)."""
+    """Bytes sent to clients and commands run so far, summed over ``nodes`` (``INFO`` itself left out;
+    a primary's stream to its replica is in ``total_net_output_bytes`` too, and is taken out)."""
     sent = calls = 0
     for node in nodes:
         client = redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=10)
-        sent += int(client.info("stats")["total_net_output_bytes"])
+        stats = client.info("stats")
+        sent += int(stats["total_net_output_bytes"]) - int(stats.get("total_net_repl_output_bytes", 0))
         calls += sum(v["calls"] for k, v in client.info("commandstats").items() if k != "cmdstat_info")
         client.close()
     return sent, calls
