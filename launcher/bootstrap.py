@@ -2,9 +2,9 @@
 
 It lets ``recipecache-run`` enable the cache in every rank without a change to the
 training script: it prepares the rank's environment, calls ``recipecache.enable()`` when
-the launcher asked for it (``RECIPECACHE_AUTO_ENABLE=1``), then runs the script as
-``python script args`` would: ``__name__ == "__main__"``, ``sys.argv`` starting with the
-script, the script's directory first on ``sys.path``.
+the launcher asked for it (``RECIPECACHE_AUTO_ENABLE=1``), then runs the script exactly as
+``python script args`` would (:func:`run_as_main`), and marks that the script finished
+(:mod:`launcher.exit_watch`), so the launcher can end a rank that then hangs on its way out.
 
 ``RECIPECACHE_RANK_DIRS=DIR`` gives this rank its own ``TORCHINDUCTOR_CACHE_DIR`` and
 ``TMPDIR`` under ``DIR/rank<RANK>``, so ranks on one machine cannot share through torch's
@@ -14,13 +14,17 @@ imported, because inductor and ``tempfile`` read those variables once.
 
 from __future__ import annotations
 
+import builtins
 import os
-import runpy
 import sys
+import types
 from collections.abc import MutableMapping, Sequence
+from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 from recipecache import env
+
+from .exit_watch import exit_status, mark_finished
 
 
 def use_rank_dirs(environ: MutableMapping[str, str]) -> None:
@@ -35,6 +39,31 @@ def use_rank_dirs(environ: MutableMapping[str, str]) -> None:
         environ[name] = str(path)
 
 
+def run_as_main(script: str) -> None:
+    """Run the Python source file ``script`` as ``python script`` does: as the ``__main__`` module for good.
+
+    Not ``runpy.run_path``: that runs the script in a temporary module and hands back a
+    copy of its globals, so whatever the script keeps in globals (a DDP model, with its
+    reducer and process group) is destroyed in the bootstrap the moment the script
+    returns: before the ``atexit`` handlers (torch's and recipecache's) and while every
+    other thread may still take the GIL. A C++ destructor that joins a thread which waits
+    for the GIL (gloo's work loop) then deadlocks. Here, as under ``python script.py``,
+    the script's module stays in ``sys.modules`` and its globals die during interpreter
+    finalization, after the ``atexit`` handlers, when other threads no longer get the GIL.
+    Like Python, it drops the module's ``__file__`` and ``__cached__`` once the script returned.
+    """
+    path = os.path.abspath(script)
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
+                         __loader__=SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)  # noqa: S102 - running the user's script is this module's job
+    for name in ("__file__", "__cached__"):
+        main.__dict__.pop(name, None)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
@@ -47,7 +76,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         recipecache.enable()
     sys.argv = argv
     sys.path[0] = str(Path(script).resolve().parent)
-    runpy.run_path(script, run_name="__main__")
+    status = 1  # an exception escaping the script: Python prints it and exits 1
+    try:
+        run_as_main(script)
+        status = 0
+    except SystemExit as exc:
+        status = exit_status(exc)
+        raise
+    finally:
+        mark_finished(status)
 
 
 if __name__ == "__main__":

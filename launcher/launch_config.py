@@ -21,12 +21,13 @@ from pathlib import Path
 
 from recipecache import env
 from recipecache.backends import StoreURL, backend_class, open_backend
-from recipecache.settings import default_url, read_secret_file
+from recipecache.settings import DEFAULT_LEASE_TTL, DEFAULT_WAIT_TIMEOUT, default_url, read_secret, read_secret_file
 from recipecache.errors import BackendError, ConfigError
 from recipecache.fsutil import private_directory
 from recipecache.keys import check_namespace
 from recipecache.node_tier import default_node_dir
 
+from . import hpu_metrics
 from .torchrun_options import NPROC_PER_NODE, PASS_THROUGH
 
 #: ``--nproc`` words torchrun resolves itself (anything else must be a positive count).
@@ -35,6 +36,9 @@ NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
 PROBE_TIMEOUT_S = 3.0
 #: ``{rank}`` is replaced by each rank (recipecache's metrics writer does this).
 METRICS_NAME = "metrics-rank{rank}.json"
+#: Seconds a node's ranks may take to exit once the script finished on all of them (``--exit-grace``):
+#: enough for atexit handlers that flush or upload, far less than a hang that would hold the job.
+DEFAULT_EXIT_GRACE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,10 @@ class LaunchConfig:
     hpu_dir: Path | None = None
     hpu_max_size_mb: int = 1024
     hpu_clear: bool = False
+    #: no progress lines while the job runs (compile start and finish per rank)
+    quiet: bool = False
+    #: a rank still running this long after the script finished on every rank of the node is ended
+    exit_grace_s: float = DEFAULT_EXIT_GRACE_S
     #: torchrun options as given, in torchrun's dash spelling: ``(("--nnodes", "2"), ("--standalone", None))``
     torchrun_options: tuple[tuple[str, str | None], ...] = ()
 
@@ -136,7 +144,15 @@ class LaunchConfig:
             # delete flag stays off; the node's sync agent clears the directory instead
             environ.update(rank_environment(0, namespace=self.namespace, directory=self.hpu_dir,
                                             max_size_mb=self.hpu_max_size_mb))
+            # the bridge's own compile and recipe-cache figures, one file per rank, for the report
+            environ.update(hpu_metrics.rank_environment(self.run_dir, environ))
         return environ
+
+    def hpu_metrics_file(self, base: Mapping[str, str]) -> Path | None:
+        """The bridge's metrics file name the ranks get (before its ``-rank<N>``), or None without ``--hpu``."""
+        if self.hpu_dir is None:
+            return None
+        return Path(self.rank_env(base)[hpu_metrics.METRICS_FILE])
 
     # -- construction --------------------------------------------------------------
     @classmethod
@@ -156,6 +172,7 @@ class LaunchConfig:
         run_dir = run_dir.absolute()
         options = tuple((opt.name, getattr(args, opt.dest) if opt.takes_value else None)
                         for opt in PASS_THROUGH if getattr(args, opt.dest) not in (None, False))
+        _check_store_timing()
         return cls(
             script=script.absolute(),
             script_args=tuple(args.script_args),
@@ -167,12 +184,15 @@ class LaunchConfig:
             enable=not args.no_enable,
             threads=_threads(args.threads, nproc),
             secret_file=_secret_file(args.secret_file),
+            exit_grace_s=(DEFAULT_EXIT_GRACE_S if args.exit_grace is None
+                          else env.positive_seconds("--exit-grace", args.exit_grace)),
             rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
             node_dir=_node_dir(args),
             prewarm=args.prewarm,
             hpu_dir=_hpu_dir(args, namespace),
             hpu_max_size_mb=_positive("--hpu-max-size-mb", args.hpu_max_size_mb),
             hpu_clear=args.hpu_clear,
+            quiet=args.quiet,
             torchrun_options=options,
         )
 
@@ -235,11 +255,24 @@ def _node_dir(args: argparse.Namespace) -> str | None:
 
 
 def _secret_file(path: str | None) -> Path | None:
-    """The HMAC key file, checked here so a typo fails before any rank starts."""
+    """The HMAC key file, checked here so a typo fails before any rank starts.
+
+    Without ``--secret-file`` the ranks take the key from the environment; it is read
+    here the same way (``RECIPECACHE_SECRET``, else the file ``RECIPECACHE_SECRET_FILE``),
+    so a missing or empty file is one line now instead of a traceback in every rank.
+    """
     if path is None:
+        read_secret()
         return None
     read_secret_file(path, "--secret-file")
     return Path(path).absolute()
+
+
+def _check_store_timing() -> None:
+    """The wait timeout, lease TTL and CPU fingerprint every rank will read from the environment, checked before any starts."""
+    env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT)
+    env.seconds(env.LEASE_TTL, DEFAULT_LEASE_TTL)
+    env.cpu_fingerprint()
 
 
 _NOT_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -5,6 +5,12 @@ session, so a Ctrl-C reaches it exactly once, forwarded by the launcher, and tor
 shuts its workers down the way it always does. The exit status is the job's (128 + N
 when torchrun itself died of signal N); bad input exits 2 with one line and starts
 nothing.
+
+A rank still running ``--exit-grace`` seconds after the script finished on every rank of
+the node (:mod:`launcher.exit_watch`) is ended: torchrun is asked to stop (so it restarts
+nothing), then the rank is killed. The exit status is then the one the scripts gave their
+processes (0 when every script completed; see :func:`launcher.exit_watch.job_status`),
+and the report lists the ranks that were ended.
 """
 
 from __future__ import annotations
@@ -13,11 +19,14 @@ import argparse
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -26,8 +35,11 @@ from recipecache.argparsing import OneLineArgumentParser
 from recipecache.backends import redact
 from recipecache.errors import ConfigError
 
-from .launch_config import LaunchConfig, probe_store
-from .report import build_report, format_report, load_metrics, write_report
+from . import hpu_metrics
+from .exit_watch import ExitWatch, FinishedRank, job_status, running_child
+from .launch_config import DEFAULT_EXIT_GRACE_S, LaunchConfig, probe_store
+from .progress import Progress
+from .report import build_report, format_report, load_graphs, load_metrics, write_report
 from .torchrun_options import NPROC_PER_NODE, PASS_THROUGH, REFUSED
 
 log = logging.getLogger(__name__)
@@ -37,6 +49,12 @@ PROG = "recipecache-run"
 MTIME_SLACK_S = 2.0
 #: prctl option from <linux/prctl.h>
 PR_SET_PDEATHSIG = 1
+#: How often the launcher looks for ranks that outlived their script.
+WATCH_INTERVAL_S = 1.0
+#: After asking torchrun to stop, how long it may take before hung ranks, then torchrun, are killed.
+KILL_AFTER_S = 10.0
+#: How long the HPU agent may take for its last publishing pass before it is killed.
+AGENT_STOP_TIMEOUT_S = 60.0
 
 
 class _Refuse(argparse.Action):
@@ -62,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="processes per node (torchrun's --nproc-per-node; also auto, cpu, gpu, xpu); default 1")
     ours.add_argument("--cache", metavar="URL",
                       help="store URL: file:///shared/dir or redis://host:port/db (default: $RECIPECACHE_URL, "
-                           "else the filesystem store in $RECIPECACHE_DIR or ~/.cache/recipecache)")
+                           "else the filesystem store in $RECIPECACHE_DIR or ~/.cache/recipecache); a password "
+                           "in it is visible to every user of the machine (ps), so pass such a URL in "
+                           "$RECIPECACHE_URL, never here")
     ours.add_argument("--namespace", help="namespace in the store (default: $RECIPECACHE_NAMESPACE, else the "
                                           "script's file name without .py, so reruns of a script share)")
     ours.add_argument("--secret-file", metavar="PATH",
@@ -83,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "node fetches each artifact (default $TMPDIR/recipecache-node-<uid>; with --rank-dirs, "
                            "one per rank under it, as if each rank were a node)")
     ours.add_argument("--no-node-tier", action="store_true", help="no node directory: every rank reads the store")
+    ours.add_argument("--quiet", action="store_true",
+                      help="print no progress lines (each rank's compile start and finish) while the job runs")
+    ours.add_argument("--exit-grace", metavar="SECONDS",
+                      help="seconds the ranks of a node may take to exit once the script finished on all of them; "
+                           "a rank still running then is reported and ended (atexit handlers and non-daemon "
+                           f"threads must finish within it; default {DEFAULT_EXIT_GRACE_S:g})")
     ours.add_argument("--prewarm", action="store_true",
                       help="compile the shapes the script declares (recipecache.declare_shapes) before training, "
                            "spread over the ranks")
@@ -116,13 +142,21 @@ def _die_with_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def run_torchrun(config: LaunchConfig) -> int:
-    """Run the job; forward SIGINT/SIGTERM to torchrun; return its exit status."""
+def run_torchrun(
+    config: LaunchConfig, watch: ExitWatch, *, started: Callable[[], None] = lambda: None
+) -> tuple[int, list[FinishedRank]]:
+    """Run the job; forward SIGINT/SIGTERM to torchrun; end ranks that outlive their script.
+
+    Returns the job's exit status and the ranks the launcher had to end (see the module docstring).
+    ``started`` runs once torchrun is started (threads may start then, not before).
+    """
     cmd = [sys.executable, *config.torchrun_argv()]
     log.info("starting %s", " ".join(cmd))
-    proc = subprocess.Popen(cmd, env=config.rank_env(os.environ), start_new_session=True,
-                            # the launcher runs no threads, so a preexec_fn is safe here
+    proc = subprocess.Popen(cmd, env={**config.rank_env(os.environ), env.FINISHED_DIR: str(watch.directory)},
+                            start_new_session=True,
+                            # the launcher runs no threads yet, so a preexec_fn is safe here
                             preexec_fn=_die_with_launcher if sys.platform == "linux" else None)  # noqa: PLW1509
+    started()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         if proc.poll() is None:
@@ -130,11 +164,49 @@ def run_torchrun(config: LaunchConfig) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = proc.wait()
+        while True:
+            try:
+                code = proc.wait(timeout=WATCH_INTERVAL_S)
+            except subprocess.TimeoutExpired:
+                hung = watch.overdue(proc.pid)
+                if hung:
+                    end_hung_ranks(proc, hung, watch.grace_s)
+                    return job_status(watch.finished()), hung
+            else:
+                return (code if code >= 0 else 128 - code), []
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return code if code >= 0 else 128 - code
+
+
+def end_hung_ranks(proc: subprocess.Popen[bytes], hung: list[FinishedRank], grace_s: float) -> None:
+    """Stop torchrun, whose ranks ``hung`` outlived their script; kill what does not stop.
+
+    torchrun is asked first (SIGTERM, as on Ctrl-C): it stops its workers and, unlike
+    after a worker that died, restarts none. A rank stuck in a destructor with the GIL
+    held cannot run a Python signal handler, so it is killed if it is still there
+    ``KILL_AFTER_S`` later, and so is torchrun after as long again.
+    """
+    ranks = ", ".join(str(rank.rank) for rank in hung)
+    log.warning("rank(s) %s still running %g s after the script finished on every rank of this node; ending them",
+                ranks, grace_s)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=KILL_AFTER_S)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    for rank in hung:
+        if running_child(rank.pid, proc.pid):
+            try:
+                os.kill(rank.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    try:
+        proc.wait(timeout=KILL_AFTER_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def start_hpu_agent(config: LaunchConfig) -> subprocess.Popen[bytes] | None:
@@ -143,26 +215,43 @@ def start_hpu_agent(config: LaunchConfig) -> subprocess.Popen[bytes] | None:
         return None
     from recipecache.hpu import start_agent
 
-    env = {**config.rank_env(os.environ), env.EVENT_LOG: str(config.run_dir / "hpu-events")}
+    environ = {**config.rank_env(os.environ), env.EVENT_LOG: str(config.run_dir / "hpu-events")}
     return start_agent(directory=config.hpu_dir, url=config.cache_url, namespace=config.namespace,
-                       max_size_mb=config.hpu_max_size_mb, clear=config.hpu_clear, env=env)
+                       max_size_mb=config.hpu_max_size_mb, clear=config.hpu_clear, env=environ)
+
+
+def stop_hpu_agent(agent: subprocess.Popen[bytes]) -> None:
+    """Stop the node's agent: it makes a last publishing pass, but never holds up the job's status and report."""
+    agent.terminate()
+    try:
+        agent.wait(timeout=AGENT_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        log.warning("the HPU sync agent did not finish its last pass within %g s; killing it", AGENT_STOP_TIMEOUT_S)
+        agent.kill()
+        agent.wait()
 
 
 def launch(config: LaunchConfig) -> int:
     """Run the job and report on it; returns the job's exit status."""
     config.run_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
+    watch = ExitWatch(Path(tempfile.mkdtemp(prefix=".finished-", dir=config.run_dir)), config.exit_grace_s)
     agent = start_hpu_agent(config)
+    progress = Progress(config.events_dir, since=start - MTIME_SLACK_S, quiet=config.quiet)
     try:
-        code = run_torchrun(config)
+        code, hung = run_torchrun(config, watch, started=progress.start)
     finally:
+        progress.stop()
         if agent is not None:
-            agent.terminate()  # it makes a last publishing pass before it exits
-            agent.wait(timeout=60)
+            stop_hpu_agent(agent)
+        shutil.rmtree(watch.directory, ignore_errors=True)
     wall = time.time() - start
+    hpu_file = config.hpu_metrics_file(os.environ)
     report = build_report(
         load_metrics(config.run_dir, since=start - MTIME_SLACK_S),
         config.local_ranks,
+        hpu=hpu_metrics.load(hpu_file, since=start - MTIME_SLACK_S) if hpu_file else None,
+        graphs=load_graphs(config.events_dir, since=start - MTIME_SLACK_S),
         exit_code=code,
         wall_s=round(wall, 3),
         script=str(config.script),
@@ -171,6 +260,8 @@ def launch(config: LaunchConfig) -> int:
         enabled=config.enable,
         run_dir=str(config.run_dir),
         events=str(config.events_dir),
+        exit_grace_s=config.exit_grace_s,
+        hung_ranks=[rank.to_json() for rank in hung],
     )
     write_report(report, config.report_path)
     print(f"{PROG}: job exited {code} after {wall:.1f} s; cache {report['cache']}, namespace {config.namespace}\n"

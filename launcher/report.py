@@ -11,6 +11,17 @@ Per rank:
   collective (its peers sat in the next all-reduce meanwhile).
 * ``saved_s``: for each hit, what the producing rank spent compiling that artifact
   (recorded by the torch integration; 0 when the field is absent).
+* ``local_hits``: graphs torch served from its own local cache, so the store was never
+  asked (a rerun on warm nodes has no store hits, and is no less cached for it).
+* ``hpu`` (Gaudi jobs): the bridge's own compile count and recipe-cache hits and misses
+  (:mod:`launcher.hpu_metrics`).
+
+The report also lists graphs compiled by more than one rank and ranks that compiled a
+graph others had loaded, with the reason (:mod:`recipecache.explain`).
+
+The launcher adds the job's fields, among them ``hung_ranks``: the ranks it had to end
+because they were still running ``exit_grace_s`` after their script finished on every
+rank of the node (see :mod:`launcher.exit_watch`).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recipecache.explain import analyse_run
 from recipecache.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
@@ -34,6 +46,8 @@ _METRICS_FILE = re.compile(r"^metrics-rank(\d+)\.json\Z")
 _COUNTS: dict[str, tuple[str, ...]] = {
     "compiles": ("graph_compilation", "TotalNumber"),
     "hits": ("cache", "TotalHit"),
+    # graphs torch's own local cache served (the store was not asked)
+    "local_hits": ("local_hits", "fx"),
     "misses": ("cache", "TotalMiss"),
     "puts": ("store", "puts"),
     "waits": ("waits",),
@@ -85,6 +99,13 @@ def load_metrics(run_dir: Path, *, since: float | None = None) -> dict[int, dict
     return found
 
 
+def load_graphs(events_dir: Path, *, since: float | None = None) -> dict[str, Any]:
+    """Duplicate compiles and misses of graphs others loaded, from the job's event logs (none without them)."""
+    if not events_dir.is_dir():
+        return {}
+    return analyse_run(events_dir, since=since).to_dict()
+
+
 def _lookup(data: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     value: Any = data
     for part in path:
@@ -110,12 +131,18 @@ def rank_row(rank: int, data: Mapping[str, Any]) -> dict[str, Any]:
 def build_report(
     metrics: Mapping[int, Mapping[str, Any] | Unreadable],
     expected_ranks: Iterable[int] | None,
+    *,
+    hpu: Mapping[int, Mapping[str, float]] | None = None,
+    graphs: Mapping[str, list[dict[str, Any]]] | None = None,
     **job: Any,
 ) -> dict[str, Any]:
     """The job report: ``ranks`` (sorted by rank; missing ones included), ``total`` and ``job`` fields.
 
     ``expected_ranks`` None means the launcher cannot know which ranks it started (an
-    elastic rendezvous): the report then covers the ranks it found and says so.
+    elastic rendezvous): the report then covers the ranks it found and says so. ``hpu``
+    is each rank's Gaudi figures (:func:`launcher.hpu_metrics.load`), folded into its row
+    and the total; ``graphs`` the ``duplicates`` and ``missed`` lists of
+    :meth:`recipecache.explain.Analysis.to_dict`, copied into the report.
     """
     expected = set(expected_ranks) if expected_ranks is not None else set()
     rows: list[dict[str, Any]] = []
@@ -134,26 +161,41 @@ def build_report(
         fallbacks.update(r["fallbacks"])
     total["fallbacks"] = dict(fallbacks)
     total["ranks_reported"] = len(ok)
+    if hpu:
+        for r in ok:
+            if r["rank"] in hpu:
+                r["hpu"] = dict(hpu[r["rank"]])
+        figures: Counter[str] = Counter()
+        for r in ok:
+            figures.update(r.get("hpu", {}))
+        total["hpu"] = dict(figures)
     return {
         **job,
         "expected_ranks": sorted(expected) if expected_ranks is not None else None,
         "missing_ranks": [r["rank"] for r in rows if r["status"] != "ok"],
         "total": total,
         "ranks": rows,
+        "duplicates": list((graphs or {}).get("duplicates", [])),
+        "missed": list((graphs or {}).get("missed", [])),
     }
 
 
 def format_report(report: Mapping[str, Any]) -> str:
-    """The report as a table for people: one line per rank and a total."""
-    head = f"{'rank':>6} {'compiles':>8} {'hits':>6} {'misses':>6} {'puts':>5} {'waits':>5} " \
-           f"{'compile_s':>9} {'wait_s':>8} {'stall_s':>8} {'saved_s':>8} {'refused':>7}  fallbacks"
+    """The report as a table for people: one line per rank and a total, then what was compiled twice."""
+    with_hpu = "hpu" in report["total"]
+    head = f"{'rank':>6} {'compiles':>8} {'hits':>6} {'local':>6} {'misses':>6} {'puts':>5} {'waits':>5} " \
+           f"{'compile_s':>9} {'wait_s':>8} {'stall_s':>8} {'saved_s':>8} {'refused':>7}  " \
+           + (f"{'hpu_compiles':>12} {'recipe_hits':>11} {'recipe_misses':>13}  " if with_hpu else "") + "fallbacks"
     lines = [head]
 
     def line(label: str, r: Mapping[str, Any]) -> str:
         fallbacks = ", ".join(f"{k}={v}" for k, v in sorted(r["fallbacks"].items())) or "-"
-        return (f"{label:>6} {r['compiles']:>8} {r['hits']:>6} {r['misses']:>6} {r['puts']:>5} {r['waits']:>5} "
-                f"{r['compile_s']:>9.2f} {r['wait_s']:>8.2f} {r['stall_s']:>8.2f} {r['saved_s']:>8.2f} {r['refused']:>7}  "
-                f"{fallbacks}")
+        hpu = r.get("hpu", {})
+        gaudi = (f"{hpu.get('compiles', '-'):>12} {hpu.get('recipe_hits', '-'):>11} {hpu.get('recipe_misses', '-'):>13}  "
+                 if with_hpu else "")
+        return (f"{label:>6} {r['compiles']:>8} {r['hits']:>6} {r['local_hits']:>6} {r['misses']:>6} {r['puts']:>5} "
+                f"{r['waits']:>5} {r['compile_s']:>9.2f} {r['wait_s']:>8.2f} {r['stall_s']:>8.2f} {r['saved_s']:>8.2f} "
+                f"{r['refused']:>7}  {gaudi}{fallbacks}")
 
     for r in report["ranks"]:
         if r["status"] == "missing":
@@ -168,7 +210,30 @@ def format_report(report: Mapping[str, Any]) -> str:
                      f"{report['total']['ranks_reported']} rank(s) reported")
     elif report["missing_ranks"]:
         lines.append(f"WARNING: no usable metrics from rank(s) {', '.join(map(str, report['missing_ranks']))}")
+    hung = report.get("hung_ranks")
+    if hung:
+        lines.append(f"WARNING: rank(s) {', '.join(str(r['rank']) for r in hung)} still running "
+                     f"{report['exit_grace_s']:g} s after the script finished on every rank of this node; ended "
+                     f"(the exit status is the scripts' own; see hung_ranks in the report)")
+    lines += format_graphs(report)
     return "\n".join(lines)
+
+
+def format_graphs(report: Mapping[str, Any]) -> list[str]:
+    """The report's duplicate compiles and misses of graphs other ranks loaded, a line each."""
+    lines = []
+    duplicates, missed = report.get("duplicates") or [], report.get("missed") or []
+    if duplicates:
+        lines.append(f"compiled by more than one rank ({len(duplicates)} graph(s); recipecache explain RUN_DIR "
+                     "shows differing keys):")
+        for dup in duplicates:
+            first, *others = dup["compiles"]
+            again = "; ".join(f"rank {c['rank']} again: {c['reason']}" for c in others)
+            lines.append(f"  {dup['label']}: rank {first['rank']} first ({first['seconds']:.1f} s); {again}")
+    if missed:
+        lines.append("compiled though other ranks had loaded it from the store:")
+        lines += [f"  rank {m['rank']}: {m['label']}: {m['reason']}" for m in missed]
+    return lines
 
 
 def write_report(report: Mapping[str, Any], path: Path) -> None:

@@ -2,8 +2,12 @@
 
 They work on raw envelopes through the store's admin methods (:meth:`Store.scan`,
 :meth:`Store.read_raw`, ...), so an export keeps signatures intact and an import verifies
-every entry (checksum, signature when a secret is set, and that the entry's key hashes to
+every entry (digest, signature when a secret is set, and that the entry's key hashes to
 where it is filed) before writing it. The CLI only parses, calls these and prints.
+
+An envelope names its namespace (the signature covers it), so an entry imported into
+another namespace is sealed anew there, signed with the importer's secret: moving signed
+entries between namespaces takes the secret.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any, BinaryIO
 import msgpack
 
 from . import envelope
+from .buffers import Buffer
 from .errors import ConfigError, VerificationError
 from .keys import storage_key
 from .store import Store
@@ -38,9 +43,12 @@ class EntryReport:
     size: int
     header: envelope.Header | None
     problem: str | None
+    #: last read or write (Unix time) where the backend tracks it (the filesystem store), else None
+    last_used: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"storage_key": self.storage_key, "size": self.size, "problem": self.problem}
+        out: dict[str, Any] = {"storage_key": self.storage_key, "size": self.size, "problem": self.problem,
+                               "last_used": self.last_used}
         if self.header is not None:
             out.update(self.header.to_dict())
         return out
@@ -53,26 +61,30 @@ class VerifyResult:
     fixed: bool = False
 
 
-def check_entry(store: Store, skey: str, blob: bytes) -> tuple[envelope.Header | None, str | None]:
+def check_entry(store: Store, skey: str, blob: Buffer) -> tuple[envelope.Header | None, str | None]:
     """Verify one raw envelope filed under ``skey``; returns (header, problem)."""
+    namespace = skey.split("/", 1)[0]
     try:
-        header, _payload = envelope.open_envelope(blob, key=None, secret=store.settings.secret)
+        header, _payload = envelope.open_envelope(blob, key=None, namespace=namespace, secret=store.settings.secret)
     except VerificationError as exc:
         return None, f"{exc.reason}: {exc}"
-    namespace = skey.split("/", 1)[0]
     if storage_key(namespace, header.key) != skey:
         return header, "corrupt: entry is filed under another key"
     return header, None
 
 
-def _read_entries(store: Store) -> Iterator[tuple[EntryReport, bytes]]:
-    """Each entry of the store's namespace, read once and verified, with its raw bytes."""
+def _read_entries(store: Store) -> Iterator[tuple[EntryReport, Buffer | None]]:
+    """Each entry of the store's namespace, read once and verified, with its raw bytes (None: unreadable)."""
     for info in store.scan():
-        blob = store.read_raw(info.key)
+        try:
+            blob = store.read_raw(info.key)
+        except VerificationError as exc:  # the backend's own framing of it is damaged
+            yield EntryReport(info.key, info.size, None, f"{exc.reason}: {exc}", info.atime or None), None
+            continue
         if blob is None:
             continue  # evicted or deleted while we listed
         header, problem = check_entry(store, info.key, blob)
-        yield EntryReport(info.key, len(blob), header, problem), blob
+        yield EntryReport(info.key, len(blob), header, problem, info.atime or None), blob
 
 
 def inspect_entries(store: Store) -> Iterator[EntryReport]:
@@ -143,7 +155,7 @@ def export_namespace(store: Store, path: Path) -> int:
             count_at = out.tell()
             out.write(packer.pack(_COUNT.pack(0)))
             for report, blob in _read_entries(store):
-                if report.problem is None:
+                if report.problem is None and blob is not None:
                     out.write(packer.pack(blob))
                     count += 1
             out.seek(count_at)
@@ -204,10 +216,15 @@ def import_file(store: Store, path: Path) -> tuple[int, int]:
         try:
             for blob in _export_entries(fh, Path(path)):
                 try:
-                    header, _payload = envelope.open_envelope(blob, key=None, secret=store.settings.secret)
+                    header, payload = envelope.open_envelope(
+                        blob, key=None, namespace=None, secret=store.settings.secret
+                    )
                 except VerificationError:
                     refused += 1
                     continue
+                if header.namespace != store.namespace:
+                    blob = envelope.seal(header.key, payload, namespace=store.namespace, secret=store.settings.secret,
+                                         meta=header.meta)
                 store.write_raw(storage_key(store.namespace, header.key), blob)
                 imported += 1
         except _Damaged as exc:

@@ -1,7 +1,9 @@
 """``recipecache``: the admin command line (argparse -> store -> one operation -> exit code).
 
 Exit status: 0 on success, 1 when the operation found a problem (bad entries left by
-``verify``, a backend that failed), 2 for bad input. Errors are one line on stderr.
+``verify``, a backend that failed, a failed ``doctor`` check), 2 for bad input. Errors are
+one line on stderr. ``explain``, ``trace`` and ``doctor`` live in their own modules
+(:mod:`recipecache.explain`, :mod:`recipecache.timeline`, :mod:`recipecache.doctor`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import admin
+from . import admin, doctor, explain, timeline
 from .argparsing import OneLineArgumentParser
 from .errors import BackendError, ConfigError
 from .sizes import format_size, parse_size
@@ -41,13 +43,21 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(unix: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(unix)) if unix else "-"
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     reports = list(admin.inspect_entries(_store(args)))
-    lines = [f"{'STORAGE KEY':<40} {'SIZE':>10}  {'CREATED':<19}  {'PRODUCER':<20} STATUS"]
+    lines = [f"{'KIND':<10} {'WHAT':<52} {'COMPILE_S':>9} {'SIZE':>10}  {'CREATED':<16}  {'PRODUCER':<18} "
+             f"{'LAST USED':<16}  STATUS"]
     for r in reports:
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.header.created)) if r.header else "?"
+        meta = r.header.meta if r.header else {}
+        what = " ".join(str(meta[k]) for k in ("name", "shapes") if meta.get(k)) or (r.header.key if r.header else r.storage_key)
+        compile_s = f"{meta['compile_s']:.1f}" if isinstance(meta.get("compile_s"), (int, float)) else "-"
         producer = f"{r.header.host}/rank{r.header.rank}" if r.header else "?"
-        lines.append(f"{r.storage_key[:40]:<40} {format_size(r.size):>10}  {created:<19}  {producer[:20]:<20} "
+        lines.append(f"{str(meta.get('kind', '-'))[:10]:<10} {what[:52]:<52} {compile_s:>9} {format_size(r.size):>10}  "
+                     f"{_when(r.header.created if r.header else None):<16}  {producer[:18]:<18} {_when(r.last_used):<16}  "
                      f"{r.problem or ('signed' if r.header and r.header.signed else 'ok')}")
     _emit(args, [r.to_dict() for r in reports], "\n".join(lines))
     return 0
@@ -93,6 +103,29 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 1 if refused else 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    groups = explain.explain(args.run_dir, key=args.key)
+    _emit(args, [g.to_dict() for g in groups], explain.format_groups(groups))
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    trace = timeline.write_trace(args.run_dir, args.output)
+    if args.png:
+        timeline.draw(args.run_dir, args.png)
+    events = trace["traceEvents"]
+    ranks = len({e["pid"] for e in events})
+    print(f"wrote {args.output}: {len(events)} events on {ranks} rank tracks (open in ui.perfetto.dev)"
+          + (f"; {args.png}" if args.png else ""))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    checks = doctor.run_checks(args.url, namespace=args.namespace)
+    _emit(args, [c.to_dict() for c in checks], doctor.format_checks(checks))
+    return doctor.exit_status(checks)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog="recipecache", description="Inspect and manage a recipecache store.")
     common = argparse.ArgumentParser(add_help=False)
@@ -116,6 +149,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="every namespace")
     add("export", cmd_export, "write a namespace's verified entries to a file").add_argument("file")
     add("import", cmd_import, "verify and load an exported file into a namespace").add_argument("file")
+    add("doctor", cmd_doctor, "check that this node can share artifacts: store, rights, clock, space, signing, "
+                              "key inputs (exit 1 if a check fails)")
+    why = sub.add_parser("explain", help="why graphs were compiled under different keys: the differing key components",
+                         description="For every graph a job (or several) met under more than one key, the key "
+                                     "components that differ, side by side.")
+    why.add_argument("run_dir", nargs="+", help="recipecache-run's run directory (several: compare across jobs)")
+    why.add_argument("--key", help="only the graph of this key (a store key, or the start of torch's hash)")
+    why.add_argument("--json", action="store_true", help="print JSON")
+    why.set_defaults(func=cmd_explain)
+    trace = sub.add_parser("trace", help="write a job's timeline as a Chrome/Perfetto trace (and a PNG)",
+                           description="One track per rank: compiles, waits, fetches, publishes, hits and steps.")
+    trace.add_argument("run_dir", help="recipecache-run's run directory")
+    trace.add_argument("-o", "--output", default="trace.json", help="trace file (default trace.json)")
+    trace.add_argument("--png", metavar="FILE", help="also draw the timeline as a picture (needs matplotlib)")
+    trace.set_defaults(func=cmd_trace)
     for extension in _EXTENSIONS:
         extension(sub)
     return parser

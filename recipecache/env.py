@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 
 from .errors import ConfigError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 PREFIX = "RECIPECACHE_"
 #: the store URL of a process
@@ -46,6 +47,11 @@ AUTO_ENABLE = "RECIPECACHE_AUTO_ENABLE"
 RANK_DIRS = "RECIPECACHE_RANK_DIRS"
 #: set by recipecache-run --prewarm: compile the declared shapes before training
 PREWARM = "RECIPECACHE_PREWARM"
+#: set by recipecache-run: the directory where each rank's bootstrap marks that its script finished
+FINISHED_DIR = "RECIPECACHE_FINISHED_DIR"
+#: replaces the host-CPU fingerprint in torch artifact keys: the operator's statement that the
+#: nodes setting it to one value run each other's compiled kernels safely (and the tests' hook)
+CPU_FINGERPRINT = "RECIPECACHE_CPU_FINGERPRINT"
 
 
 def process_rank(environ: Mapping[str, str] | None = None) -> int:
@@ -60,6 +66,18 @@ def process_rank(environ: Mapping[str, str] | None = None) -> int:
 def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the switch ``name`` is on (``1``); recipecache sets its switches to exactly that."""
     return (os.environ if environ is None else environ).get(name) == "1"
+
+
+#: what an operator's CPU fingerprint may be: it becomes part of store keys
+_CPU_FINGERPRINT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+
+
+def cpu_fingerprint(environ: Mapping[str, str] | None = None) -> str | None:
+    """``RECIPECACHE_CPU_FINGERPRINT`` when set (ConfigError unless 1-64 of ``A-Z a-z 0-9 . _ -``), else None."""
+    text = (os.environ if environ is None else environ).get(CPU_FINGERPRINT)
+    if text and not _CPU_FINGERPRINT_PATTERN.match(text):
+        raise ConfigError(f"{CPU_FINGERPRINT}={text!r}: use 1-64 characters from A-Z a-z 0-9 . _ -")
+    return text or None
 
 
 def positive_seconds(what: str, text: str) -> float:

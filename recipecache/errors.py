@@ -23,6 +23,12 @@ class ConfigError(RecipeCacheError, ValueError):
     """Bad configuration or input; the message is one readable line."""
 
 
+class URLError(ConfigError):
+    """A store URL that is malformed in itself (syntax, scheme, options), as opposed to one naming
+    something unusable (a directory others can write): ``recipecache doctor`` reports the latter
+    as a failed check and exits 2 only for the former."""
+
+
 class BackendError(RecipeCacheError):
     """A backend operation failed; ``reason`` is the counted miss/fallback reason."""
 

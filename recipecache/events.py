@@ -35,8 +35,10 @@ log = logging.getLogger(__name__)
 #: wait: waited for another process's compile (``duration`` = seconds waited);
 #: put: published an artifact; fallback: compiled locally because the store could not
 #: help (``reason``); takeover: took a lease whose holder had died;
+#: compile_start: this process became the leader of ``key`` and compiles it now (the
+#: ``compile`` that follows ends it; ``recipecache-run`` prints both as progress);
 #: step: a training step ended (written by integrations; ``step`` = index).
-EVENT_KINDS = ("hit", "miss", "compile", "wait", "put", "fallback", "takeover", "step")
+EVENT_KINDS = ("hit", "miss", "compile", "wait", "put", "fallback", "takeover", "compile_start", "step")
 
 
 class EventLog:

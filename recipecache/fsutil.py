@@ -6,12 +6,15 @@ alone, and a file in it must appear whole or not at all.
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from .buffers import Buffer
 from .errors import ConfigError
 
 #: prefix of in-flight temp files; scanners skip names starting with "."
@@ -33,6 +36,15 @@ def private_directory(path: str | os.PathLike[str], what: str) -> Path:
         parent = os.stat(directory.parent)
     except OSError as exc:
         raise ConfigError(f"{what} {directory} is not usable: {exc.strerror}") from None
+    uid = _check_private(st, what, directory)
+    others_write = parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if parent.st_uid not in (uid, 0) or (others_write and not parent.st_mode & stat.S_ISVTX):
+        raise ConfigError(f"the parent of {what} {directory} may be changed by other users; use a private path")
+    return directory
+
+
+def _check_private(st: os.stat_result, what: str, directory: str | os.PathLike[str]) -> int:
+    """Refuse (ConfigError) a directory that is a symlink, not ours, or writable by group or others; our uid."""
     uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"{what} {directory} is a symlink or not a directory")
@@ -43,34 +55,112 @@ def private_directory(path: str | os.PathLike[str], what: str) -> Path:
             f"{what} {directory} is writable by group or others, who could plant code that runs here; "
             f"run: chmod go-w {directory}"
         )
-    others_write = parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    if parent.st_uid not in (uid, 0) or (others_write and not parent.st_mode & stat.S_ISVTX):
-        raise ConfigError(f"the parent of {what} {directory} may be changed by other users; use a private path")
-    return directory
+    return uid
 
 
-def write_atomic(target: Path, data: bytes | memoryview, *, durable: bool = False, prefix: str = TEMP_PREFIX) -> None:
-    """Write ``target`` through a temp file in its own directory and a rename.
+def open_private_directory(path: str | os.PathLike[str], what: str, *, dir_fd: int | None = None) -> int:
+    """A read-only fd of the private directory ``path`` (relative to ``dir_fd`` if given), created 0700 if missing.
+
+    No symlink is followed at the last component (``O_NOFOLLOW``), and the directory opened
+    is checked as :func:`private_directory` checks one (through the fd, so it cannot be
+    swapped between check and use). Raises ConfigError naming ``what``. With ``dir_fd``,
+    the caller vouches for that directory (see :func:`private_directory`), so nobody else
+    can replace ``path`` in it afterwards.
+    """
+    try:
+        os.mkdir(path, 0o700, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} is not usable: {exc.strerror}") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise ConfigError(f"{what} {path} is a symlink or not a directory") from None
+        raise ConfigError(f"{what} {path} is not usable: {exc.strerror}") from None
+    try:
+        _check_private(os.fstat(fd), what, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_atomic_at(dir_fd: int, name: str, *parts: Buffer, prefix: str = TEMP_PREFIX) -> None:
+    """:func:`write_atomic` of ``name`` in the directory ``dir_fd``, following no symlink.
+
+    The temp file is created with ``O_EXCL | O_NOFOLLOW`` (0600) next to ``name`` and
+    renamed over it: a symlink planted at ``name`` is replaced, never written through.
+    """
+    tmp = f"{prefix}{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            write_all(fd, parts)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+#: ``writev`` takes at most this many buffers per call (POSIX guarantees 16; Linux allows 1024).
+_IOV_MAX = 16
+
+
+def write_all(fd: int, parts: tuple[Buffer, ...]) -> None:
+    """Write every byte of ``parts`` to ``fd`` with ``writev``: the parts are never joined (copied) first.
+
+    ``writev`` may write less than asked (a signal, a 2 GiB per-call limit); the rest is
+    written by further calls.
+    """
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        written = os.writev(fd, views[:_IOV_MAX])
+        if written == 0:
+            raise OSError(errno.EIO, "writev wrote nothing")
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
+
+
+def write_atomic(target: Path, *parts: Buffer, durable: bool = False, prefix: str = TEMP_PREFIX) -> None:
+    """Write the concatenation of ``parts`` as ``target`` through a temp file in its own directory and a rename.
 
     Readers see the old file, the new one or none, never a partial one. ``durable``
     adds an fsync before the rename, for files whose readers cannot verify a checksum
     (after a crash the rename may otherwise survive while the data does not). ``prefix``
     names the temp file, so whoever cleans up after dead writers can find it.
     """
-    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=target.parent)
+    tmp = write_temp(target.parent, parts, durable=durable, prefix=prefix)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def write_temp(directory: Path, parts: tuple[Buffer, ...], *, durable: bool = False, prefix: str = TEMP_PREFIX) -> Path:
+    """A new private (0600) temp file in ``directory`` holding the concatenation of ``parts``."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
+    try:
+        try:
+            write_all(fd, parts)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
 
 
 def subdirectories(path: Path) -> list[str]:

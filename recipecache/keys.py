@@ -21,13 +21,14 @@ import msgpack
 from .env import __version__
 from .errors import ConfigError
 
-_NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+#: what a namespace may be: a path component and a key prefix, in stores and in envelopes
+NAMESPACE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 DEFAULT_NAMESPACE = "default"
 
 
 def check_namespace(namespace: str) -> str:
     """Return ``namespace`` if it is usable as a path component and key prefix, else raise."""
-    if not _NAMESPACE.match(namespace):
+    if not NAMESPACE_PATTERN.match(namespace):
         raise ConfigError(
             f"bad namespace {namespace!r}: use 1-64 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit"
         )

@@ -27,16 +27,18 @@ store directly, and the failure is logged once and counted (``node_errors``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 from .backends.filesystem import FilesystemBackend
+from .buffers import Buffer
 from .errors import BackendError, VerificationError
-from .lease import SingleFlight
+from .lease import SingleFlight, new_token
 from .reasons import Role
 from .stats import Stats
 
@@ -74,7 +76,7 @@ class NodeTier:
         self._stats = stats
         self._warned = False
 
-    def read(self, name: str, verify: Callable[[bytes], P], remote: Callable[[], tuple[A, bytes | None]],
+    def read(self, name: str, verify: Callable[[Buffer], P], remote: Callable[[], tuple[A, Buffer | None]],
              hit: Callable[[P], A]) -> A:
         """The answer for backend key ``name``: from the directory, else from ``remote`` through one process per node.
 
@@ -107,22 +109,46 @@ class NodeTier:
         # the fetcher released its lease without publishing (nothing there), or we waited past the deadline
         return self._fetch(name, remote)
 
-    def publish(self, name: str, entry: bytes) -> None:
-        """Copy a verified entry into the directory (also what this process itself put)."""
+    def publish(self, name: str, entry: Buffer, *more: Buffer) -> None:
+        """Copy a verified entry (the concatenation of ``entry`` and ``more``) into the directory
+        (also what this process itself put)."""
         try:
-            self.backend.put(name, entry)
+            self.backend.put(name, entry, *more)
         except BackendError as exc:
             self._failed(exc)
 
-    def _fetch(self, name: str, remote: Callable[[], tuple[A, bytes | None]]) -> A:
+    @contextlib.contextmanager
+    def rewriting(self, name: str) -> Iterator[None]:
+        """Hold the node's fetch lease on ``name`` while this process rewrites the entry and publishes it here.
+
+        The node's readers then wait for the copy this process leaves instead of fetching
+        the value being replaced. Best effort: a fetch already under way, or a failing
+        directory, does not hold up the write.
+        """
+        token = new_token()
+        try:
+            held = self.backend.lease_add(name, token, self._flight.ttl)
+        except BackendError as exc:
+            self._failed(exc)
+            held = False
+        try:
+            yield
+        finally:
+            if held:
+                try:
+                    self.backend.lease_release(name, token)
+                except BackendError as exc:
+                    self._failed(exc)
+
+    def _fetch(self, name: str, remote: Callable[[], tuple[A, Buffer | None]]) -> A:
         self._stats.count("node_fetches")
         answer, entry = remote()
         if entry is not None:
-            self._stats.count("node_fetched_bytes", len(entry))
+            self._stats.count("node_fetched_bytes", memoryview(entry).nbytes)
             self.publish(name, entry)
         return answer
 
-    def _local(self, name: str, verify: Callable[[bytes], P]) -> P | None:
+    def _local(self, name: str, verify: Callable[[Buffer], P]) -> P | None:
         entry = self.backend.get(name)
         if entry is None:
             return None

@@ -31,13 +31,15 @@ class Reason(StrEnum):
     # -- the store answered: the entry is not there ------------------------------------
     NOT_FOUND = "not_found"
     # -- the store answered: an entry is there, and it was refused ----------------------
-    #: damaged: framing, size or digest do not match (anyone can check; the entry is deleted)
+    #: damaged: framing, a header field, size or digest do not match, or it names another key or
+    #: namespace (anyone can check, no secret needed; the store deletes it, comparing first)
     CORRUPT = "corrupt"
-    #: not signed while a secret is configured
+    #: not signed while a secret is configured (left in place: a job without a secret may use it)
     UNSIGNED = "unsigned"
-    #: signed with another secret
+    #: signed with another secret (left in place: the job that has that secret may use it)
     BAD_SIGNATURE = "bad_signature"
-    #: written by an older envelope format this version does not read
+    #: written in an older envelope (or storage) format this version does not read (left in place
+    #: for the older version that may still use it; the next put replaces it)
     OLD_FORMAT = "old_format"
     # -- the service itself failed --------------------------------------------------------
     BACKEND_DOWN = "backend_down"
@@ -47,6 +49,8 @@ class Reason(StrEnum):
     # -- coordination -------------------------------------------------------------------
     #: waited for another process's compile past the deadline
     WAIT_TIMEOUT = "wait_timeout"
+    #: a compare-and-set update (Store.update) lost to concurrent writers on every retry
+    CONFLICT = "conflict"
     # -- the torch integration ----------------------------------------------------------
     #: a hook of ours raised; torch went on without it
     HOOK_ERROR = "hook_error"

@@ -4,7 +4,7 @@ Misses, failed puts and fallbacks are counted by reason (as sccache does), becau
 cache did not help" has very different fixes depending on why: ``not_found`` is a cold
 cache, ``corrupt`` a damaged entry, ``unsigned``/``bad_signature`` a refused artifact,
 ``backend_down``/``backend_slow``/``backend_full``/``backend_error`` the service,
-``wait_timeout`` a leader that took too long.
+``wait_timeout`` a leader that took too long, ``conflict`` an update that lost every race.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 _COUNTS = ("hits", "misses", "puts", "bytes_read", "bytes_written", "compiles", "waits", "leader", "follower",
-           "fallback", "takeovers", "deleted_bad",
+           "fallback", "takeovers", "deleted_bad", "update_conflicts",
            # the node tier (recipecache.node_tier): served from the node directory, waited for the node's
            # fetcher, read the remote store for the node (and the bytes it got), took a dead fetcher's place,
            # refused a bad copy, could not use the directory

@@ -2,16 +2,26 @@
 
 The store is what training code talks to. Its promises:
 
-* ``get`` returns verified bytes or None. A damaged entry is deleted and counted as a
-  ``corrupt`` miss; with a secret configured an unsigned or badly signed entry is
-  refused (and deleted) the same way, so nothing that failed verification ever reaches a
-  caller that would load it.
+* ``get`` returns the verified payload (a read-only ``memoryview`` of what the backend
+  read, never a copy) or None. Nothing that failed verification ever reaches a caller
+  that would load it. A *damaged* entry (its framing, header or digest does not match its
+  own payload, or it names another key or namespace: anyone can check that, no secret
+  needed) is counted as a ``corrupt`` miss and deleted with a compare-and-delete, so a
+  good entry published meanwhile survives. An entry this reader merely cannot accept
+  (``unsigned`` or ``bad_signature`` under its secret, ``old_format``) is refused and
+  left in place: another job with another secret, or an older recipecache, may be using
+  it, and one misconfigured reader must not wipe everyone's cache. The next ``put``
+  replaces it.
+* ``update`` is read-modify-write on a compare-and-set put, retried on conflict (a
+  bounded number of times), for state several processes merge into (PGO decisions).
 * ``get_or_compile`` runs the caller's compile at most once per key across processes
   and hosts (single-flight, :mod:`recipecache.lease`), except when the backend cannot
   help, in which case it compiles locally.
 * With a node directory (``RECIPECACHE_NODE_DIR``, :mod:`recipecache.node_tier`) lookups
   go through it: one process per node reads each entry from the backend, the node's
-  other processes read the verified copy it leaves there; puts go to both.
+  other processes read the verified copy it leaves there; puts go to both. Entries
+  rewritten in place (``update``) are read from the backend where a copy could be stale:
+  see :meth:`Store.update`.
 * Nothing a backend does (down, slow, full, corrupt) raises into the caller. A failure
   opens a short circuit breaker: for ``retry_after`` seconds the backend is not asked at
   all (each skipped call still counts under the failure's reason), so an outage costs
@@ -20,8 +30,10 @@ The store is what training code talks to. Its promises:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +43,7 @@ from typing import Any, TypeVar
 from . import envelope
 from .backends.base import Backend, EntryInfo
 from .backends import open_backend
+from .buffers import Buffer, byte_view
 from .settings import StoreSettings
 from .errors import BackendError, VerificationError
 from .events import EventLog
@@ -46,13 +59,18 @@ T = TypeVar("T")
 
 #: Seconds a failed backend is left alone before the store tries it again.
 RETRY_AFTER_S = 5.0
+#: Tries of one :meth:`Store.update` before it gives up as a ``conflict``, and its backoff.
+UPDATE_ATTEMPTS = 16
+_UPDATE_BACKOFF_S = 0.002
+_UPDATE_BACKOFF_MAX_S = 0.2
 
 
 @dataclass(frozen=True)
 class Lookup:
-    """One lookup's answer: verified bytes, or None and why (:mod:`recipecache.reasons`)."""
+    """One lookup's answer: the verified payload, or None and why (:mod:`recipecache.reasons`)."""
 
-    data: bytes | None
+    #: a read-only view of the payload (compare with ``==``; ``bytes(data)`` for an owned copy)
+    data: memoryview | None
     #: None for a hit
     reason: Reason | None = None
 
@@ -84,7 +102,7 @@ class Flight:
     store: Store
     key: str
     role: Role
-    data: bytes | None = None
+    data: memoryview | None = None
     #: why a ``fallback`` compiles without a lease (a backend failure or ``wait_timeout``)
     reason: Reason | None = None
     waited_s: float = 0.0
@@ -93,9 +111,9 @@ class Flight:
     miss_reason: Reason | None = None
     lease: HeldLease | None = field(default=None, repr=False)
 
-    def publish(self, data: bytes) -> bool:
-        """Store ``data`` and release the lease; False if the backend did not take it."""
-        stored = self.store.put(self.key, data)
+    def publish(self, data: Buffer, *, meta: dict[str, Any] | None = None) -> bool:
+        """Store ``data`` (described by ``meta``, see :meth:`Store.put`) and release the lease; False if not taken."""
+        stored = self.store.put(self.key, data, meta=meta)
         self.release()
         return stored
 
@@ -159,26 +177,38 @@ class Store:
 
     # -- bytes ---------------------------------------------------------------------
     def _read(self, key: str, *, node: bool = True) -> Lookup:
-        """The verified payload, or why not, through the node tier if there is one (and ``node``). Counts nothing but bytes."""
+        """The verified payload, or why not, through the node tier if there is one (and ``node``).
+
+        Deletes entries that are damaged. Counts nothing but bytes.
+        """
         if self.node is None or not node:
-            result = self._read_remote(key)[0]
-        else:
-            result = self.node.read(storage_key(self.namespace, key), functools.partial(self._open, key),
-                                    functools.partial(self._read_remote, key), Lookup)
-        if result.data is not None:
-            self._stats.count("bytes_read", len(result.data))
-        return result
+            return self._fetch(key)[0]
+        return self.node.read(storage_key(self.namespace, key), functools.partial(self._open, key),
+                              functools.partial(self._fetch_verified, key), self._node_hit)
 
-    def _open(self, key: str, blob: bytes) -> bytes:
+    def _open(self, key: str, blob: Buffer) -> memoryview:
         """The payload of ``blob`` filed under ``key``; VerificationError unless every check passes."""
-        return envelope.open_envelope(blob, key=key, secret=self.settings.secret)[1]
+        return envelope.open_envelope(blob, key=key, namespace=self.namespace, secret=self.settings.secret)[1]
 
-    def _read_remote(self, key: str) -> tuple[Lookup, bytes | None]:
-        """The backend's answer, and for a hit the verified envelope as stored; deletes entries that fail verification."""
+    def _node_hit(self, payload: memoryview) -> Lookup:
+        self._stats.count("bytes_read", len(payload))
+        return Lookup(payload)
+
+    def _fetch_verified(self, key: str) -> tuple[Lookup, Buffer | None]:
+        """The backend's answer, and the envelope as stored only if it verified (what the node tier may copy)."""
+        result, blob = self._fetch(key)
+        return result, blob if result.data is not None else None
+
+    def _fetch(self, key: str) -> tuple[Lookup, Buffer | None]:
+        """The backend's answer (never the node tier's), and the envelope as stored (None when none is), for a
+        compare-and-set."""
         skey = storage_key(self.namespace, key)
         try:
             blob = self._call("get", self.backend.get, skey)
         except BackendError as exc:
+            return Lookup(None, exc.reason), None
+        except VerificationError as exc:  # the backend's own framing of this entry: no bytes to compare
+            log.warning("recipecache: refusing entry %s: %s", key, exc)
             return Lookup(None, exc.reason), None
         if blob is None:
             return Lookup(None, Reason.NOT_FOUND), None
@@ -186,13 +216,32 @@ class Store:
             payload = self._open(key, blob)
         except VerificationError as exc:
             log.warning("recipecache: refusing entry %s: %s", key, exc)
-            self._stats.count("deleted_bad")
-            try:
-                self._call("delete", self.backend.delete, skey)
-            except BackendError:
-                pass
-            return Lookup(None, exc.reason), None
+            if exc.reason is Reason.CORRUPT and self._delete_damaged(skey, blob):
+                return Lookup(None, exc.reason), None
+            return Lookup(None, exc.reason), blob
+        self._stats.count("bytes_read", len(payload))
         return Lookup(payload), blob
+
+    def _delete_damaged(self, skey: str, blob: Buffer) -> bool:
+        """Delete an entry that is provably damaged, unless it changed since we read ``blob``."""
+        try:
+            deleted = self._call("delete", self.backend.delete_if, skey, blob)
+        except BackendError:
+            return False
+        if deleted:
+            self._stats.count("deleted_bad")
+        return deleted
+
+    def _fetch_fresh(self, key: str, stale: Buffer) -> memoryview | None:
+        """The value under ``key`` unless it is ``stale``, from the backend itself (the node copy may be what is
+        stale); a fresh value replaces the node copy, so the node's other processes see it too."""
+        result, blob = self._fetch(key)
+        if result.data is None or result.data == stale:
+            return None
+        if self.node is not None:
+            assert blob is not None
+            self.node.publish(storage_key(self.namespace, key), blob)
+        return result.data
 
     def lookup(self, key: str, *, trace: bool = True, node: bool = True) -> Lookup:
         """The verified artifact under ``key``, or None and the counted miss reason.
@@ -215,43 +264,142 @@ class Store:
                 self.events.record("hit", key, time.perf_counter() - start, bytes=len(result.data))
         return result
 
-    def get(self, key: str, *, trace: bool = True, node: bool = True) -> bytes | None:
-        """The verified artifact under ``key``, or None (a miss, counted by reason)."""
+    def get(self, key: str, *, trace: bool = True, node: bool = True) -> memoryview | None:
+        """The verified artifact under ``key`` (a read-only view), or None (a miss, counted by reason)."""
         return self.lookup(key, trace=trace, node=node).data
 
-    def put(self, key: str, data: bytes, *, trace: bool = True, node: bool = True) -> bool:
-        """Publish ``data`` under ``key`` (and in the node directory, unless ``node=False``);
-        False (logged and counted, never raised) if the backend failed."""
-        start = time.perf_counter()
-        blob = envelope.seal(key, data, secret=self.settings.secret)
-        skey = storage_key(self.namespace, key)
-        if self.node is not None and node:  # the node's other processes read it there (even if the backend fails)
-            self.node.publish(skey, blob)
-        try:
-            self._call("put", self.backend.put, skey, blob)
-        except BackendError as exc:
-            self._stats.reason("put_failures", exc.reason)
-            return False
+    def _seal(self, key: str, data: Buffer, meta: dict[str, Any] | None = None) -> bytes:
+        return envelope.seal_header(key, data, namespace=self.namespace, secret=self.settings.secret, meta=meta)
+
+    def _published(self, key: str, data: Buffer, start: float, trace: bool) -> None:
         self._stats.count("puts")
         self._stats.count("bytes_written", len(data))
         if trace:
             self.events.record("put", key, time.perf_counter() - start, bytes=len(data))
+
+    def put(
+        self, key: str, data: Buffer, *, trace: bool = True, meta: dict[str, Any] | None = None, node: bool = True
+    ) -> bool:
+        """Publish ``data`` under ``key``; False (logged and counted, never raised) if the backend failed.
+
+        The envelope's header and ``data`` go to the backend as two buffers: ``data`` is
+        never copied to join them. ``meta`` says what the entry is (kind, function, shapes,
+        compile seconds) for ``recipecache ls``: a small map of scalars
+        (:func:`recipecache.envelope.check_meta`). With a node tier the entry goes to the
+        node directory too (first: the node's other processes read it there even if the
+        backend fails), unless ``node=False``.
+        """
+        start = time.perf_counter()
+        data = byte_view(data)
+        skey = storage_key(self.namespace, key)
+        header = self._seal(key, data, meta)
+        if self.node is not None and node:
+            self.node.publish(skey, header, data)
+        try:
+            self._call("put", self.backend.put, skey, header, data)
+        except BackendError as exc:
+            self._stats.reason("put_failures", exc.reason)
+            return False
+        self._published(key, data, start, trace)
         return True
 
+    def update(
+        self,
+        key: str,
+        change: Callable[[memoryview | None], Buffer | None],
+        *,
+        attempts: int = UPDATE_ATTEMPTS,
+        trace: bool = False,
+        meta: dict[str, Any] | None = None,
+        node: bool = False,
+    ) -> Lookup:
+        """Replace the value under ``key`` with ``change(current)``, atomically against other updates.
+
+        ``current`` is the verified payload, or None if there is none this store accepts
+        (absent, refused, damaged: then the new value replaces it). ``change`` may be
+        called several times (once per attempt) and must only compute; returning None
+        writes nothing. The write is a compare-and-set on the envelope read: if another
+        process wrote meanwhile, the update is retried on what it wrote, after a short
+        random backoff, up to ``attempts`` times.
+
+        ``meta`` describes the value written, as for :meth:`put`.
+
+        The read is always the backend's, never a node copy (which may be stale). The value
+        written goes to the node directory only with ``node=True``: for entries whose
+        readers check what they get and read the backend when a copy does not fit (graph
+        guard variants, :meth:`begin` with ``stale``); state read as it is (PGO decisions,
+        an index) must be read with ``node=False`` and never copied to a node.
+
+        Returns the value written (or, when ``change`` returned None, what is there), or
+        None and the reason: the backend's failure, or ``conflict`` after ``attempts``
+        lost races. Both are counted under ``put_failures``; nothing is raised but what
+        ``change`` raises.
+        """
+        start = time.perf_counter()
+        skey = storage_key(self.namespace, key)
+        copy_to = self.node if node else None
+        with copy_to.rewriting(skey) if copy_to is not None else contextlib.nullcontext():
+            for attempt in range(attempts):
+                current, stored = self._fetch(key)
+                if current.failed:
+                    assert current.reason is not None
+                    self._stats.reason("put_failures", current.reason)
+                    return current
+                new = change(current.data)
+                if new is None:
+                    return current
+                new = byte_view(new)
+                header = self._seal(key, new, meta)
+                try:
+                    written = self._call("put", self.backend.put_if, skey, stored, header, new)
+                except BackendError as exc:
+                    self._stats.reason("put_failures", exc.reason)
+                    return Lookup(None, exc.reason)
+                if written:
+                    if copy_to is not None:
+                        copy_to.publish(skey, header, new)
+                    self._published(key, new, start, trace)
+                    return Lookup(memoryview(new).toreadonly())
+                self._stats.count("update_conflicts")
+                time.sleep(random.uniform(0, min(_UPDATE_BACKOFF_MAX_S, _UPDATE_BACKOFF_S * 2**attempt)))
+        self._stats.reason("put_failures", Reason.CONFLICT)
+        return Lookup(None, Reason.CONFLICT)
+
     # -- single flight -------------------------------------------------------------
-    def begin(self, key: str, *, wait_timeout: float | None = None) -> Flight:
-        """Look ``key`` up; on a miss either wait for the process compiling it or become its compiler."""
-        first = self.lookup(key)
-        if first.data is not None:
-            return Flight(self, key, Role.HIT, data=first.data)
-        miss = first.reason
-        if first.failed:
-            return self._fallback(key, first.reason, miss_reason=miss)  # the backend failed: no lease to take
+    def begin(
+        self,
+        key: str,
+        *,
+        wait_timeout: float | None = None,
+        stale: Buffer | None = None,
+        stale_reason: Reason = Reason.GUARD_REJECTED,
+    ) -> Flight:
+        """Look ``key`` up; on a miss either wait for the process compiling it or become its compiler.
+
+        ``stale`` is a value the caller already read under ``key`` and cannot use (none of
+        the guard variants it holds fits, or it is malformed), for ``stale_reason``. While
+        the key holds exactly that value it counts as missing: the caller takes the lease
+        and compiles what it needs, or waits for the lease holder to publish something
+        else. The caller counted its own lookup, so this one is not counted again. With
+        ``stale`` the backend itself is read, never a node copy (the stale value may be
+        that copy), and what it holds refreshes the node copy.
+        """
+        if stale is None:
+            first = self.lookup(key)
+            if first.data is not None:
+                return Flight(self, key, Role.HIT, data=first.data)
+            miss = first.reason
+            if first.failed:
+                return self._fallback(key, first.reason, miss_reason=miss)  # the backend failed: no lease to take
+        else:
+            miss = stale_reason
         timeout = self.settings.wait_timeout if wait_timeout is None else wait_timeout
+
+        def fetch() -> memoryview | None:
+            return self._read(key).data if stale is None else self._fetch_fresh(key, stale)
+
         try:
-            outcome = self._call(
-                "lease", self._flight.run, storage_key(self.namespace, key), lambda: self._read(key).data, timeout
-            )
+            outcome = self._call("lease", self._flight.run, storage_key(self.namespace, key), fetch, timeout)
         except BackendError as exc:
             return self._fallback(key, exc.reason, miss_reason=miss)
         if outcome.waited_s:
@@ -268,6 +416,7 @@ class Store:
         if outcome.takeover:
             self._stats.count("takeovers")
             self.events.record("takeover", key)
+        self.events.record("compile_start", key)
         return Flight(self, key, Role.LEADER, lease=outcome.lease, waited_s=outcome.waited_s, miss_reason=miss)
 
     def _fallback(self, key: str, reason: Reason, *, miss_reason: Reason | None, waited_s: float = 0.0) -> Flight:
@@ -275,8 +424,10 @@ class Store:
         self.events.record("fallback", key, reason=reason)
         return Flight(self, key, Role.FALLBACK, reason=reason, waited_s=waited_s, miss_reason=miss_reason)
 
-    def get_or_compile(self, key: str, compile_fn: Callable[[], bytes], *, wait_timeout: float | None = None) -> bytes:
-        """The artifact for ``key``, compiled by exactly one process across the job when possible."""
+    def get_or_compile(
+        self, key: str, compile_fn: Callable[[], Buffer], *, wait_timeout: float | None = None
+    ) -> memoryview:
+        """The artifact for ``key`` (a read-only view), compiled by exactly one process across the job when possible."""
         with self.begin(key, wait_timeout=wait_timeout) as flight:
             if flight.data is not None:
                 return flight.data
@@ -287,7 +438,7 @@ class Store:
                 raise TypeError(f"compile_fn must return bytes, not {type(data).__name__}")
             data = bytes(data)
             flight.publish(data)
-            return data
+            return memoryview(data)
 
     def record_compile(self, key: str | None, seconds: float) -> None:
         """Count a compile this process ran (integrations that compile outside get_or_compile call it).
@@ -314,11 +465,14 @@ class Store:
         """Entries of this store's namespace (or of every namespace) as the backend lists them."""
         return list(self.backend.scan(None if all_namespaces else self.namespace))
 
-    def read_raw(self, storage_key: str) -> bytes | None:
-        """The raw envelope filed under a backend key from :meth:`scan` (unverified: admin tools verify)."""
+    def read_raw(self, storage_key: str) -> Buffer | None:
+        """The raw envelope filed under a backend key from :meth:`scan` (unverified: admin tools verify).
+
+        Raises VerificationError where the backend's own framing of the entry is damaged.
+        """
         return self.backend.get(storage_key)
 
-    def write_raw(self, storage_key: str, blob: bytes) -> None:
+    def write_raw(self, storage_key: str, blob: Buffer) -> None:
         """File a raw envelope under a backend key (import writes what it verified)."""
         self.backend.put(storage_key, blob)
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +15,7 @@ import pytest
 
 from recipecache.backends.base import Backend
 from recipecache.backends import open_backend
+from recipecache.backends.memory import MemoryBackend
 from recipecache.errors import ConfigError
 
 
@@ -155,3 +158,123 @@ def test_evict_keeps_the_cap(backend: Backend, ns: str) -> None:
     backend.evict(2500)
     # evict works across namespaces; this test's namespace is what we can see
     assert sum(e.size for e in backend.scan(ns)) <= 2500
+
+
+# -- values as buffers --------------------------------------------------------------------
+def test_put_stores_the_concatenation_of_its_buffers(backend: Backend, ns: str) -> None:
+    head, body = b"head-", secrets.token_bytes(10_000)
+    backend.put(k(ns, 30), head, memoryview(body), bytearray(b"-tail"))
+    assert backend.get(k(ns, 30)) == head + body + b"-tail"
+    backend.put(k(ns, 31), b"", b"")
+    assert backend.get(k(ns, 31)) == b""
+
+
+@pytest.mark.parametrize("size", [0, 60, 20_000])
+def test_values_that_look_like_framing_round_trip(backend: Backend, ns: str, size: int) -> None:
+    """A backend's own framing (Redis's chunk manifests start with RCM) never swallows a caller's value."""
+    for value in (b"RCM2:" + bytes(size), b"RCM1" + bytes(size), b"RCE2" + bytes(size)):
+        backend.put(k(ns, 32), value)
+        assert backend.get(k(ns, 32)) == value
+
+
+def test_a_value_read_stays_intact_after_its_key_is_overwritten_or_deleted(backend: Backend, ns: str) -> None:
+    """``get`` may hand out a view (the filesystem maps files of a MiB and more): it is still a snapshot."""
+    key = k(ns, 37)
+    first, second = secrets.token_bytes(3 << 20), secrets.token_bytes(3 << 20)
+    backend.put(key, first)
+    held = backend.get(key)
+    assert held is not None and len(held) == len(first)
+    backend.put(key, second)
+    assert backend.get(key) == second
+    backend.delete(key)
+    assert held == first
+
+
+# -- conditional writes --------------------------------------------------------------------
+@pytest.mark.parametrize("size", [10, 50_000])
+def test_delete_if_removes_only_the_expected_value(backend: Backend, ns: str, size: int) -> None:
+    key = k(ns, 33)
+    bad, other = secrets.token_bytes(size), secrets.token_bytes(size)
+    assert not backend.delete_if(key, bad), "nothing stored: nothing deleted"
+    backend.put(key, bad)
+    assert not backend.delete_if(key, other)
+    assert not backend.delete_if(key, bad[:-1])
+    assert backend.get(key) == bad
+    assert backend.delete_if(key, bad)
+    assert backend.get(key) is None
+    assert [e.key for e in backend.scan(ns)] == []
+
+
+@pytest.mark.parametrize("size", [10, 50_000])
+def test_delete_if_keeps_a_value_published_after_the_read(backend: Backend, ns: str, size: int) -> None:
+    key = k(ns, 34)
+    backend.put(key, secrets.token_bytes(size))
+    read = backend.get(key)
+    assert read is not None
+    good = secrets.token_bytes(size)
+    backend.put(key, good)  # someone publishes a good entry between our read and our delete
+    assert not backend.delete_if(key, read)
+    assert backend.get(key) == good
+
+
+@pytest.mark.parametrize("size", [10, 50_000])
+def test_put_if_is_compare_and_set(backend: Backend, ns: str, size: int) -> None:
+    key = k(ns, 35)
+    v1, v2, v3 = (secrets.token_bytes(size) for _ in range(3))
+    assert backend.put_if(key, None, v1), "None expects nothing stored"
+    assert not backend.put_if(key, None, v2)
+    assert backend.get(key) == v1
+    assert not backend.put_if(key, v2, v3), "a stale expectation does not write"
+    assert backend.get(key) == v1
+    assert backend.put_if(key, memoryview(v1), v2[:5], memoryview(v2)[5:])
+    assert backend.get(key) == v2
+    assert backend.put_if(key, v2, b"small")
+    assert backend.put_if(key, b"small", v3)
+    assert backend.get(key) == v3
+    assert [(e.key, e.size) for e in backend.scan(ns)] == [(key, size)]
+    backend.delete(key)
+    assert backend.put_if(key, None, v1), "a deleted key is absent again"
+
+
+WORKERS = Path(__file__).parent / "workers"
+sys.path.insert(0, str(WORKERS))
+import cas_worker  # noqa: E402
+
+
+def race(backend: Backend, roles: list[list[str]]) -> list[int]:
+    """Run the roles of ``cas_worker`` at once: processes on a real backend, threads on the in-process one."""
+    start = str(time.time() + 2.0)  # every racer has started (imports take a while) and waits for this moment
+    if isinstance(backend, MemoryBackend):
+        results = [0] * len(roles)
+
+        def run(i: int) -> None:
+            results[i] = cas_worker.main([backend.url, start, *roles[i]], backend=backend)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(roles))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+    procs = [subprocess.Popen([sys.executable, str(WORKERS / "cas_worker.py"), backend.url, start, *role],
+                              stdout=subprocess.PIPE, text=True) for role in roles]
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * len(procs)
+    return [int(out) for out in outputs]
+
+
+@pytest.mark.parametrize("pad", [0, 10_000])
+def test_racing_processes_lose_no_compare_and_set_update(backend: Backend, ns: str, pad: int) -> None:
+    key = k(ns, 36)
+    conflicts = race(backend, [["increment", key, "25", str(pad)] for _ in range(4)])
+    value = backend.get(key)
+    assert value is not None and cas_worker.count_of(value) == 100, f"lost updates ({sum(conflicts)} conflicts)"
+    assert len(value) == 16 + pad
+
+
+def test_a_reader_deleting_a_bad_value_never_deletes_a_good_one_published_meanwhile(backend: Backend, ns: str) -> None:
+    keys = [k(ns, 100 + i) for i in range(150)]
+    for key in keys:
+        backend.put(key, b"bad")
+    race(backend, [["delete-bad", "bad", *keys], ["publish", "good", *keys]])
+    assert [backend.get(key) for key in keys] == [b"good"] * len(keys)

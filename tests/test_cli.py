@@ -181,3 +181,33 @@ def _export_without_last(url: str, tmp_path: Path) -> bytes:
     finally:
         assert blob is not None
         store.write_raw(last.key, blob)
+
+
+def test_ls_and_verify_report_hostile_entries_without_crashing(tmp_path: Path, redis_url: str) -> None:
+    """Issue 15, items 1-2: entries whose header fields or Redis framing are hostile are listed as bad."""
+    import msgpack
+
+    header = msgpack.packb({"v": 2, "ns": "job", "key": "k", "host": "h", "rank": 0, "created": 1.0,
+                            "size": 2**63, "blake3": 2**63}, use_bin_type=True)
+    hostile = b"RCE2" + len(header).to_bytes(4, "big") + header + b"payload"
+    file_url = f"file://{tmp_path / 'c'}"
+    for url in (file_url, redis_url):
+        store = recipecache.open_store(url, namespace="hostile")
+        store.put("good", b"fine")
+        store.backend.put(storage_key("hostile", "bad-header"), hostile)
+        if url == redis_url:
+            import redis
+
+            client = redis.Redis.from_url(redis_url)
+            client.set(f"rc:e:{storage_key('hostile', 'bad-manifest')}", b"RCM1" + bytes(29))
+            client.hset(f"rc:e:{storage_key('hostile', 'wrong-type')}", "f", "v")
+        bad = 1 if url == file_url else 3
+        proc = run("ls", "--url", url, "--namespace", "hostile")
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        assert sum("corrupt" in line for line in proc.stdout.splitlines()) == bad, proc.stdout
+        proc = run("verify", "--url", url, "--namespace", "hostile", "--json")
+        assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+        assert len(json.loads(proc.stdout)["bad"]) == bad
+        assert run("verify", "--url", url, "--namespace", "hostile", "--fix").returncode == 0
+        assert run("verify", "--url", url, "--namespace", "hostile").returncode == 0
+        assert store.get("good") == b"fine"

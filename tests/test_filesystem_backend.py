@@ -1,18 +1,28 @@
-"""Filesystem specifics: LRU order, size cap on put, permissions, symlinks, interrupted writes."""
+"""Filesystem specifics: LRU order, size cap on put, permissions, symlinks, interrupted writes, stuck lease locks."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
+import recipecache
+from recipecache.backends import filesystem
 from recipecache.backends.filesystem import STALE_TEMP_S, FilesystemBackend
 from recipecache.backends import open_backend
-from recipecache.errors import ConfigError
+from recipecache.keys import storage_key
+from recipecache.reasons import Reason, Role
+from recipecache.errors import BackendError, ConfigError
+
+T = TypeVar("T")
 
 NS = "t"
 
@@ -128,3 +138,142 @@ def test_vacuum_removes_idle_lease_locks_and_stale_leftovers(tmp_path: Path) -> 
     # the locks of keys 0 and 1 went; key 2's was just taken to remove its lease, so it waits for the next sweep
     assert [p.name for p in leases.glob("*.lock")] == [f"{k(2).split('/')[1]}.lease.lock"]
     assert b.lease_add(k(2), "next", 30), "a lease can be taken after the sweep"
+
+
+_READ_ONLY_READER = """
+import json, logging, os, sys
+import recipecache
+logging.basicConfig(level=logging.WARNING)
+root = sys.argv[1]
+try:  # the premise: this mount refuses access-time updates
+    os.utime(os.path.join(root, "objects"))
+    premise = "utime worked"
+except OSError as exc:
+    premise = exc.strerror
+store = recipecache.open_store("file://" + root, namespace="ro")
+hits = [bytes(store.get(f"k{i}") or b"") for i in range(3)]
+print(json.dumps({"premise": premise, "hits": [h.decode() for h in hits], "stats": store.stats()}))
+"""
+
+
+def test_read_only_store_serves_hits(tmp_path: Path) -> None:
+    """Issue 15.4: a pre-warmed store on a read-only mount; os.utime fails, the data read is good.
+
+    Tests run as root, and root may utime any file, so permissions cannot make utime fail.
+    A read-only bind mount does, honestly (EROFS, as on a read-only pre-warmed volume): the
+    reader runs in its own mount and user namespace (``unshare -rm``), where it may bind the
+    store read-only over itself without touching the rest of the machine.
+    """
+    root = tmp_path / "c"
+    store = recipecache.open_store(f"file://{root}", namespace="ro")
+    for i in range(3):
+        store.put(f"k{i}", f"artifact {i}".encode())
+    mount = f'mount --bind -o ro "$1" "$1" && exec "{sys.executable}" -c "$2" "$1"'
+    try:
+        proc = subprocess.run(["unshare", "-rm", "sh", "-c", mount, "sh", str(root), _READ_ONLY_READER],
+                              capture_output=True, text=True, timeout=60, check=False,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    except FileNotFoundError:
+        pytest.skip("needs unshare (util-linux)")
+    if proc.returncode != 0 and "mount" in proc.stderr:
+        pytest.skip(f"this machine allows no private read-only mount: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["premise"] == "Read-only file system"
+    assert out["hits"] == ["artifact 0", "artifact 1", "artifact 2"]
+    assert out["stats"]["hits"] == 3 and out["stats"]["misses"] == 0
+    assert proc.stderr.count("cannot record access times") == 1, "one warning, not one per read"
+
+
+def test_vacuum_removes_idle_value_locks(tmp_path: Path) -> None:
+    """put_if/delete_if leave one .value.lock per key (filelock never deletes it); vacuum sweeps idle ones."""
+    b = FilesystemBackend(tmp_path / "c")
+    assert b.put_if(k(1), None, b"v1")
+    assert b.delete_if(k(1), b"v1")
+    locks = list((tmp_path / "c" / "leases" / NS).glob("*.value.lock"))
+    assert len(locks) == 1
+    assert b.vacuum() == 0, "a fresh lock may be in use"
+    old = time.time() - 2 * STALE_TEMP_S
+    os.utime(locks[0], (old, old))
+    assert b.vacuum() == 1 and not locks[0].exists()
+    assert b.put_if(k(1), None, b"v2") and b.get(k(1)) == b"v2", "the key's lock is made again when needed"
+
+# -- a stuck holder of a lease's lock ----------------------------------------------------
+_HOLD_LOCK = """
+import sys, time, filelock
+lock = filelock.FileLock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+time.sleep(3600)  # stuck while holding it, as a stopped process or a hung mount would be
+"""
+
+
+@pytest.fixture
+def stuck_lock() -> Iterator[Callable[[Path], None]]:
+    """Start a process that takes a lease's ``.lock`` and never lets go, until the test ends."""
+    holders: list[subprocess.Popen[str]] = []
+
+    def hold(lease: Path) -> None:
+        holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, f"{lease}.lock"], stdout=subprocess.PIPE, text=True)
+        holders.append(holder)
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+
+    yield hold
+    for holder in holders:
+        holder.kill()
+        holder.wait()
+
+
+def finishes(fn: Callable[[], T]) -> T:
+    """``fn()``'s result (or exception), insisting that it returns at all: a stuck lock once blocked forever."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(("value", fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            outcome.append(("error", exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    assert outcome, "blocked on the stuck lock"
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+def test_stuck_lease_lock_costs_a_follower_no_more_than_its_deadline(tmp_path: Path, stuck_lock) -> None:
+    store = recipecache.open_store(f"file://{tmp_path / 'c'}", namespace=NS)
+    backend = store.backend
+    assert isinstance(backend, FilesystemBackend)
+    name = storage_key(NS, "graph")
+    assert backend.lease_add(name, "leader", 30)  # a leader holds the key ...
+    stuck_lock(backend._lease_path(name))  # ... and a process is stuck holding the lease's lock
+    flight = finishes(lambda: store.begin("graph", wait_timeout=0.5))
+    assert flight.role is Role.FALLBACK and flight.reason is Reason.WAIT_TIMEOUT
+    assert 0.5 <= flight.waited_s
+
+
+def test_stuck_lease_lock_is_no_takeover(tmp_path: Path, stuck_lock) -> None:
+    now = [1000.0]
+    backend = FilesystemBackend(tmp_path / "c", clock=lambda: now[0])
+    name = k(7)
+    assert backend.lease_add(name, "dead", 1)
+    now[0] += 10  # the holder's lease expired
+    stuck_lock(backend._lease_path(name))
+    assert finishes(lambda: backend.lease_add(name, "next", 1)) is False  # not taken; the follower polls again
+
+
+def test_stuck_lease_lock_makes_renew_and_release_slow_errors(tmp_path: Path, stuck_lock,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(filesystem, "LEASE_LOCK_TIMEOUT_S", 0.2, raising=False)
+    backend = FilesystemBackend(tmp_path / "c")
+    name = k(8)
+    assert backend.lease_add(name, "mine", 30)
+    stuck_lock(backend._lease_path(name))
+    for op in (lambda: backend.lease_renew(name, "mine", 30), lambda: backend.lease_release(name, "mine")):
+        with pytest.raises(BackendError) as err:
+            finishes(op)
+        assert err.value.reason is Reason.BACKEND_SLOW

@@ -312,7 +312,8 @@ def test_tampered_store_entry_is_refused_and_counted(nodes: Callable[..., Node],
     store = recipecache.open_store(file_url, namespace=ns)
     key = recipe_key("r1", hpu_fingerprint(OLD, OLD))
     forged = RecipeFiles("r1", b"\xcc" * 4096, b'{"size": 4096}').pack()
-    store.backend.put(storage_key(ns, key), envelope.seal(key, forged, secret=b"not-the-job-secret-either"))
+    store.backend.put(storage_key(ns, key), envelope.seal(key, forged, namespace=ns,
+                                                          secret=b"not-the-job-secret-either"))
     b = nodes("b", file_url, ns, env=secret)
     refused = wait_for("b refusing r1", lambda: b.events("hpu_refuse"))
     assert refused[0]["key"] == "r1" and refused[0]["reason"] == "bad_signature"
@@ -342,8 +343,9 @@ def test_lost_or_tampered_index_heals(pair: tuple[HpuSyncAgent, HpuSyncAgent, re
     a.sync_once()
     b.sync_once()
     assert lookup(b.dir.path, "r1") and lookup(b.dir.path, "r2")
-    # Both confirmed; now the index is replaced by an unsigned one, which the store refuses and deletes.
-    store.backend.put(storage_key("job", INDEX_KEY), envelope.seal(INDEX_KEY, Index.empty().encode()))
+    # Both confirmed; now the index is replaced by an unsigned one, which the store refuses (and leaves for the
+    # next put to replace).
+    store.backend.put(storage_key("job", INDEX_KEY), envelope.seal(INDEX_KEY, Index.empty().encode(), namespace="job"))
     assert write(b.dir.path, "r3", 1000)
     b.sync_once()  # b reads no index and writes one with r3 only
     a.sync_once()  # a puts r1 and r2 back
@@ -407,3 +409,69 @@ def test_started_agent_publishes_and_ends_with_its_parent(tmp_path: Path, file_u
             return True
 
     wait_for("the orphaned agent to exit", gone)
+
+
+# -- the agent never stops syncing silently (issue 15, item 1) ---------------------------
+@pytest.mark.redis
+def test_agent_syncs_on_through_a_hostile_index_manifest(nodes: Callable[..., Node], redis_url: str) -> None:
+    """The issue's 33-byte RCM1 manifest (count 30,000,000) under the index key killed the sync thread."""
+    import struct
+
+    import redis
+
+    ns = namespace()
+    redis.Redis.from_url(redis_url).set(f"rc:e:{storage_key(ns, INDEX_KEY)}",
+                                        b"RCM1" + struct.pack(">IQ", 30_000_000, 240_000_000) + b"g" * 17)
+    a, b = nodes("a", redis_url, ns), nodes("b", redis_url, ns)
+    assert a.bridge().run("r1") == "compiled"
+    wait_for("r1 on b", functools.partial(installed, b.dir, "r1"))
+    assert b.bridge().run("r1") == "hit"
+    stats = {"a": a.stop(), "b": b.stop()}  # each asserts exit status 0
+    assert stats["a"]["published"] == 1 and stats["b"]["installed"] == 1
+    assert stats["a"]["cycle_errors"] == stats["b"]["cycle_errors"] == 0
+    refusals = [e for node in (a, b) for e in node.events("hpu_refuse")]
+    assert refusals and all(e["reason"] == "corrupt" for e in refusals)
+
+
+def test_an_unexpected_error_costs_one_cycle_not_the_sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    store = recipecache.open_store("memory://", namespace="job")
+    agent = HpuSyncAgent(tmp_path / "a", store, fingerprint=hpu_fingerprint(OLD, OLD), interval=0.01)
+    stop = threading.Event()
+    calls: list[str] = []
+    real = agent.sync_once
+
+    def flaky() -> None:
+        calls.append("sync")
+        if len(calls) == 1:
+            raise KeyError("a bug we did not foresee")
+        real()
+        if len(calls) == 3:
+            stop.set()
+
+    monkeypatch.setattr(agent, "sync_once", flaky)
+    assert write(agent.dir.path, "r1", 1000)
+    agent.run(stop)
+    assert len(calls) == 4, "the loop went on after the error, and made its last pass"
+    assert agent.stats()["cycle_errors"] == 1 and agent.stats()["published"] == 1
+
+
+def test_agent_exits_nonzero_when_its_sync_thread_dies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import signal as signal_module
+
+    from recipecache.hpu import agent as agent_module
+
+    def die(self: HpuSyncAgent, stop: object) -> None:
+        raise RuntimeError("the sync thread dies")
+
+    monkeypatch.setattr(agent_module.HpuSyncAgent, "run", die)
+    handlers = {s: signal_module.getsignal(s) for s in (signal_module.SIGTERM, signal_module.SIGINT)}
+    try:
+        status = agent_module.main(["--dir", str(tmp_path / "a"), "--url", "memory://", "--once",
+                                    "--bridge-version", OLD, "--driver-version", OLD])
+    finally:
+        for signum, handler in handlers.items():
+            signal_module.signal(signum, handler)
+    assert status == 1

@@ -6,6 +6,7 @@ compile), so they check what the ranks really see, not what the launcher meant t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,8 @@ from redis_server import free_port
 import recipecache
 from recipecache.errors import ConfigError
 from launcher import bootstrap
+from launcher import main as launcher_main
+from launcher.exit_watch import ExitWatch, FinishedRank, mark_finished, read_finished, running_child
 from launcher.launch_config import LaunchConfig, namespace_for
 from launcher.main import build_parser, main
 from launcher.report import build_report, format_report, load_metrics
@@ -202,6 +205,8 @@ def bad_inputs(tmp_path: Path, script: Path) -> dict[str, list[str]]:
         "unreachable redis": ["--cache", f"redis://127.0.0.1:{free_port()}/0", str(script)],
         "bad namespace": ["--namespace", "no/slash", str(script)],
         "missing secret file": ["--secret-file", str(tmp_path / "none"), str(script)],
+        "exit grace nan": ["--exit-grace", "nan", str(script)],
+        "exit grace 0": ["--exit-grace", "0", str(script)],
         "torchrun -m": ["-m", str(script)],
         "torchrun --no-python": ["--no-python", str(script)],
     }
@@ -228,13 +233,46 @@ def test_console_script_bad_input_has_no_traceback(tmp_path: Path) -> None:
     assert proc.stderr.splitlines() == ["recipecache-run: error: script 'x.py' not found"]
 
 
+def store_environments(tmp_path: Path) -> dict[str, dict[str, str]]:
+    return {
+        "missing secret file": {"RECIPECACHE_SECRET_FILE": str(tmp_path / "no-such-secret")},
+        "empty secret file": {"RECIPECACHE_SECRET_FILE": str(tmp_path / "empty-secret")},
+        "nan wait timeout": {"RECIPECACHE_WAIT_TIMEOUT": "nan"},
+        "infinite lease ttl": {"RECIPECACHE_LEASE_TTL": "inf"},
+        "cpu fingerprint not a key part": {"RECIPECACHE_CPU_FINGERPRINT": "two words"},
+    }
+
+
+@pytest.mark.parametrize("case", list(store_environments(Path("/x"))))
+def test_bad_store_environment_is_one_line_before_any_rank_starts(case: str, script: Path, tmp_path: Path) -> None:
+    """What every rank would read from the environment is checked by the real command, up front."""
+    (tmp_path / "empty-secret").write_text("\n")
+    (name, value), = store_environments(tmp_path)[case].items()
+    proc = subprocess.run([sys.executable, "-m", "launcher.main", "--nproc", "2", str(script)], capture_output=True,
+                          text=True, cwd=tmp_path, env={**os.environ, name: value}, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"recipecache-run: error: {name}")
+    assert not (tmp_path / "recipecache-runs").exists(), "nothing started"
+
+
+def test_secret_in_the_environment_wins_over_a_missing_secret_file(script: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks read RECIPECACHE_SECRET first and never open the file then: neither does the check."""
+    monkeypatch.setenv("RECIPECACHE_SECRET_FILE", str(tmp_path / "no-such-secret"))
+    monkeypatch.setenv("RECIPECACHE_SECRET", "a-secret-of-sixteen-bytes-or-more")
+    assert config_for(str(script)).secret_file is None
+
+
 def test_help_lists_our_options_and_points_to_torchrun(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     for option in ("--nproc", "--cache", "--namespace", "--secret-file", "--run-dir", "--report", "--no-enable",
-                   "--threads", "--rank-dirs", "--rdzv-endpoint", "--master-port"):
+                   "--threads", "--rank-dirs", "--exit-grace", "--rdzv-endpoint", "--master-port"):
         assert option in out
     assert "passed to torch.distributed.run unchanged" in " ".join(out.split())
+    assert "pass such a URL in $RECIPECACHE_URL" in " ".join(out.split())
 
 
 # -- the report --------------------------------------------------------------------------
@@ -330,6 +368,7 @@ def test_bootstrap_enables_then_runs_script_as_main(probe_script: Path, tmp_path
     monkeypatch.setitem(vars(recipecache), "enable", fake_enable)
     monkeypatch.setattr(sys, "argv", ["bootstrap"])
     monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])  # the script becomes __main__ for good
     if auto_enable:
         monkeypatch.setenv("RECIPECACHE_AUTO_ENABLE", "1")
     out = tmp_path / "out"
@@ -339,6 +378,59 @@ def test_bootstrap_enables_then_runs_script_as_main(probe_script: Path, tmp_path
     assert seen["argv"] == [str(probe_script), str(out)]
     assert seen["path0"] == str(probe_script.parent)
     assert seen["enabled"] is auto_enable
+    assert sys.modules["__main__"].out["argv"] == seen["argv"], "as under python script.py, it stays __main__"
+
+
+@pytest.mark.parametrize(("body", "status"), [("pass", 0), ("raise SystemExit(3)", 3), ("raise SystemExit('bye')", 1),
+                                              ("raise ValueError('bug')", 1)])
+def test_bootstrap_marks_the_finished_script_with_its_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            body: str, status: int) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(body + "\n")
+    monkeypatch.setattr(sys, "argv", ["bootstrap"])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
+    for name, value in (("RECIPECACHE_FINISHED_DIR", str(tmp_path)), ("RANK", "3"), ("LOCAL_RANK", "1"),
+                        ("LOCAL_WORLD_SIZE", "2"), ("TORCHELASTIC_RESTART_COUNT", "0")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises((SystemExit, ValueError)) if status else contextlib.nullcontext():
+        bootstrap.main([str(script)])
+    assert read_finished(tmp_path) == [FinishedRank(rank=3, local_rank=1, local_world_size=2, restart=0,
+                                                    pid=os.getpid(), status=status)]
+
+
+def test_exit_watch_waits_for_every_local_rank_then_the_grace(tmp_path: Path) -> None:
+    """Only processes that are still this parent's children are overdue; a new torchrun round starts over."""
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    now = [0.0]
+    watch = ExitWatch(tmp_path, grace_s=5.0, clock=lambda: now[0])
+
+    def finish(local_rank: int, pid: int, restart: int = 0) -> None:
+        mark_finished(0, {"RECIPECACHE_FINISHED_DIR": str(tmp_path), "RANK": str(local_rank),
+                          "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": "2",
+                          "TORCHELASTIC_RESTART_COUNT": str(restart)})
+        path = tmp_path / f"round{restart}-local{local_rank}.json"
+        path.write_text(path.read_text().replace(f'"pid": {os.getpid()}', f'"pid": {pid}'))
+
+    try:
+        finish(0, gone.pid)
+        now[0] = 100.0
+        assert watch.overdue(os.getpid()) == [], "rank 1 is still working"
+        finish(1, running.pid)
+        assert watch.overdue(os.getpid()) == [], "the grace starts now"
+        now[0] = 104.0
+        assert watch.overdue(os.getpid()) == []
+        now[0] = 105.0
+        assert [r.pid for r in watch.overdue(os.getpid())] == [running.pid]
+        assert watch.overdue(running.pid) == [], "not a child of that process"
+        finish(0, running.pid, restart=1)
+        assert watch.overdue(os.getpid()) == [], "a restarted round is judged on its own markers"
+    finally:
+        running.kill()
+        running.wait()
+    assert not running_child(running.pid, os.getpid()), "reaped"
 
 
 def test_use_rank_dirs_gives_each_rank_its_own_dirs(tmp_path: Path) -> None:
@@ -459,3 +551,88 @@ def test_prewarm_and_hpu_wiring(script: Path, tmp_path: Path) -> None:
 def test_bad_hpu_options(script: Path, argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config_for(*argv, str(script))
+
+
+# -- ranks that outlive their script -------------------------------------------------------
+HANG_AFTER_WORK = (
+    "import atexit, os, signal, sys, time\n"
+    "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+    "if os.environ['RANK'] == '1':\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL ends it, as a rank stuck holding the GIL\n"
+    "    atexit.register(time.sleep, 3600)  # the work is done; the exit hangs\n"
+    "    sys.exit(int(sys.argv[2]))\n"
+)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(("script_status", "job_status"), [(0, 0), (3, 1)])
+def test_rank_hanging_after_its_work_is_reported_and_ended(tmp_path: Path, script_status: int,
+                                                           job_status: int) -> None:
+    """Rank 1 hangs after its script ended with ``script_status``; the job's status is the scripts' (torchrun's
+    1 when one failed), not the kill's."""
+    script = tmp_path / "hangs_at_exit.py"
+    script.write_text(HANG_AFTER_WORK)
+    proc = run_launcher("--nproc", "2", "--master-port", str(free_port()), "--no-enable", "--exit-grace", "1",
+                        "--run-dir", str(tmp_path / "run"),
+                        str(script), str(tmp_path), str(script_status), cwd=tmp_path)
+    assert proc.returncode == job_status, proc.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["exit_code"] == job_status
+    hung_pid = int((tmp_path / "pid1").read_text())
+    assert report["hung_ranks"] == [{"rank": 1, "local_rank": 1, "local_world_size": 2, "restart": 0,
+                                     "pid": hung_pid, "status": script_status}]
+    assert not pid_alive(hung_pid)
+    assert "WARNING: rank(s) 1 still running 1 s after the script finished on every rank" in proc.stderr
+    assert [p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".finished")] == []
+
+
+@pytest.mark.multirank
+def test_job_status_and_report_survive_an_agent_that_will_not_stop(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An HPU agent stuck in its last pass is killed after its timeout; the job's status and report stay."""
+    stubborn: list[subprocess.Popen[bytes]] = []
+
+    def start_stubborn_agent(_config: LaunchConfig) -> subprocess.Popen[bytes]:
+        agent = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint(flush=True)\ntime.sleep(600)\n"],
+                                 stdout=subprocess.PIPE)
+        assert agent.stdout is not None
+        agent.stdout.readline()  # it ignores SIGTERM from here on
+        stubborn.append(agent)
+        return agent
+
+    monkeypatch.setattr(launcher_main, "start_hpu_agent", start_stubborn_agent)
+    monkeypatch.setattr(launcher_main, "AGENT_STOP_TIMEOUT_S", 0.5, raising=False)
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nsys.exit(5)\n")
+    config = config_for("--nproc", "1", "--no-enable", "--run-dir", str(tmp_path / "run"), str(script))
+    try:
+        assert launcher_main.launch(config) == 1  # torchrun's status for the failed rank
+    finally:
+        for agent in stubborn:
+            agent.kill()
+            agent.wait()
+    assert stubborn[0].returncode == -signal.SIGKILL, "the launcher killed it"
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["exit_code"] == 1
+
+
+def test_hpu_agent_gets_the_store_url_in_its_environment_not_its_arguments(script: Path, tmp_path: Path) -> None:
+    """Any user can read a process's arguments (ps); the password must not be among them."""
+    password = "s3cret-" + os.urandom(4).hex()
+    config = config_for("--hpu", "--hpu-dir", str(tmp_path / "recipes"), "--cache",
+                        f"redis://recipecache:{password}@127.0.0.1:{free_port()}/0", str(script))
+    config.run_dir.mkdir(parents=True)
+    agent = launcher_main.start_hpu_agent(config)
+    assert agent is not None
+    try:
+        deadline = time.monotonic() + 10
+        # /proc/PID/cmdline reads empty for a moment while the new process image settles
+        while not (cmdline := Path(f"/proc/{agent.pid}/cmdline").read_bytes()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        environ = Path(f"/proc/{agent.pid}/environ").read_bytes().split(b"\0")
+    finally:
+        agent.kill()
+        agent.wait()
+    assert b"recipecache.hpu.agent" in cmdline
+    assert password.encode() not in cmdline
+    assert f"RECIPECACHE_URL={config.cache_url}".encode() in environ

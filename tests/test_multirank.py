@@ -17,6 +17,10 @@ three jobs once and every test asserts on them:
 The example's schedule puts rank 1 one bucket ahead of rank 0, so at step 0 each rank
 compiles the length the other meets at step 1: every rank must hit an artifact it
 never compiled itself.
+
+One more job (``tests/workers/pgo_ranks.py``, no inductor) has both ranks write their
+automatic-dynamic decisions to the store at the same moment, round after round, and then
+checks that both ranks decide alike and that no rank's decision was lost.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ from recipecache.events import read_events
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1200)]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+PGO_WORKER = Path(__file__).resolve().parent / "workers" / "pgo_ranks.py"
+#: rounds of simultaneous PGO writes (each rank adds one decision per round)
+PGO_ROUNDS = 6
 BUCKETS = (16, 32)
 STEPS = 4
 RANKS = 2
@@ -197,3 +204,20 @@ def test_ranks_of_one_node_share_its_directory_and_two_nodes_fetch(jobs: dict[st
     for rank, stats in enumerate(jobs["cold"].store_stats):  # --rank-dirs: each rank is a node of its own
         assert stats["node_dir"].endswith(f"/rank{rank}/node")
         assert stats["node_fetched_bytes"] > 0, f"node {rank} fetched the other node's artifact from the store"
+
+
+def test_ranks_writing_pgo_decisions_at_once_lose_none_and_decide_alike(tmp_path: Path) -> None:
+    """Issue 15 item 15: PGO state is merged with a compare-and-set, so concurrent writers lose nothing."""
+    out = tmp_path / "decisions"
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", f"file://{tmp_path / 'store'}",
+         "--namespace", "pgo", "--run-dir", str(tmp_path / "run"), "--rank-dirs", str(tmp_path / "dirs"),
+         str(PGO_WORKER), str(out), str(PGO_ROUNDS)],
+        check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    decisions = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(RANKS)]
+    assert decisions[0] == decisions[1], "both ranks make the same dynamic/static decision for every function"
+    lost = sorted(int(index) for index, dynamic in decisions[0].items() if not dynamic)
+    assert len(decisions[0]) == RANKS * PGO_ROUNDS and lost == [], f"decisions lost to concurrent writes: {lost}"

@@ -25,6 +25,7 @@ from recipecache.backends.memory import MemoryBackend
 from recipecache.errors import ConfigError
 from recipecache.events import EventLog
 from recipecache.keys import storage_key
+from recipecache.reasons import Role
 from recipecache.settings import StoreSettings
 from recipecache.store import Store
 
@@ -69,6 +70,28 @@ def test_a_nodes_other_processes_read_the_node_directory(tmp_path: Path) -> None
     assert elsewhere.stats()["node_dir"] == str(tmp_path / "node-b")
 
 
+def test_entries_rewritten_in_place_never_come_from_a_stale_node_copy(tmp_path: Path) -> None:
+    """update() reads the remote store; state read as it is (node=False) is never copied to a node;
+    a graph's variants (update(node=True)) are, and begin(stale=...) reads past a stale copy and refreshes it."""
+    remote = CountingMemory()
+    node_a, node_b = node_store(remote, tmp_path / "a"), node_store(remote, tmp_path / "b")
+    node_a.update("state", lambda current: b"one")
+    assert not node_copy(tmp_path / "a", node_a.namespace, "state").exists(), "node=False: no node copy"
+    node_b.update("state", lambda current: bytes(current or b"") + b"+two")
+    assert node_a.get("state", node=False) == b"one+two"
+
+    node_a.update("graph", lambda current: b"variant1", node=True)
+    assert node_b.get("graph") == b"variant1"  # node b now holds a copy
+    node_a.update("graph", lambda current: bytes(current or b"") + b"+variant2", node=True)
+    assert node_a.get("graph") == b"variant1+variant2", "the writer's node copy is the value it wrote"
+    stale = node_b.get("graph")
+    assert stale == b"variant1", "node b's copy predates the merge (a graph's readers check their guards)"
+    with node_b.begin("graph", stale=stale, wait_timeout=5.0) as flight:
+        assert flight.role is Role.FOLLOWER and flight.data == b"variant1+variant2", "read past the stale copy"
+    gets = remote.gets
+    assert node_store(remote, tmp_path / "b").get("graph") == b"variant1+variant2" and remote.gets == gets, "refreshed"
+
+
 def test_a_miss_everywhere_is_a_plain_miss(tmp_path: Path) -> None:
     store = node_store(CountingMemory(), tmp_path / "node")
     assert store.get("absent") is None
@@ -88,11 +111,11 @@ def _truncate(path: Path) -> None:
 
 
 def _other_keys_entry(path: Path) -> None:
-    path.write_bytes(envelope.seal("another key", b"x" * 800))
+    path.write_bytes(envelope.seal("another key", b"x" * 800, namespace=path.parent.parent.name))
 
 
 def _signed_with_another_secret(path: Path) -> None:
-    path.write_bytes(envelope.seal("k", b"x" * 800, secret=b"not-the-jobs-secret!"))
+    path.write_bytes(envelope.seal("k", b"x" * 800, namespace=path.parent.parent.name, secret=b"not-the-jobs-secret!"))
 
 
 @pytest.mark.parametrize("damage", [_flip_last_byte, _truncate, _other_keys_entry, _signed_with_another_secret])

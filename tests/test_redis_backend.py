@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,154 @@ def test_password_and_acl_user(tmp_path: Path) -> None:
         bad = recipecache.open_store(f"redis://cache:wrong@127.0.0.1:{server.port}/0", namespace="acl")
         assert bad.get("k") is None
         assert bad.stats()["misses_by_reason"] == {"backend_down": 1}
+
+
+# -- hostile or damaged stored values (issue 15, items 1 and 6) ----------------------------
+GEN = b"0123456789abcdef"
+HOSTILE_MANIFESTS = {
+    # the issue's 33-byte value: RCM1 and a count of 30,000,000 (one get took 79 s and 10 GB)
+    "rcm1-count-30M": b"RCM1" + struct.pack(">IQ", 30_000_000, 240_000_000) + b"g" * 17,
+    "rcm1-4-bytes": b"RCM1",  # struct.error before
+    "rcm1-non-utf8-gen": b"RCM1" + struct.pack(">IQ", 2, 100) + b"\xff" * 16,  # UnicodeDecodeError before
+    "rcm2-non-utf8-gen": b"RCM2:" + b"\xff\xfe" * 8 + b":1:10:10",
+    "rcm2-short-gen": b"RCM2:0123:1:10:10",
+    "rcm2-count-mismatch": b"RCM2:" + GEN + b":5:10:10",
+    "rcm2-count-30M": b"RCM2:" + GEN + b":30000000:30000000:1",
+    "rcm2-chunk-over-512MiB": b"RCM2:" + GEN + b":1:1000000000:1000000000",
+    "rcm2-total-over-cap": b"RCM2:" + GEN + b":4096:" + str(2**40).encode() + b":" + str(2**28).encode(),
+    "rcm2-zero": b"RCM2:" + GEN + b":0:0:1",
+    "rcm2-trailing-newline": b"RCM2:" + GEN + b":1:10:10\n",
+    "rcm2-negative": b"RCM2:" + GEN + b":1:-10:10",
+    "rcm-garbage": b"RCMX" + bytes(range(256)),
+}
+
+
+def mget_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_mget", {}).get("calls", 0))
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_MANIFESTS))
+def test_hostile_manifest_is_a_quick_corrupt_miss_and_the_next_put_replaces_it(redis_url: str, name: str) -> None:
+    namespace = "h" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url + "?chunk_size=4KiB", namespace=namespace)
+    client = redis.Redis.from_url(redis_url)
+    entry = f"rc:e:{storage_key(namespace, 'k')}"
+    client.set(entry, HOSTILE_MANIFESTS[name])
+    before = mget_calls(client)
+    assert store.get("k") is None
+    assert store.stats()["misses_by_reason"] == {"corrupt": 1}
+    assert mget_calls(client) == before, "nothing is fetched for a manifest that does not validate"
+    assert client.get(entry) == HOSTILE_MANIFESTS[name], "a reader holds no bytes to compare: it leaves it"
+    assert store.put("k", b"v" * 20_000), "a put over a damaged manifest neither raises nor fails"
+    assert store.get("k") == b"v" * 20_000
+    assert store.stats()["put_failures_by_reason"] == {}
+
+
+@pytest.mark.parametrize(
+    ("manifest", "chunks"),
+    [
+        (b"RCM2:" + GEN + b":3:10000:4096", 3),
+        (b"RCM2:" + GEN + b":1:10:10", 1),
+        (b"RCM1" + struct.pack(">IQ", 3, 10000) + GEN, 3),  # the previous format: still cleaned up
+        *((m, 0) for m in HOSTILE_MANIFESTS.values()),
+        (b"RCM2:" + GEN.upper() + b":3:10000:4096", 0),
+        (b"RCM2:" + GEN + b":3:10000:4096" + b" ", 0),
+    ],
+)
+def test_lua_and_python_agree_on_which_manifests_name_chunks(redis_url: str, manifest: bytes, chunks: int) -> None:
+    """The scripts that replace or delete an entry parse manifests in Lua; they must judge as Manifest.parse does.
+
+    ``chunks``: how many chunks the manifest names, 0 for a damaged one.
+    """
+    from recipecache.backends.redis import Manifest
+    from recipecache.errors import VerificationError
+
+    try:
+        named = Manifest.parse(manifest).count
+    except VerificationError as exc:
+        named = struct.unpack_from(">I", manifest, 4)[0] if exc.reason == "old_format" else 0
+    assert named == chunks
+    key = f"agree/{secrets.token_hex(32)}"
+    client = redis.Redis.from_url(redis_url)
+    gen = manifest[5:21].decode("latin-1") if manifest.startswith(b"RCM2") else manifest[16:].decode("latin-1")
+    planted = [f"rc:c:{key}:{gen}:{i}" for i in range(3)]
+    for action in ("delete", "put"):
+        client.set(f"rc:e:{key}", manifest)
+        for chunk in planted:
+            client.set(chunk, b"x")
+        backend = open_backend(redis_url)
+        backend.delete(key) if action == "delete" else backend.put(key, b"new")
+        left = [c for c in planted if client.exists(c)]
+        assert left == planted[chunks:], f"{action} over {manifest[:40]!r}"
+
+
+def test_old_format_chunked_entry_is_refused_kept_and_replaced(redis_url: str) -> None:
+    """An entry the previous version wrote (RCM1 manifest over RCE1 chunks) is an old_format miss, left for it."""
+    namespace = "o" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url + "?chunk_size=4KiB", namespace=namespace)
+    client = redis.Redis.from_url(redis_url)
+    skey = storage_key(namespace, "k")
+    client.set(f"rc:e:{skey}", b"RCM1" + struct.pack(">IQ", 2, 5000) + GEN)
+    client.set(f"rc:c:{skey}:{GEN.decode()}:0", b"RCE1" + bytes(4092))
+    client.set(f"rc:c:{skey}:{GEN.decode()}:1", bytes(904))
+    assert store.get("k") is None
+    assert store.stats()["misses_by_reason"] == {"old_format": 1}
+    assert client.exists(f"rc:e:{skey}", f"rc:c:{skey}:{GEN.decode()}:0") == 2, "left for the older version"
+    assert store.put("k", b"new")
+    assert store.get("k") == b"new"
+    assert client.keys(f"rc:c:{skey}:*") == [], "the old entry's chunks went with it"
+
+
+def test_damaged_chunks_are_corrupt_and_missing_chunks_a_miss(redis_url: str) -> None:
+    namespace = "d" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url + "?chunk_size=4KiB", namespace=namespace)
+    client = redis.Redis.from_url(redis_url)
+    store.put("k", b"v" * 20_000)
+    chunks = sorted(client.keys(f"rc:c:{storage_key(namespace, 'k')}:*"))
+    client.append(chunks[0], b"extra")  # a chunk longer than its manifest says
+    assert store.get("k") is None
+    client.delete(chunks[0])  # a chunk evicted (allkeys-lru) or being replaced
+    assert store.get("k") is None
+    assert store.stats()["misses_by_reason"] == {"corrupt": 1, "not_found": 1}
+
+
+def test_wrong_type_is_one_keys_problem_not_a_failed_backend(redis_url: str) -> None:
+    namespace = "w" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url, namespace=namespace)
+    client = redis.Redis.from_url(redis_url)
+    entry = f"rc:e:{storage_key(namespace, 'k')}"
+    client.hset(entry, "field", "value")
+    store.put("other", b"fine")
+    for _ in range(3):
+        assert store.get("k") is None
+        assert store.get("other") == b"fine", "the circuit breaker stays closed for every other key"
+    assert store.stats()["misses_by_reason"] == {"corrupt": 3}
+    assert storage_key(namespace, "k") in [e.key for e in store.scan()], "listed, so verify --fix can remove it"
+    assert store.update("k", lambda current: b"replaced" if current is None else None).data == b"replaced"
+    assert store.get("k") == b"replaced"
+    client.delete(entry)
+    client.hset(entry, "field", "value")
+    assert store.put("k", b"put over it")
+    assert store.get("k") == b"put over it"
+    client.delete(entry)
+    client.hset(entry, "field", "value")
+    store.backend.delete(storage_key(namespace, "k"))
+    assert client.exists(entry) == 0
+    assert store.stats()["put_failures_by_reason"] == {}
+
+
+def test_delete_takes_the_entry_and_its_chunks_in_one_step(redis_url: str) -> None:
+    key = f"del/{secrets.token_hex(32)}"
+    backend = open_backend(redis_url + "?chunk_size=4KiB")
+    client = redis.Redis.from_url(redis_url)
+    backend.put(key, b"a" * 30_000)
+    assert len(client.keys(f"rc:c:{key}:*")) == 8
+    backend.put(key, b"b" * 20_000)
+    assert len(client.keys(f"rc:c:{key}:*")) == 5, "an overwrite deletes the chunks it replaces"
+    calls = int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    gets = int(client.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
+    backend.delete(key)
+    assert client.keys(f"rc:*{key}*") == [], "no orphan chunks"
+    stats = client.info("commandstats")
+    assert int(stats["cmdstat_evalsha"]["calls"]) == calls + 1, "one script"
+    assert int(stats.get("cmdstat_get", {}).get("calls", 0)) == gets, "no GET before the delete"

@@ -15,6 +15,9 @@ import pytest
 from processes import kill_once_ready
 
 import recipecache
+from recipecache.backends import open_backend
+from recipecache.keys import storage_key
+from recipecache.lease import SingleFlight
 
 WORKERS = Path(__file__).parent / "workers"
 
@@ -78,3 +81,17 @@ def test_follower_gives_up_after_its_deadline(url: str, tmp_path: Path) -> None:
     finally:
         leader.kill()
         leader.wait()
+
+
+def test_a_fetch_that_raises_releases_the_lease(url: str) -> None:
+    """The leader's look for a result published meanwhile fails: nobody compiles under its lease, so it is freed."""
+    backend = open_backend(url)
+    name = storage_key("raise" + secrets.token_hex(4), "graph")
+
+    def broken_fetch() -> bytes | None:
+        raise RuntimeError("unreadable entry")
+
+    with pytest.raises(RuntimeError, match="unreadable entry"):
+        SingleFlight(backend, ttl=30).run(name, broken_fetch, timeout=5)
+    assert backend.lease_add(name, "next", 30), "the lease is free for the next process at once"
+    backend.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 
 import pytest
@@ -107,13 +108,19 @@ def test_signed_entries() -> None:
     signed = make_store(backend, secret=b"the-right-secret")
     signed.put("k", b"code")
     assert signed.get("k") == b"code"
-    assert make_store(backend, secret=b"the-wrong-secret").get("k") is None
-    assert backend.get(storage_key(signed.namespace, "k")) is None, "a badly signed entry is deleted"
+    wrong = make_store(backend, secret=b"the-wrong-secret")
+    assert wrong.get("k") is None
+    assert wrong.stats()["misses_by_reason"] == {"bad_signature": 1}
+    # issue 15.3: a reader with another secret cannot prove the entry bad, so it leaves it
+    assert backend.get(storage_key(signed.namespace, "k")) is not None, "a refused entry is not deleted"
+    assert signed.get("k") == b"code", "the job with the right secret still hits"
 
     make_store(backend).put("u", b"unsigned code")
     strict = make_store(backend, secret=b"the-right-secret")
     assert strict.get("u") is None
     assert strict.stats()["misses_by_reason"] == {"unsigned": 1}
+    assert make_store(backend).get("u") == b"unsigned code", "an unsigned entry is left for unsigned jobs"
+    assert wrong.stats()["deleted_bad"] == strict.stats()["deleted_bad"] == 0
 
 
 def test_forged_signature_is_refused() -> None:
@@ -124,7 +131,7 @@ def test_forged_signature_is_refused() -> None:
     fields, offset = envelope.read_header(backend.get(skey) or b"")
     evil = b"import os; os.system('rm -rf /')"
     # the attacker recomputes the checksum but cannot recompute the HMAC
-    forged = envelope.seal("k", evil, secret=b"the attacker's guess")
+    forged = envelope.seal("k", evil, namespace=store.namespace, secret=b"the attacker's guess")
     backend.put(skey, forged)
     assert store.get("k") is None
     assert store.stats()["misses_by_reason"] == {"bad_signature": 1}
@@ -148,9 +155,9 @@ class FailingBackend(MemoryBackend):
         self._check()
         return super().get(key)
 
-    def put(self, key: str, value: bytes) -> None:
+    def put(self, key: str, value: bytes, *more: bytes) -> None:
         self._check()
-        super().put(key, value)
+        super().put(key, value, *more)
 
     def lease_add(self, name: str, token: str, ttl: float) -> bool:
         self._check()
@@ -187,7 +194,7 @@ def test_event_log_records_the_trace(tmp_path: Path) -> None:
     store.get("k")
     store.close()
     events = list(read_events(tmp_path))
-    assert [e["event"] for e in events] == ["miss", "compile", "put", "hit"]
+    assert [e["event"] for e in events] == ["miss", "compile_start", "compile", "put", "hit"]
     assert all(e["rank"] == 3 and e["key"] == "k" for e in events)
     assert {"time", "duration"} <= set(events[0])
 
@@ -199,3 +206,110 @@ def test_import_does_not_load_torch() -> None:
     code = "import sys, recipecache; recipecache.open_store('memory://'); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_begin_with_a_stale_value_leads_or_waits_for_a_different_one() -> None:
+    """A caller that cannot use what the key holds (no guard variant fits) compiles or waits for the next value."""
+    import threading
+    import time
+
+    store = make_store()
+    store.put("k", b"variants A")
+    with store.begin("k", stale=b"variants A") as flight:
+        assert (flight.role, flight.data, flight.miss_reason) == ("leader", None, "guard_rejected")
+        other = make_store(store.backend)
+        waited: list[object] = []
+        waiter = threading.Thread(target=lambda: waited.append(other.begin("k", wait_timeout=30, stale=b"variants A")))
+        waiter.start()
+        time.sleep(0.2)
+        store.put("k", b"variants A+B")  # what the leader publishes
+    waiter.join(timeout=30)
+    follower = waited[0]
+    assert (follower.role, follower.data) == ("follower", b"variants A+B")  # type: ignore[attr-defined]
+    assert store.stats()["hits"] == 0 and store.stats()["misses"] == 0, "the caller counted its own lookup"
+
+
+# -- read-modify-write (Store.update, for the shared PGO state) -------------------------------
+def test_update_is_read_modify_write() -> None:
+    store = make_store()
+    seen: list[bytes | None] = []
+
+    def append(current: memoryview | None) -> bytes:
+        seen.append(None if current is None else bytes(current))
+        return (bytes(current) if current is not None else b"") + b"+"
+
+    assert store.update("k", append).data == b"+"
+    assert store.update("k", append).data == b"++"
+    assert store.get("k") == b"++" and seen == [None, b"+"]
+    assert store.update("k", lambda current: None).data == b"++", "None writes nothing"
+    assert store.stats()["puts"] == 2
+
+
+def test_update_describes_what_it_writes_with_meta() -> None:
+    store = make_store()
+    store.update("k", lambda current: b"merged", meta={"kind": "pgo"})
+    blob = store.read_raw(storage_key(store.namespace, "k"))
+    assert blob is not None
+    assert envelope.open_envelope(blob, key="k", namespace=store.namespace)[0].meta == {"kind": "pgo"}
+
+
+def test_update_retries_when_another_writer_wins_the_race() -> None:
+    store = make_store()
+    store.put("k", b"1")
+    rival = make_store(store.backend)
+    calls: list[bytes] = []
+
+    def add_one(current: memoryview | None) -> bytes:
+        assert current is not None
+        calls.append(bytes(current))
+        if len(calls) == 1:
+            rival.put("k", b"10")  # another process writes between our read and our write
+        return str(int(bytes(current)) + 1).encode()
+
+    assert store.update("k", add_one).data == b"11"
+    assert calls == [b"1", b"10"]
+    assert store.stats()["update_conflicts"] == 1
+
+
+def test_update_gives_up_after_its_attempts_as_a_counted_conflict() -> None:
+    store = make_store()
+    rival = make_store(store.backend)
+
+    def always_raced(current: memoryview | None) -> bytes:
+        rival.put("k", b"rival")
+        return b"mine"
+
+    result = store.update("k", always_raced, attempts=3)
+    assert (result.data, result.reason) == (None, "conflict")
+    assert store.stats()["update_conflicts"] == 3
+    assert store.stats()["put_failures_by_reason"] == {"conflict": 1}
+
+
+def test_update_replaces_what_it_refuses_and_survives_a_dead_backend() -> None:
+    backend = MemoryBackend()
+    make_store(backend, secret=b"another-jobs-secret").put("k", b"theirs")
+    store = make_store(backend, secret=b"our-secret-0123456")
+    got: list[memoryview | None] = []
+    assert store.update("k", lambda current: got.append(current) or b"ours").data == b"ours"
+    assert got == [None], "an entry it refuses is no input to the update"
+    assert store.get("k") == b"ours"
+    down = make_store(FailingBackend())
+    result = down.update("k", lambda current: b"x")
+    assert (result.data, result.reason) == (None, "backend_down")
+    assert down.stats()["put_failures_by_reason"] == {"backend_down": 1}
+
+
+@pytest.mark.parametrize("kind", ["filesystem", pytest.param("redis", marks=pytest.mark.redis)])
+def test_update_from_racing_processes_loses_nothing(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    import subprocess
+    import sys
+
+    url = f"file://{tmp_path / 'c'}" if kind == "filesystem" else request.getfixturevalue("redis_url") + "?chunk_size=4KiB"
+    worker = Path(__file__).parent / "workers" / "cas_worker.py"
+    namespace = "upd" + secrets.token_hex(4)
+    procs = [subprocess.Popen([sys.executable, str(worker), url, "0", "update", namespace, "pgo", "20", "6000"],
+                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    conflicts = [int(p.communicate(timeout=240)[0]) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4
+    value = recipecache.open_store(url, namespace=namespace).get("pgo")
+    assert value is not None and int(bytes(value[:16])) == 80, f"lost updates ({sum(conflicts)} conflicts)"

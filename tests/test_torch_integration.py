@@ -15,17 +15,20 @@ backend's get/put split in this process, without compiling.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
+import logging
 import os
 import pickle
 import shutil
 import subprocess
 import sys
-from collections import defaultdict
-from collections.abc import Iterator
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgpack
@@ -35,9 +38,13 @@ import recipecache
 from recipecache.envelope import read_header
 from recipecache.events import read_events
 from recipecache.torch_integration import pgo
+from recipecache.errors import ConfigError
 from recipecache.torch_integration.artifact import (
+    FORMAT,
+    MAX_VARIANTS,
     Artifact,
     ArtifactError,
+    Entry,
     KernelFile,
     install,
 )
@@ -49,6 +56,10 @@ WORKER = Path(__file__).parent / "workers" / "torch_worker.py"
 NAMESPACE = "torchtest"
 SECRET = "torch-test-secret"
 DOWN_URL = "redis://127.0.0.1:1/0?timeout=0.5"
+#: a host whose CPU differs from the cold run's (the fingerprint every other process computes here)
+OTHER_CPU = {"RECIPECACHE_CPU_FINGERPRINT": "other-cpu-kind"}
+#: sizes on both sides of inductor's 4096-element reduction threshold: two guard variants of one graph
+VARIANT_SIZES = "8,5000"
 
 
 @dataclass
@@ -76,6 +87,9 @@ class Followups:
     hit: Run
     forged: Run
     forged_store: Path
+    #: a process of another CPU kind (faked fingerprint) on a copy of the cold run's store
+    other: Run
+    other_store: Path
     #: the model's forward graph, whose artifact was forged, and the genuine one
     forward_key: str
     genuine: Artifact
@@ -145,7 +159,7 @@ def _forge(store_dir: Path, forward_key: str) -> Artifact:
     url = f"file://{store_dir}"
     genuine_store = recipecache.open_store(url, namespace=NAMESPACE, secret=SECRET)
     genuine = Artifact.unpack(genuine_store.get(forward_key), "fx")
-    evil = Artifact("fx", genuine.entry, (KernelFile("ev/evil.main.so", b"\x7fELF not a kernel"),))
+    evil = Artifact.single("fx", genuine.entry, (KernelFile("ev/evil.main.so", b"\x7fELF not a kernel"),))
     recipecache.open_store(url, namespace=NAMESPACE, secret="not-the-torch-test-secret").put(forward_key, evil.pack())
     backend = genuine_store.backend
     for entry in list(backend.scan(NAMESPACE)):
@@ -178,9 +192,10 @@ def runs(base: Path) -> ColdRuns:
 
 @pytest.fixture(scope="module")
 def followups(runs: ColdRuns, base: Path) -> Followups:
-    """The processes that read the cold run's store, side by side: a clean hit, and a forged copy."""
-    forged_store = base / "forged-store"
+    """The processes that read the cold run's store, side by side: a clean hit, a forged copy, another CPU kind."""
+    forged_store, other_store = base / "forged-store", base / "other-cpu-store"
     shutil.copytree(runs.store_dir, forged_store)
+    shutil.copytree(runs.store_dir, other_store)
     forward_key = next(e["key"] for e in _events(runs.cold) if e["event"] == "put")  # the model's forward graph
     genuine = _forge(forged_store, forward_key)
     started = [
@@ -189,9 +204,18 @@ def followups(runs: ColdRuns, base: Path) -> Followups:
         _start(base, "hit", "rc", "--pgo-sizes", "9", "--dist", str(base / "hit-pg"),
                url=f"file://{runs.store_dir}", env_extra={"RECIPECACHE_METRICS_FLUSH": "1"}),
         _start(base, "forged", "rc", url=f"file://{forged_store}"),
+        _start(base, "other-cpu", "rc", "--variants", VARIANT_SIZES, url=f"file://{other_store}", env_extra=OTHER_CPU),
     ]
-    hit, forged = (_finish(s) for s in started)
-    return Followups(hit, forged, forged_store, forward_key, genuine)
+    hit, forged, other = (_finish(s) for s in started)
+    return Followups(hit=hit, forged=forged, forged_store=forged_store, other=other, other_store=other_store,
+                     forward_key=forward_key, genuine=genuine)
+
+
+@pytest.fixture(scope="module")
+def variant_hit(followups: Followups, base: Path) -> Run:
+    """A fresh process of the other CPU kind, on the store that process filled, meeting both guard variants."""
+    return _finish(_start(base, "variant-hit", "rc", "--variants", VARIANT_SIZES,
+                          url=f"file://{followups.other_store}", env_extra=OTHER_CPU))
 
 
 # -- cold, hit, equality ------------------------------------------------------------
@@ -257,6 +281,49 @@ def test_forged_and_tampered_artifacts_are_refused_and_compiled_locally(runs: Co
     assert [f.path for f in republished.files] == [f.path for f in followups.genuine.files]
 
 
+def test_a_host_of_another_cpu_kind_compiles_and_never_loads_this_ones_kernels(
+    runs: ColdRuns, followups: Followups
+) -> None:
+    """Issue 15 item 13: torch's keys do not describe the CPU its -march=native kernels need; ours do."""
+    other = followups.other
+    m = other.metrics
+    cold_keys = {e["key"] for e in _events(runs.cold) if e["event"] != "step"}
+    other_keys = {e["key"] for e in _events(other) if e["event"] != "step"}
+    assert cold_keys and other_keys and not cold_keys & other_keys, "separate keys for each CPU kind"
+    backend = recipecache.open_store(f"file://{followups.other_store}", namespace=NAMESPACE).backend
+    stored = {read_header(bytes(backend.get(e.key)))[0]["key"] for e in backend.scan(NAMESPACE)}
+    other_cpu = f"cpu-{OTHER_CPU['RECIPECACHE_CPU_FINGERPRINT']}:"
+    by_cpu = {cpu: {key for key in stored if f":cpu-{cpu}:" in key}
+              for cpu in (runs.cold.report["cpu_fingerprint"], OTHER_CPU["RECIPECACHE_CPU_FINGERPRINT"])}
+    assert set().union(*by_cpu.values()) == {key for key in stored if ":cpu-" in key}
+    for keys in by_cpu.values():  # graphs, AOTAutograd entries, ISA probes: each kind of CPU has its own
+        assert {kind for kind in (":fx-graph-", ":autograd-", ":isa-probe:") if any(kind in key for key in keys)} == \
+            {":fx-graph-", ":autograd-", ":isa-probe:"}
+    assert not any(other_cpu in key for key in stored if "dynamo-pgo" in key), "PGO keys describe no CPU"
+    assert m["cache"]["TotalHit"] == 0 and m["lookups"]["isa"]["hit"] == 0
+    assert m["kernels"]["installed"] == 0, "not one kernel of the cold run's CPU kind was installed"
+    assert m["graph_compilation"]["TotalNumber"] >= 4 and other.cpp_compiles > 0
+    assert m["lookups"]["pgo"]["hit"] == 1, "PGO decisions describe the program, not the CPU: still shared"
+    assert other.report["digest"] == runs.plain.report["digest"]
+
+
+def test_every_guard_variant_of_a_graph_is_kept_and_a_fresh_process_hits_each(
+    followups: Followups, variant_hit: Run
+) -> None:
+    """Issue 15 item 14: two sizes whose guard variants differ under one key; both stay, both hit."""
+    compiles = Counter(e["key"] for e in _events(followups.other) if e["event"] == "compile")
+    [key] = [k for k, n in compiles.items() if n == 2]  # the reduction: one key compiled for two variants
+    store = recipecache.open_store(f"file://{followups.other_store}", namespace=NAMESPACE, secret=SECRET)
+    stored = Artifact.unpack(store.get(key), "fx")
+    assert len(stored.entries) == 2 and len({e.guards for e in stored.entries}) == 2
+    assert all(e.kernels for e in stored.entries), "each variant ships the kernels it loads"
+    m = variant_hit.metrics
+    assert m["graph_compilation"]["TotalNumber"] == 0 and variant_hit.cpp_compiles == 0
+    assert m["cache"]["TotalMiss"] == 0 and m["fallbacks"] == {}
+    assert sum(e["event"] == "hit" and e["key"] == key for e in _events(variant_hit)) == 2
+    assert variant_hit.report["variant_sums"] == followups.other.report["variant_sums"] == [8.0, 5000.0]
+
+
 def test_store_down_training_works_and_fallbacks_are_counted(runs: ColdRuns) -> None:
     m = runs.down.metrics
     assert m["fallbacks"]["backend_down"] >= 1
@@ -277,35 +344,67 @@ def test_disable_restores_every_setting_and_stops_using_the_store(runs: ColdRuns
 
 
 # -- in-process: no compiles -----------------------------------------------------------
-def _raw_artifact(kind: str, files: list[dict[str, Any]]) -> bytes:
+def _raw_artifact(kind: str, files: list[dict[str, Any]], kernels: list[Any] | None = None) -> bytes:
     """An artifact built without :class:`KernelFile`'s checks, as an attacker would."""
-    return msgpack.packb({"format": "recipecache-torch/1", "kind": kind, "entry": b"{}", "compile_s": 1.0,
-                          "files": files}, use_bin_type=True)
+    entry = {"data": b"{}", "compile_s": 1.0, "guards": None,
+             "kernels": [f.get("path") for f in files if isinstance(f, dict)] if kernels is None else kernels}
+    return msgpack.packb({"format": FORMAT, "kind": kind, "entries": [entry], "files": files}, use_bin_type=True)
 
 
 @pytest.mark.parametrize("path", ["../x.so", "/tmp/x.so", "ab/../../x.so", "ab/x.py", "abc/x.so", "ab/c/x.so"])
 def test_artifact_refuses_paths_outside_the_kernel_layout(path: str, tmp_path: Path) -> None:
-    blob = _raw_artifact("fx", [{"path": path, "sha256": hashlib.sha256(b"x").digest(), "data": b"x"}])
+    blob = _raw_artifact("fx", [{"path": path, "data": b"x"}])
     with pytest.raises(ArtifactError):
         Artifact.unpack(blob, "fx")
     with pytest.raises(ArtifactError):
         KernelFile(path, b"x")
 
 
-def test_artifact_round_trip_checksums_and_install(tmp_path: Path) -> None:
-    art = Artifact("fx", b'{"data": ""}', (KernelFile("ab/cdef.main.so", b"lib"),), 2.5)
+def test_artifact_round_trip_refusals_and_install(tmp_path: Path) -> None:
+    """The envelope's digest covers the whole artifact: files carry a path and bytes, nothing else."""
+    art = Artifact.single("fx", b'{"data": ""}', (KernelFile("ab/cdef.main.so", b"lib"),), 2.5)
     assert Artifact.unpack(art.pack(), "fx") == art
+    assert Artifact.unpack(memoryview(art.pack()), "fx") == art, "the store hands out views"
     with pytest.raises(ArtifactError, match="kind"):
         Artifact.unpack(art.pack(), "aot")
-    bad_sum = _raw_artifact("fx", [{"path": "ab/cdef.so", "sha256": b"\0" * 32, "data": b"lib"}])
-    with pytest.raises(ArtifactError, match="checksum"):
-        Artifact.unpack(bad_sum, "fx")
-    for garbage in (b"", b"\x80\x04K\x01.", pickle.dumps({"format": "recipecache-torch/1"})):
+    for record in ({"path": "ab/cdef.so", "sha256": b"\0" * 32, "data": b"lib"}, {"path": "ab/cdef.so"},
+                   {"path": "ab/cdef.so", "data": "not bytes"}, ["ab/cdef.so", b"lib"]):
+        with pytest.raises(ArtifactError):
+            Artifact.unpack(_raw_artifact("fx", [record]), "fx")
+    lib = {"path": "ab/cdef.so", "data": b"lib"}
+    for files, kernels in (([lib], ["ab/other.so"]), ([lib, lib], None), ([lib], [1])):
+        with pytest.raises(ArtifactError):  # an entry must load only kernels the artifact carries, each once
+            Artifact.unpack(_raw_artifact("fx", files, kernels), "fx")
+    format_2 = msgpack.packb({"format": "recipecache-torch/2", "kind": "fx", "entry": b"{}", "compile_s": 1.0,
+                              "files": []}, use_bin_type=True)
+    for garbage in (b"", b"\x80\x04K\x01.", pickle.dumps({"format": FORMAT}), format_2):
         with pytest.raises(ArtifactError):
             Artifact.unpack(garbage, "fx")
     assert install(art.files, tmp_path) == 1
     assert (tmp_path / "ab" / "cdef.main.so").read_bytes() == b"lib"
     assert install(art.files, tmp_path) == 0, "a kernel already present is kept"
+
+
+def test_variants_are_bounded_newest_first_and_a_recompile_replaces_its_twin() -> None:
+    def variant(guards: str | None, kernel: str) -> tuple[Entry, KernelFile]:
+        return Entry(guards.encode() if guards else b"none", 1.0, (kernel,), guards), KernelFile(kernel, kernel.encode())
+
+    art = Artifact("fx", ())
+    for i in range(MAX_VARIANTS + 2):
+        entry, lib = variant(f"s0 == {i}", f"k{i}/k.so")
+        art = art.with_variant(entry, [lib])
+    assert [e.guards for e in art.entries] == [f"s0 == {i}" for i in reversed(range(2, MAX_VARIANTS + 2))]
+    assert [f.path for f in art.files] == sorted(f"k{i}/k.so" for i in range(2, MAX_VARIANTS + 2)), \
+        "kernels of dropped variants go with them"
+    entry, lib = variant("s0 == 5", "zz/new.so")
+    again = art.with_variant(entry, [lib])
+    assert [e.guards for e in again.entries].count("s0 == 5") == 1 and again.entries[0].kernels == ("zz/new.so",)
+    assert len(again.entries) == MAX_VARIANTS and "k5/k.so" not in {f.path for f in again.files}
+    unknown, lib = variant(None, "k3/k.so")
+    assert len(art.with_variant(unknown, [lib]).entries) == MAX_VARIANTS, "unknown guards replace nothing but the oldest"
+    always, lib = variant("", "k4/k.so")
+    assert art.with_variant(always, [lib]).entries == (always,), "a variant without guards shadows every other"
+    assert Artifact.unpack(again.pack(), "fx") == again
 
 
 def test_pgo_key_is_the_same_for_every_rank() -> None:
@@ -347,40 +446,227 @@ def integration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
 FX_KEY = "pt2:fx-graph-v1::fkey:c1"
 
 
-def test_fx_miss_leads_and_the_put_publishes_through_the_flight(integration: Any) -> None:
-    from recipecache.torch_integration._hooks import KEY_PREFIX
+def _another(integration: Any, *, wait_timeout: float = 0.5) -> Any:
+    """Another process's integration on the same store (its own metrics and per-thread attempt)."""
+    from recipecache.torch_integration import _hooks
 
-    assert integration.fx_get(FX_KEY) is None
+    store = integration.store
+    return _hooks.Integration(store, Metrics(store, None, flush=False), wait_timeout=wait_timeout)
+
+
+def _fx_entry(guards: str | None) -> bytes:
+    """torch's FX value for a graph whose guard expression is ``guards`` (what matters to the store)."""
+    graph = SimpleNamespace(guards_expr=guards)
+    return json.dumps({"data": base64.b64encode(pickle.dumps(graph)).decode()}).encode()
+
+
+def _lookup(integration: Any, accepts: Callable[[Any], bool]) -> Any:
+    """What torch's ``find_guarded_entry`` does with the remote candidates: the first its guards accept."""
+    for graph, _content, local in integration.fx_candidates(FX_KEY):
+        assert local is False
+        if accepts(graph):
+            return graph
+    return None
+
+
+def _guards(expr: str) -> Callable[[Any], bool]:
+    return lambda graph: graph.guards_expr == expr
+
+
+def test_fx_miss_leads_and_the_put_publishes_through_the_flight(integration: Any) -> None:
+    assert _lookup(integration, lambda graph: True) is None
     assert integration.attempt.flight.role == "leader"
     integration.compiled(2.5)  # what the codegen wrapper reports
-    integration.fx_put(FX_KEY, b'{"data": ""}')
+    integration.fx_put(FX_KEY, _fx_entry(None))
     assert integration.attempt.flight is None
-    stored = Artifact.unpack(integration.store.get(KEY_PREFIX + FX_KEY), "fx")
-    assert stored.compile_s == 2.5 and stored.entry == b'{"data": ""}'
-    assert integration.fx_get(FX_KEY) == b'{"data": ""}'
+    stored = Artifact.unpack(integration.store.get(integration.cpu_key(FX_KEY)), "fx")
+    assert stored.entries == (Entry(_fx_entry(None), 2.5, (), ""),)
+    assert _lookup(integration, lambda graph: True).guards_expr is None
     m = integration.metrics.snapshot()
     assert m["cache"] == {"TotalHit": 1, "TotalMiss": 1} and m["saved_s"] == 2.5
     assert m["graph_compilation"]["TotalNumber"] == 1 and m["store"]["compiles"] == 1
 
 
-def test_a_compile_that_never_puts_frees_its_lease(integration: Any) -> None:
+def test_guard_variants_of_one_key_are_all_kept_and_each_is_hit(integration: Any) -> None:
+    small, large = "2 <= L['t0'] and L['t0'] <= 4096", "4097 <= L['t0']"
+    assert _lookup(integration, _guards(small)) is None
+    integration.fx_put(FX_KEY, _fx_entry(small))
+    other = _another(integration)
+    assert _lookup(other, _guards(large)) is None, "the stored variant was offered and its guards said no"
+    assert other.attempt.flight.role == "leader", "so this process compiles the next variant, under the lease"
+    other.fx_put(FX_KEY, _fx_entry(large))
+    stored = Artifact.unpack(integration.store.get(integration.cpu_key(FX_KEY)), "fx")
+    assert [e.guards for e in stored.entries] == [large, small]
+    fresh = _another(integration)
+    assert _lookup(fresh, _guards(small)).guards_expr == small
+    assert _lookup(fresh, _guards(large)).guards_expr == large
+    assert fresh.metrics.snapshot()["cache"] == {"TotalHit": 2, "TotalMiss": 0}
+    assert other.metrics.snapshot()["cache"] == {"TotalHit": 0, "TotalMiss": 1}
+
+
+def test_a_process_waits_for_the_variant_another_is_compiling(integration: Any) -> None:
+    small, large = "L['t0'] <= 4096", "4097 <= L['t0']"
+    assert _lookup(integration, _guards(small)) is None
+    integration.fx_put(FX_KEY, _fx_entry(small))
+    leader, follower = _another(integration), _another(integration, wait_timeout=30)
+    assert _lookup(leader, _guards(large)) is None and leader.attempt.flight.role == "leader"
+    found: list[Any] = []
+    waiting = threading.Thread(target=lambda: found.append(_lookup(follower, _guards(large))))
+    waiting.start()
+    time.sleep(0.3)  # the follower rejects the small variant and waits on the leader's lease
+    leader.fx_put(FX_KEY, _fx_entry(large))
+    waiting.join(timeout=30)
+    assert found and found[0].guards_expr == large
+    assert follower.metrics.snapshot()["graph_compilation"]["TotalNumber"] == 0
+    assert follower.store.stats()["waits"] >= 1
+
+
+def test_cpu_fingerprints_keep_artifacts_apart(integration: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15 item 13: a host of another CPU kind compiles and never loads this one's kernels."""
+    from recipecache import env
+
+    monkeypatch.setenv(env.CPU_FINGERPRINT, "avx512-amx-host")
+    producer = _another(integration)
+    kernel = tmp_path / "inductor" / "ab" / "cdef.main.so"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_bytes(b"an AMX kernel")
+    assert _lookup(producer, lambda graph: True) is None
+    producer.attempt.kernels.add(str(kernel))
+    producer.fx_put(FX_KEY, _fx_entry(None))
+    producer.aot_put("pt2:autograd-experimental::akey:c1", b"{}")
+
+    monkeypatch.setenv(env.CPU_FINGERPRINT, "avx2-host")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "avx2-inductor"))
+    consumer = _another(integration)
+    assert consumer.cpu_key(FX_KEY) != producer.cpu_key(FX_KEY) and consumer.isa_key() != producer.isa_key()
+    assert _lookup(consumer, lambda graph: True) is None and consumer.attempt.flight.role == "leader"
+    assert consumer.aot_get("pt2:autograd-experimental::akey:c1") is None
+    assert not (tmp_path / "avx2-inductor" / "ab").exists()
+    assert consumer.metrics.snapshot()["kernels"]["installed"] == 0
+    consumer.end_attempt()
+    monkeypatch.setenv(env.CPU_FINGERPRINT, "avx512-amx-host")
+    assert _lookup(_another(integration), lambda graph: True) is not None, "the same kind still hits"
+    assert (tmp_path / "avx2-inductor" / "ab" / "cdef.main.so").read_bytes() == b"an AMX kernel"
+
+
+def test_the_cpu_fingerprint_is_computed_once_and_an_override_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from recipecache import env
+    from recipecache.torch_integration import host_cpu
+
+    monkeypatch.delenv(env.CPU_FINGERPRINT, raising=False)
+    computed = host_cpu.fingerprint()
+    assert len(computed) == 16 and int(computed, 16) >= 0 and host_cpu.fingerprint() == computed
+    target = host_cpu.describe()["compiler_target"]
+    assert any(line.startswith("#define __") for line in target), "the compiler said what -march=native means here"
+    monkeypatch.setenv(env.CPU_FINGERPRINT, "fleet-a")
+    assert host_cpu.fingerprint() == "fleet-a"
+    for bad in ("two words", "a/b", "x" * 65, "-leading"):
+        monkeypatch.setenv(env.CPU_FINGERPRINT, bad)
+        with pytest.raises(ConfigError, match=env.CPU_FINGERPRINT):
+            host_cpu.fingerprint()
+
+
+def test_pgo_state_is_merged_with_compare_and_set_and_only_news_are_written(integration: Any) -> None:
+    from torch._dynamo.pgo import CodeId, CodeState, FrameStateSizeEntry, auto_dynamic
+
     from recipecache.torch_integration._hooks import KEY_PREFIX
 
-    assert integration.fx_get(FX_KEY) is None
+    def encode(code_id: CodeId, size: tuple[Any, ...]) -> bytes:
+        table: defaultdict[CodeId, CodeState] = defaultdict(CodeState)
+        table[code_id].automatic_dynamic["x"] = FrameStateSizeEntry(size=size)
+        return json.dumps({"data": base64.b64encode(pickle.dumps(table)).decode()}).encode()
+
+    f, g = CodeId("a.py", 1, "f", "h1"), CodeId("a.py", 9, "g", "h1")
+    key = KEY_PREFIX + "pt2:dynamo-pgo::job:*:tag:c1"
+    integration.store.put(key, b"not an artifact")  # what an older or broken writer left: replaced
+    integration.pgo_put("pt2:dynamo-pgo::job:0:tag:c1", encode(f, (auto_dynamic,)))
+    integration.pgo_put("pt2:dynamo-pgo::job:1:tag:c1", encode(g, (auto_dynamic,)))
+    integration.pgo_put("pt2:dynamo-pgo::job:1:tag:c1", encode(g, (auto_dynamic,)))  # nothing new: not written
+    stored = pickle.loads(base64.b64decode(json.loads(Artifact.unpack(integration.store.get(key), "pgo").entry)["data"]))
+    assert {code_id: state.automatic_dynamic["x"].size for code_id, state in stored.items()} == \
+        {f: (auto_dynamic,), g: (auto_dynamic,)}
+    m = integration.metrics.snapshot()
+    assert m["lookups"]["pgo"]["put"] == 2 and m["fallbacks"] == {"pgo_merge_failed": 1}
+
+
+def test_a_compile_that_never_puts_frees_its_lease(integration: Any) -> None:
+    assert _lookup(integration, lambda graph: True) is None
     integration.end_attempt()  # what the _compile_fx_inner wrapper does when the compile raised
-    with integration.store.begin(KEY_PREFIX + FX_KEY, wait_timeout=0.5) as flight:
+    with integration.store.begin(integration.cpu_key(FX_KEY), wait_timeout=0.5) as flight:
         assert flight.role == "leader", "the lease was released, so nobody waits for it"
 
 
 def test_bad_artifact_in_the_store_falls_back_without_writing(integration: Any, tmp_path: Path) -> None:
-    from recipecache.torch_integration._hooks import KEY_PREFIX
-
-    evil = _raw_artifact("fx", [{"path": "../../evil.so", "sha256": hashlib.sha256(b"x").digest(), "data": b"x"}])
-    integration.store.put(KEY_PREFIX + FX_KEY, evil)  # verified by the store: only our checks stand in the way
-    assert integration.fx_get(FX_KEY) is None
+    evil = _raw_artifact("fx", [{"path": "../../evil.so", "data": b"x"}])
+    integration.store.put(integration.cpu_key(FX_KEY), evil)  # verified by the store: only our checks stand in the way
+    assert _lookup(integration, lambda graph: True) is None
     m = integration.metrics.snapshot()
     assert m["fallbacks"] == {"bad_artifact": 1} and m["cache"]["TotalMiss"] == 1
     assert not list(tmp_path.rglob("evil.so"))
+    assert integration.attempt.flight.role == "leader", "the malformed entry is compiled again and replaced"
+
+
+# -- issue 15 item 18: kernels go only into a cache dir that is ours alone ------------------
+KERNEL = KernelFile("ab/cdef.main.so", b"\x7fELF kernel")
+
+
+def _private(path: Path) -> Path:
+    path.mkdir(mode=0o700)
+    return path
+
+
+def test_install_never_writes_through_a_symlinked_kernel_directory(tmp_path: Path) -> None:
+    root, elsewhere = _private(tmp_path / "cache"), _private(tmp_path / "elsewhere")
+    (root / "ab").symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match="symlink"):
+        install([KERNEL], root)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_install_replaces_a_symlink_planted_at_the_kernel_path(tmp_path: Path) -> None:
+    root, elsewhere = _private(tmp_path / "cache"), _private(tmp_path / "elsewhere")
+    _private(root / "ab")
+    (root / "ab" / "cdef.main.so").symlink_to(elsewhere / "victim")
+    assert install([KERNEL], root) == 1
+    assert not (root / "ab" / "cdef.main.so").is_symlink() and (root / "ab" / "cdef.main.so").read_bytes() == KERNEL.data
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("unsafe", ["group-writable cache dir", "group-writable kernel dir", "foreign cache dir",
+                                    "foreign kernel dir", "symlinked cache dir"])
+def test_install_refuses_a_cache_dir_others_can_change(unsafe: str, tmp_path: Path) -> None:
+    root = _private(tmp_path / "cache")
+    target = root
+    if "kernel dir" in unsafe:
+        target = _private(root / "ab")
+    if "group-writable" in unsafe:
+        target.chmod(0o770)
+    elif "foreign" in unsafe:
+        if os.getuid() != 0:
+            pytest.skip("making a directory another user's needs root")
+        os.chown(target, 4242, -1)
+    else:
+        root = tmp_path / "link-to-cache"
+        root.symlink_to(target)
+    with pytest.raises(ConfigError):
+        install([KERNEL], root)
+    assert not (target / "ab" / "cdef.main.so").exists() and not (target / "cdef.main.so").exists()
+
+
+def test_an_unsafe_cache_dir_means_no_install_and_a_counted_fallback(
+    integration: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stored = Artifact.single("fx", _fx_entry(None), [KERNEL])
+    integration.store.put(integration.cpu_key(FX_KEY), stored.pack())
+    root, elsewhere = _private(tmp_path / "inductor"), _private(tmp_path / "elsewhere")
+    (root / "ab").symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING):
+        assert _lookup(integration, lambda graph: True) is None, "a variant whose kernels are not installed is not offered"
+    m = integration.metrics.snapshot()
+    assert m["fallbacks"] == {"install_failed": 1} and m["cache"] == {"TotalHit": 0, "TotalMiss": 1}
+    assert "install_failed" in caplog.text and "symlink" in caplog.text
+    assert list(elsewhere.iterdir()) == []
+    assert integration.attempt.flight is None, "compiled here without the lease: the stored variant is fine for others"
 
 
 def test_a_torch_without_the_hook_points_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:

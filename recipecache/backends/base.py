@@ -5,9 +5,30 @@ strings built by the store (:func:`recipecache.keys.storage_key`); lease names a
 too. A backend must
 
 * publish atomically: a reader sees the old value, the new value or nothing, never a
-  partial value;
+  partial value. A value is given as one or more buffers (:data:`~recipecache.buffers.Buffer`)
+  and stored as their concatenation, so writers need not join them; ``get`` may return any
+  buffer (``bytes``, or a ``memoryview`` of what it read) and callers must not assume ``bytes``;
 * raise :class:`~recipecache.errors.BackendError` with a counted reason for any failure
-  of the service itself (down, slow, full, I/O error) and nothing else;
+  of the service itself (down, slow, full, I/O error) and for nothing that concerns one
+  key only, since the store answers a ``BackendError`` by leaving the backend alone for a
+  while (its circuit breaker);
+* raise :class:`~recipecache.errors.VerificationError` from ``get`` when the value under
+  one key is damaged in the backend's own framing (a Redis chunk manifest that does not
+  parse or does not fit its chunks, a key of the wrong Redis type): reason ``corrupt``,
+  counted by the store like a damaged envelope; or ``old_format`` for the framing of an
+  earlier version that this one recognises but does not read. Such a value is a miss for
+  this key only; the store cannot compare it (it holds no bytes of it), so it leaves it to
+  the next ``put``, which replaces it, or to an operator's ``verify --fix``. Backends that
+  store values as they are given (memory, filesystem) never raise it;
+* offer two conditional writes, each atomic against every other conditional write of the
+  key: :meth:`~Backend.delete_if` (compare-and-delete) and :meth:`~Backend.put_if`
+  (compare-and-set). They compare with the value ``get`` returns, byte for byte, so any
+  caller can use them without knowing the backend; ``expected=None`` means "``get`` gives
+  no bytes" (nothing stored, or a value it reports as damaged or old framing). A plain
+  ``put`` racing with a conditional write is last-writer-wins, as two plain puts are (the
+  filesystem cannot order a rename against another process's compare): keys that are
+  read-modify-written go through ``put_if`` only, and ``delete_if`` keeps a value a plain
+  ``put`` published meanwhile;
 * implement leases as an atomic *add-with-expiry* (the one lock primitive, as in
   python-diskcache) plus compare-and-renew and compare-and-delete on the owner token.
   An expired lease counts as absent, so a dead holder's lease is taken over. Waiters
@@ -23,7 +44,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from ..buffers import Buffer
 from ..errors import ConfigError
+from ..health import HealthCheck
 
 if TYPE_CHECKING:
     from .url import StoreURL
@@ -64,6 +87,21 @@ def check_key(key: str) -> str:
     return key
 
 
+def value_matches(stored: Buffer | None, expected: Buffer | None) -> bool:
+    """The comparison of the conditional writes: both absent (None), or byte-for-byte equal.
+
+    Compares slices as ``bytes`` (``memcmp``): ``memoryview == memoryview`` goes element
+    by element, about seven times slower.
+    """
+    if stored is None or expected is None:
+        return stored is None and expected is None
+    a, b = memoryview(stored), memoryview(expected)
+    if a.nbytes != b.nbytes:
+        return False
+    step = 1 << 20
+    return all(a[i : i + step].tobytes() == b[i : i + step].tobytes() for i in range(0, a.nbytes, step))
+
+
 class Backend(ABC):
     """Bytes under keys, and leases. See the module docstring for the contract."""
 
@@ -80,16 +118,24 @@ class Backend(ABC):
         """Build the backend a URL of its scheme names; ConfigError (one line) for anything malformed."""
 
     @abstractmethod
-    def get(self, key: str) -> bytes | None:
-        """The value stored under ``key``, or None."""
+    def get(self, key: str) -> Buffer | None:
+        """The value stored under ``key``, or None; VerificationError if the backend's framing of it is damaged."""
 
     @abstractmethod
-    def put(self, key: str, value: bytes) -> None:
-        """Publish ``value`` under ``key`` atomically; the last writer wins."""
+    def put(self, key: str, value: Buffer, *more: Buffer) -> None:
+        """Publish ``value`` followed by ``more`` under ``key`` atomically; the last writer wins."""
+
+    @abstractmethod
+    def put_if(self, key: str, expected: Buffer | None, value: Buffer, *more: Buffer) -> bool:
+        """Publish like :meth:`put` only if ``get`` would still return ``expected`` (None: no bytes); False if not."""
 
     @abstractmethod
     def delete(self, key: str) -> None:
-        """Remove ``key`` if present."""
+        """Remove ``key`` (and whatever the backend stores for it) if present."""
+
+    @abstractmethod
+    def delete_if(self, key: str, expected: Buffer) -> bool:
+        """Remove ``key`` only if ``get`` would still return ``expected``; False (nothing removed) if not."""
 
     @abstractmethod
     def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
@@ -156,6 +202,14 @@ class Backend(ABC):
 
     def ping(self) -> None:
         """Raise BackendError unless the service answers; a local backend always does."""
+
+    def health_checks(self, probe_key: str) -> list[HealthCheck]:
+        """What ``recipecache doctor`` checks beyond a round trip: space, permissions, clock, rights.
+
+        ``probe_key`` is a backend key (``<namespace>/<hex>``) the checks may write and
+        must delete. A backend with nothing more to check returns no checks.
+        """
+        return []
 
     def close(self) -> None:
         """Release connections or handles; the backend is not used afterwards."""

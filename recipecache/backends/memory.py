@@ -11,7 +11,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from .base import Backend, Clock, EntryInfo, LeaseState, check_key
+from ..buffers import Buffer
+from .base import Backend, Clock, EntryInfo, LeaseState, check_key, value_matches
 from .url import StoreURL
 
 
@@ -43,15 +44,36 @@ class MemoryBackend(Backend):
                 self._atimes[key] = self._clock()
             return value
 
-    def put(self, key: str, value: bytes) -> None:
+    def _store(self, key: str, parts: tuple[Buffer, ...]) -> None:
+        """Keep a copy: the caller may reuse its buffers."""
+        self._values[key] = b"".join(parts)
+        self._atimes[key] = self._clock()
+
+    def put(self, key: str, value: Buffer, *more: Buffer) -> None:
+        check_key(key)
         with self._lock:
-            self._values[check_key(key)] = bytes(value)
-            self._atimes[key] = self._clock()
+            self._store(key, (value, *more))
+
+    def put_if(self, key: str, expected: Buffer | None, value: Buffer, *more: Buffer) -> bool:
+        check_key(key)
+        with self._lock:
+            if not value_matches(self._values.get(key), expected):
+                return False
+            self._store(key, (value, *more))
+            return True
 
     def delete(self, key: str) -> None:
         with self._lock:
-            self._values.pop(key, None)
+            self._values.pop(check_key(key), None)
             self._atimes.pop(key, None)
+
+    def delete_if(self, key: str, expected: Buffer) -> bool:
+        with self._lock:
+            if not value_matches(self._values.get(check_key(key)), expected):
+                return False
+            del self._values[key]
+            self._atimes.pop(key, None)
+            return True
 
     def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
         with self._lock:

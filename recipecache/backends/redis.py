@@ -2,16 +2,37 @@
 
 Keys (all under ``rc:`` so an ACL can confine the user to ``~rc:*``)::
 
-    rc:e:<key>                   the value, or a chunk manifest for large values
+    rc:e:<key>                   the value, or a chunk manifest for values above 64 KiB
     rc:c:<key>:<gen>:<i>         chunk i of generation gen
     rc:l:<key>                   a lease: the owner token, with a PX expiry
     rc:w:<key>:<digest>          the wake list of the lease holder whose token hashes to digest
 
-Values above ``chunk_size`` are split: the chunks are written first under a fresh
-generation id, then the manifest is swapped in with one ``SET ... GET``; a reader that
-finds a manifest fetches every chunk in one ``MGET`` and treats a missing chunk as a
-miss, so nobody ever sees a partial value. The old generation's chunks are deleted after
-the swap. Leases are ``SET NX PX`` plus Lua compare-and-renew / compare-and-delete.
+Every name is made by one method (``RedisBackend._name``), so that Redis Cluster
+(:mod:`.redis_cluster`) can give all the keys of one entry one hash tag and one slot.
+
+Small values are stored inline. Larger ones are split into chunks of ``chunk_size``
+bytes, written with plain ``SET`` (slices of the caller's buffers, never joined, except a
+chunk that straddles two of them) under a fresh generation id; then a manifest
+``RCM2:<gen>:<count>:<total>:<chunk size>`` is swapped in. The manifest names the writer's
+chunk size, so a reader with another ``chunk_size`` reads it all the same. A reader
+validates a manifest before it fetches anything (:class:`Manifest`: its length and
+characters, ``count == ceil(total / chunk size)``, caps on count and size), fetches the
+chunks with ``MGET``, and checks every chunk's length: a damaged manifest or chunk is a
+``corrupt`` :class:`~recipecache.errors.VerificationError` for that key, and a missing
+chunk (being replaced, or evicted) a plain miss; nobody ever sees a partial value.
+Inline values that begin like a manifest (``RCM``) are stored chunked, so the first bytes
+of a stored value always tell framing from data.
+
+Every write and delete of an entry is one Lua script that also deletes the chunks of the
+manifest it replaces or removes, so no GET-then-DEL race deletes a newer entry and no
+chunks are orphaned (a writer that dies after writing its chunks, before its manifest,
+leaves them; ``?ttl=`` expires them). The scripts parse manifests themselves (the Lua
+twin of :class:`Manifest`): a damaged old value is overwritten or deleted, never an
+error. A key of another Redis type (``WRONGTYPE``) is damage under one key, not a failed
+service: ``get`` reports it as ``corrupt``, and puts and deletes replace or remove it.
+Conditional writes (``put_if``, ``delete_if``) read and compare the value in Python,
+then let a script apply the write only if the entry's stored form is still what was
+read. Leases are ``SET NX PX`` plus Lua compare-and-renew / compare-and-delete.
 
 Waiting for a lease holder does not poll: a waiter blocks in ``BLMOVE`` on the holder's
 wake list ``rc:w:<key>:<token digest>``, and the holder's release (after it published)
@@ -30,11 +51,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import secrets
 import struct
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -42,9 +66,11 @@ import redis.exceptions
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from ..errors import BackendError
+from ..buffers import Buffer
+from ..errors import BackendError, VerificationError
+from ..health import FAIL, PASS, WARN, HealthCheck
 from ..reasons import Reason
-from .base import Backend, EntryInfo, LeaseState, check_key
+from .base import Backend, EntryInfo, LeaseState, check_key, value_matches
 from .url import StoreURL
 
 #: Every command this backend sends, as ACL names; deploy/ builds its ACL user from this
@@ -56,25 +82,128 @@ ACL_COMMANDS = (
     "script|load", "ping", "auth", "hello",
 )
 
-_MANIFEST = b"RCM1"
-_MANIFEST_HEAD = struct.Struct(">4sIQ")  # magic, chunk count, total size; then the generation id
-#: bytes of a value's start that hold a whole manifest (what ``scan`` and the swap script peek at)
+#: Clock difference to the server above which event timelines of several hosts no longer line up
+#: (leases are unaffected: they expire on the server's clock)
+MAX_CLOCK_SKEW_S = 1.0
+_DOCTOR_SCRIPT = "return 1"
+
+#: Values up to this size (and up to ``chunk_size``) are stored inline; a Lua script copies
+#: its arguments, which costs more than a second round trip for larger ones.
+INLINE_MAX = 64 * 1024
+#: The most chunks one value may have; a writer with a small ``chunk_size`` uses larger chunks.
+MAX_CHUNKS = 4096
+#: Redis's own limit on one string.
+MAX_CHUNK_SIZE = 512 * 1024 * 1024
+#: The largest value a reader assembles.
+MAX_VALUE = 16 * 1024**3
+#: How many bytes of chunks one MGET asks for.
+_MGET_BYTES = 256 * 1024 * 1024
+_MANIFEST_V2 = re.compile(rb"\ARCM2:([0-9a-f]{16}):([0-9]{1,9}):([0-9]{1,15}):([0-9]{1,12})\Z")
+#: The previous format's manifest: magic, chunk count, total size, then a 16-hex-digit generation id.
+_MANIFEST_V1 = struct.Struct(">4sIQ")
+_FRAMING = b"RCM"
+#: bytes of a value's start that hold a whole manifest (what ``scan`` and the scripts peek at)
 _MANIFEST_PEEK = 64
 
-# Publish a value and hand back the previous one only if it was a chunk manifest (whose
-# chunks the caller then deletes): a plain ``SET ... GET`` would ship the whole old value
-# back over the network on every overwrite.
-_SWAP = """
-local old = redis.call('getrange', KEYS[1], 0, 63)
-if ARGV[2] == '' then
-  redis.call('set', KEYS[1], ARGV[1])
-else
-  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated chunk manifest (this format's): nothing is fetched for a manifest that does not pass."""
+
+    gen: str
+    count: int
+    total: int
+    #: the writer's chunk size: a reader with another ``chunk_size`` reads the value all the same
+    chunk_size: int
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Manifest:
+        """The manifest in ``raw``; VerificationError ``corrupt`` if damaged, ``old_format`` for an RCM1 one."""
+        if raw.startswith(b"RCM1"):
+            if len(raw) == _MANIFEST_V1.size + 16:
+                _magic, count, total = _MANIFEST_V1.unpack_from(raw)
+                gen = raw[_MANIFEST_V1.size :]
+                if re.fullmatch(rb"[0-9a-f]{16}", gen) and 1 <= count <= MAX_CHUNKS and count <= total <= MAX_VALUE:
+                    raise VerificationError(Reason.OLD_FORMAT, "chunk manifest of an older recipecache (RCM1)")
+            raise VerificationError(Reason.CORRUPT, "damaged RCM1 chunk manifest")
+        match = _MANIFEST_V2.match(raw)
+        if match is None:
+            raise VerificationError(Reason.CORRUPT, f"damaged chunk manifest {raw[:80]!r}")
+        gen, count, total, size = match.group(1).decode(), *(int(g) for g in match.groups()[1:])
+        if not (1 <= size <= MAX_CHUNK_SIZE and 1 <= total <= MAX_VALUE and 1 <= count <= MAX_CHUNKS):
+            raise VerificationError(Reason.CORRUPT, f"chunk manifest out of bounds: {count} x {size} B for {total} B")
+        if count != -(-total // size):
+            raise VerificationError(Reason.CORRUPT, f"chunk manifest says {count} chunks of {size} B for {total} B")
+        return cls(gen, count, total, size)
+
+    def encode(self) -> bytes:
+        return f"RCM2:{self.gen}:{self.count}:{self.total}:{self.chunk_size}".encode()
+
+    def chunk_len(self, index: int) -> int:
+        return min(self.chunk_size, self.total - index * self.chunk_size)
+
+
+# The Lua twin of Manifest.parse: the chunk keys a stored value names if it is a valid
+# manifest (either format), else none. Shared by every script that replaces or removes an
+# entry, so the chunks of what it replaces go in the same atomic step. Every such script
+# gets the entry as KEYS[1] and its chunk prefix (``_name("c", key)``, same hash slot) as KEYS[2].
+_LUA_CHUNKS = f"""
+local function chunk_keys(prefix, value)
+  if type(value) ~= 'string' then return {{}} end
+  local gen, count, total, size
+  if string.sub(value, 1, 5) == 'RCM2:' then
+    gen, count, total, size = string.match(value, '^RCM2:([0-9a-f]+):([0-9]+):([0-9]+):([0-9]+)$')
+    if not gen or #gen ~= 16 or #count > 9 or #total > 15 or #size > 12 then return {{}} end
+    count, total, size = tonumber(count), tonumber(total), tonumber(size)
+    if size < 1 or size > {MAX_CHUNK_SIZE} or total < 1 or total > {MAX_VALUE}
+       or count ~= math.floor((total + size - 1) / size) then return {{}} end
+  elseif string.sub(value, 1, 4) == 'RCM1' and #value == {_MANIFEST_V1.size + 16} then
+    count, total = struct.unpack('>I4I8', string.sub(value, 5, {_MANIFEST_V1.size}))
+    gen = string.sub(value, {_MANIFEST_V1.size + 1})
+    if not string.match(gen, '^[0-9a-f]+$') or total < count or total > {MAX_VALUE} then return {{}} end
+  else
+    return {{}}
+  end
+  if count < 1 or count > {MAX_CHUNKS} then return {{}} end
+  local keys = {{}}
+  local base = prefix .. ':' .. gen .. ':'
+  for i = 0, count - 1 do keys[#keys + 1] = base .. i end
+  return keys
 end
-if string.sub(old, 1, 4) == 'RCM1' then
-  return old
+local function delete_keys(keys)
+  for i = 1, #keys, 1000 do
+    redis.call('del', unpack(keys, i, math.min(i + 999, #keys)))
+  end
 end
-return false
+local function store(key, value, ttl)
+  if ttl == '' then redis.call('set', key, value) else redis.call('set', key, value, 'PX', ttl) end
+end
+"""
+# Publish ARGV[1] (ttl ARGV[2]); delete the chunks of the manifest it replaces. A key of
+# another type gives an error reply from the pcall'd GETRANGE, and SET replaces it.
+_SWAP = _LUA_CHUNKS + f"""
+local old = redis.pcall('getrange', KEYS[1], 0, {_MANIFEST_PEEK - 1})
+store(KEYS[1], ARGV[1], ARGV[2])
+delete_keys(chunk_keys(KEYS[2], old))
+return 1
+"""
+_DELETE = _LUA_CHUNKS + f"""
+local old = redis.pcall('getrange', KEYS[1], 0, {_MANIFEST_PEEK - 1})
+redis.call('del', KEYS[1])
+delete_keys(chunk_keys(KEYS[2], old))
+return 1
+"""
+# Apply a write only if the entry is still as the caller read it: ARGV[1] is 'absent',
+# 'wrongtype' or 'value' (then ARGV[2] is the stored form: inline value or manifest);
+# ARGV[3] 'set' (ARGV[4] the new stored form, ARGV[5] the ttl) or 'del'.
+_COMPARE_AND_WRITE = _LUA_CHUNKS + """
+local cur = redis.pcall('get', KEYS[1])
+local state = 'value'
+if cur == false then state = 'absent' elseif type(cur) == 'table' then state = 'wrongtype' end
+if state ~= ARGV[1] or (state == 'value' and cur ~= ARGV[2]) then return 0 end
+if ARGV[3] == 'set' then store(KEYS[1], ARGV[4], ARGV[5]) else redis.call('del', KEYS[1]) end
+delete_keys(chunk_keys(KEYS[2], cur))
+return 1
 """
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -93,6 +222,19 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """One read of an entry: its stored form and, if readable, the value ``get`` returns."""
+
+    #: 'absent', 'wrongtype' or 'value'
+    state: str
+    #: the inline value or the manifest, as stored
+    raw: bytes | None = None
+    value: bytes | None = None
+    #: why a stored value cannot be read (``get`` raises it)
+    problem: VerificationError | None = None
 
 
 def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
@@ -174,6 +316,8 @@ class RedisBackend(Backend):
         self._blocking_client: Any = None
         self._blocking_lock = threading.Lock()
         self._swap = self._client.register_script(_SWAP)
+        self._delete = self._client.register_script(_DELETE)
+        self._cas = self._client.register_script(_COMPARE_AND_WRITE)
         self._renew = self._client.register_script(_RENEW)
         self._release = self._client.register_script(_RELEASE)
 
@@ -189,36 +333,96 @@ class RedisBackend(Backend):
 
     # -- values --------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
-        value = self._call("get", self._client.get, self._name("e", key))
-        if value is None or not value.startswith(_MANIFEST):
-            return value
-        count, total, gen = self._parse_manifest(value)
-        chunks = self._call("mget", self._client.mget, [self._chunk_key(key, gen, i) for i in range(count)])
-        if any(c is None for c in chunks):
-            return None  # the entry is being replaced or was partly evicted: a plain miss
-        data = b"".join(chunks)
-        return data if len(data) == total else None
+        loaded = self._load(key)
+        if loaded.problem is not None:
+            raise loaded.problem
+        return loaded.value
 
-    def put(self, key: str, value: bytes) -> None:
+    def _load(self, key: str) -> _Loaded:
         entry = self._name("e", key)
-        if len(value) > self.chunk_size:
-            gen = secrets.token_hex(8)
-            count = -(-len(value) // self.chunk_size)
-            view = memoryview(value)
-            pipe = self._client.pipeline(transaction=False)
-            for i in range(count):
-                pipe.set(self._chunk_key(key, gen, i), view[i * self.chunk_size : (i + 1) * self.chunk_size], px=self.ttl_ms)
-            self._call("set chunks", pipe.execute)
-            value = _MANIFEST_HEAD.pack(_MANIFEST, count, len(value)) + gen.encode()
-        old = self._call("set", self._swap, keys=[entry], args=[value, self.ttl_ms or ""])
-        if old:
-            self._delete_chunks(key, old)
+
+        def read() -> bytes | None | _Loaded:
+            try:
+                return self._client.get(entry)  # type: ignore[no-any-return]
+            except redis.exceptions.ResponseError as exc:
+                if str(exc).startswith("WRONGTYPE"):
+                    return _Loaded("wrongtype", problem=VerificationError(Reason.CORRUPT, f"{entry} is not a string"))
+                raise
+
+        raw = self._call("get", read)
+        if isinstance(raw, _Loaded):
+            return raw
+        if raw is None:
+            return _Loaded("absent")
+        if not raw.startswith(_FRAMING):
+            return _Loaded("value", raw, raw)
+        try:
+            return _Loaded("value", raw, self._assemble(key, Manifest.parse(raw)))
+        except VerificationError as exc:
+            return _Loaded("value", raw, problem=exc)
+
+    def _assemble(self, key: str, manifest: Manifest) -> bytes | None:
+        """The value a validated manifest names; None if a chunk is missing (replaced or evicted meanwhile)."""
+        names = [self._chunk_key(key, manifest.gen, i) for i in range(manifest.count)]
+        batch = max(1, _MGET_BYTES // manifest.chunk_size)
+        chunks: list[bytes | None] = []
+        for i in range(0, len(names), batch):
+            chunks += self._call("mget", self._client.mget, names[i : i + batch])
+        if any(c is None for c in chunks):
+            return None
+        for i, chunk in enumerate(chunks):
+            assert chunk is not None
+            if len(chunk) != manifest.chunk_len(i):
+                raise VerificationError(Reason.CORRUPT, f"chunk {i} of {key} is {len(chunk)} B, its manifest says "
+                                                        f"{manifest.chunk_len(i)}")
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # type: ignore[arg-type]
+
+    def _stored_form(self, key: str, parts: tuple[Buffer, ...]) -> tuple[bytes, list[str]]:
+        """What goes under the entry key for ``parts``: the value inline, or a manifest of chunks written here.
+
+        Returns it with the chunk keys written (to delete if the manifest is not swapped in).
+        """
+        total = sum(len(p) for p in parts)
+        if total <= min(self.chunk_size, INLINE_MAX):
+            value = b"".join(parts)
+            if not value.startswith(_FRAMING):
+                return value, []
+        if total > MAX_VALUE:
+            raise BackendError(Reason.BACKEND_FULL, f"value of {total} B is over this backend's {MAX_VALUE} B cap")
+        size = max(self.chunk_size, -(-total // MAX_CHUNKS))
+        manifest = Manifest(secrets.token_hex(8), -(-total // size), total, size)
+        names = [self._chunk_key(key, manifest.gen, i) for i in range(manifest.count)]
+        pipe = self._client.pipeline(transaction=False)
+        for name, chunk in zip(names, _chunks(parts, size), strict=True):
+            pipe.set(name, chunk, px=self.ttl_ms)
+        self._call("set chunks", pipe.execute)
+        return manifest.encode(), names
+
+    def put(self, key: str, value: Buffer, *more: Buffer) -> None:
+        stored, _chunk_names = self._stored_form(check_key(key), (value, *more))
+        self._call("set", self._swap, keys=self._entry_keys(key), args=[stored, self.ttl_ms or ""])
+
+    def put_if(self, key: str, expected: Buffer | None, value: Buffer, *more: Buffer) -> bool:
+        current = self._load(check_key(key))
+        if not value_matches(current.value, expected):
+            return False
+        stored, chunk_names = self._stored_form(key, (value, *more))
+        if self._compare_and_write(key, current, "set", stored):
+            return True
+        if chunk_names:
+            self._call("del", self._client.delete, *chunk_names)
+        return False
 
     def delete(self, key: str) -> None:
-        old = self._call("get", self._client.get, self._name("e", key))
-        self._call("del", self._client.delete, self._name("e", key))
-        if old is not None and old.startswith(_MANIFEST):
-            self._delete_chunks(key, old)
+        self._call("del", self._delete, keys=self._entry_keys(key), args=[])
+
+    def delete_if(self, key: str, expected: Buffer) -> bool:
+        current = self._load(check_key(key))
+        return value_matches(current.value, expected) and self._compare_and_write(key, current, "del")
+
+    def _compare_and_write(self, key: str, current: _Loaded, action: str, stored: bytes = b"") -> bool:
+        args = [current.state, current.raw or b"", action, stored, self.ttl_ms or ""]
+        return bool(self._call("compare and write", self._cas, keys=self._entry_keys(key), args=args))
 
     def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
         for keys in self._scan_batches(self._pattern(namespace)):
@@ -228,11 +432,14 @@ class RedisBackend(Backend):
                 for k in keys:
                     pipe.strlen(k)
                     pipe.getrange(k, 0, _MANIFEST_PEEK - 1)
-                answers = self._call("scan sizes", pipe.execute)
+                answers = self._call("scan sizes", pipe.execute, raise_on_error=False)
                 for k, length, head in zip(keys, answers[::2], answers[1::2], strict=True):
-                    if length:
-                        size = self._parse_manifest(head)[1] if head.startswith(_MANIFEST) else length
-                        yield EntryInfo(self._key_of(k.decode()), size, 0.0)
+                    if isinstance(length, redis.exceptions.ResponseError):  # another type: listed, so verify removes it
+                        yield EntryInfo(self._key_of(k.decode()), 0, 0.0)
+                    elif isinstance(length, Exception):
+                        raise _error(length, "scan sizes")
+                    elif length:
+                        yield EntryInfo(self._key_of(k.decode()), _stored_size(head, length), 0.0)
 
     def _scan_batches(self, pattern: str) -> Iterator[list[bytes]]:
         """The names matching ``pattern``, a batch per ``SCAN`` call."""
@@ -258,18 +465,13 @@ class RedisBackend(Backend):
         """The backend key of a value's Redis key (the inverse of ``_name("e", key)``)."""
         return name[len("rc:e:"):]
 
+    def _entry_keys(self, key: str) -> list[str]:
+        """KEYS of the scripts that write or delete an entry: its value and its chunk prefix."""
+        return [self._name("e", key), self._name("c", key)]
+
     # -- chunks --------------------------------------------------------------------
     def _chunk_key(self, key: str, gen: str, index: int) -> str:
         return f"{self._name('c', key)}:{gen}:{index}"
-
-    @staticmethod
-    def _parse_manifest(value: bytes) -> tuple[int, int, str]:
-        _magic, count, total = _MANIFEST_HEAD.unpack_from(value)
-        return count, total, value[_MANIFEST_HEAD.size :].decode()
-
-    def _delete_chunks(self, key: str, manifest: bytes) -> None:
-        count, _total, gen = self._parse_manifest(manifest)
-        self._call("del", self._client.delete, *[self._chunk_key(key, gen, i) for i in range(count)])
 
     # -- leases --------------------------------------------------------------------
     def lease_add(self, name: str, token: str, ttl: float) -> bool:
@@ -311,3 +513,111 @@ class RedisBackend(Backend):
         self._client.close()
         if self._blocking_client is not None:
             self._blocking_client.close()
+
+    # -- doctor --------------------------------------------------------------------
+    def health_checks(self, probe_key: str) -> list[HealthCheck]:
+        """Whether the user may run every command in :data:`ACL_COMMANDS`, and the clock against ``TIME``."""
+        return [self._acl_check(self._name("e", probe_key)), self._clock_check()]
+
+    def _connection_kwargs(self) -> dict[str, Any]:
+        """The settings the client's connections are made with."""
+        return self._client.connection_pool.connection_kwargs  # type: ignore[no-any-return]
+
+    def _credentials(self) -> list[str]:
+        """The user name (if any) and password the client authenticates with; none without a password."""
+        auth = self._connection_kwargs()
+        return [auth[k] for k in ("username", "password") if auth.get(k)] if auth.get("password") else []
+
+    def _acl_probes(self, key: str) -> dict[str, Callable[[], Any]]:
+        """One harmless call of each command in :data:`ACL_COMMANDS` on ``key``, in an order that works (``del`` last).
+
+        The list commands of waiting (``rpush``, ``blmove``) go to a list beside ``key``
+        (same hash tag on a cluster), which ``del`` removes with it.
+        """
+        run = self._client.execute_command
+        credentials = self._credentials()
+        wake = key + ":doctor-wake"
+        return {
+            "ping": lambda: run("PING"),
+            "hello": lambda: run("HELLO", 2),
+            "auth": lambda: run("AUTH", *credentials) if credentials else None,
+            "set": lambda: run("SET", key, b"recipecache doctor", "PX", 60_000),
+            "get": lambda: run("GET", key),
+            "getrange": lambda: run("GETRANGE", key, 0, 3),
+            "strlen": lambda: run("STRLEN", key),
+            "mget": lambda: run("MGET", key),
+            "pexpire": lambda: run("PEXPIRE", key, 60_000),
+            "pttl": lambda: run("PTTL", key),
+            "rpush": lambda: run("RPUSH", wake, b"1"),
+            "blmove": lambda: run("BLMOVE", wake, wake, "RIGHT", "LEFT", 0.01),
+            "scan": lambda: run("SCAN", 0, "MATCH", key, "COUNT", 10),
+            "script|load": lambda: run("SCRIPT", "LOAD", _DOCTOR_SCRIPT),
+            "evalsha": lambda: run("EVALSHA", hashlib.sha1(_DOCTOR_SCRIPT.encode()).hexdigest(), 1, key),
+            "del": lambda: run("DEL", key, wake),
+        }
+
+    def _acl_check(self, key: str) -> HealthCheck:
+        """A real call per command: ``ACL DRYRUN`` needs rights a job user must not have."""
+        refused = []
+        probes = self._acl_probes(key)
+        for command, probe in probes.items():
+            try:
+                probe()
+            except redis.exceptions.NoPermissionError:
+                refused.append(command)
+            except redis.exceptions.ResponseError:
+                pass  # an answer other than a refusal: the user may run it (e.g. HELLO on an old server)
+            except redis.exceptions.RedisError as exc:
+                error = _error(exc, command)
+                return HealthCheck("acl", FAIL, f"could not check the user's rights: {error.reason}: {error}",
+                                   "make the server reachable first")
+        if refused:
+            grants = " ".join(f"+{c}" for c in refused)
+            return HealthCheck("acl", FAIL, f"the user may not run {', '.join(refused)}",
+                               f"ACL SETUSER <user> {grants} (deploy/redis/users.acl.template grants what the backend sends)")
+        return HealthCheck("acl", PASS, f"the user may run all {len(probes)} commands the backend sends on rc:* keys")
+
+    def _clock_check(self) -> HealthCheck:
+        before = time.time()
+        try:
+            seconds, micros = self._client.execute_command("TIME")
+        except redis.exceptions.NoPermissionError:
+            return HealthCheck("clock", PASS, "not measured (the user may not run TIME); Redis leases expire on the "
+                                              "server's clock, so client clocks do not affect them")
+        except redis.exceptions.RedisError as exc:
+            return HealthCheck("clock", FAIL, f"TIME failed: {exc}", "make the server reachable first")
+        skew = (before + time.time()) / 2 - (int(seconds) + int(micros) / 1e6)
+        detail = f"this host's clock is {skew:+.3f} s off the server's"
+        if abs(skew) > MAX_CLOCK_SKEW_S:
+            return HealthCheck("clock", WARN, detail + " (leases are unaffected; timelines of several hosts are skewed)",
+                               "synchronise the clocks (NTP)")
+        return HealthCheck("clock", PASS, detail)
+
+
+def _stored_size(head: bytes, length: int) -> int:
+    """The size of the value an entry holds, from the first bytes and length of its stored form."""
+    if head.startswith(_FRAMING):
+        try:
+            return Manifest.parse(head).total
+        except VerificationError as exc:
+            if exc.reason is Reason.OLD_FORMAT:
+                return int(_MANIFEST_V1.unpack_from(head)[2])
+    return length
+
+
+def _chunks(parts: tuple[Buffer, ...], size: int) -> Iterator[Buffer]:
+    """The concatenation of ``parts`` in pieces of ``size`` bytes: views of the parts, joined only where one straddles two."""
+    pending: list[memoryview] = []
+    pending_len = 0
+    for part in parts:
+        view = memoryview(part).cast("B")
+        while len(view):
+            take = min(size - pending_len, len(view))
+            pending.append(view[:take])
+            pending_len += take
+            view = view[take:]
+            if pending_len == size:
+                yield pending[0] if len(pending) == 1 else b"".join(pending)
+                pending, pending_len = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else b"".join(pending)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -171,6 +172,19 @@ class RedisClusterBackend(RedisBackend):
 
     def _key_of(self, name: str) -> str:
         return name[len("rc:e:{"):-1]
+
+    def _connection_kwargs(self) -> dict[str, Any]:
+        return self._client.connect().get_default_node().redis_connection.connection_pool.connection_kwargs  # type: ignore[no-any-return]
+
+    def _acl_probes(self, key: str) -> dict[str, Callable[[], Any]]:
+        """The one-server probes, and the commands the cluster client sends to follow the slots."""
+        run = self._client.execute_command
+        return {
+            "cluster|slots": lambda: run("CLUSTER", "SLOTS"),
+            "command": lambda: run("COMMAND", "COUNT"),
+            "asking": lambda: run("ASKING"),
+            **super()._acl_probes(key),
+        }
 
     def _scan_batches(self, pattern: str) -> Any:
         batch: list[bytes] = []

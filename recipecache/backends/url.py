@@ -13,7 +13,7 @@ import urllib.parse
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from ..errors import ConfigError, URLError
 from ..sizes import parse_size
 
 
@@ -49,18 +49,18 @@ class StoreURL:
                 parts.port  # noqa: B018 - raises ValueError for a non-numeric or out-of-range port
             options = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
         except ValueError as exc:
-            raise ConfigError(f"bad cache URL {redact(url)!r}: {exc}") from None
+            raise URLError(f"bad cache URL {redact(url)!r}: {exc}") from None
         if not parts.scheme:
-            raise ConfigError(f"bad cache URL {redact(url)!r}: it needs a scheme such as file:// or redis://")
+            raise URLError(f"bad cache URL {redact(url)!r}: it needs a scheme such as file:// or redis://")
         return cls(url, parts.scheme.lower(), parts, options)
 
     @property
     def redacted(self) -> str:
         return redact(self.raw)
 
-    def error(self, problem: str) -> ConfigError:
-        """A one-line ConfigError about this URL."""
-        return ConfigError(f"bad cache URL {self.redacted!r}: {problem}")
+    def error(self, problem: str) -> URLError:
+        """A one-line error about this URL (a :class:`URLError`, which is a ConfigError)."""
+        return URLError(f"bad cache URL {self.redacted!r}: {problem}")
 
     def check_options(self, known: Collection[str]) -> None:
         """Refuse options no backend of this scheme understands (a typo must not be ignored)."""
@@ -95,7 +95,10 @@ class StoreURL:
         text = self.options.get(name)
         if text is None:
             return default
-        exact = parse_size(text)
+        try:
+            exact = parse_size(text)
+        except ConfigError as exc:
+            raise self.error(f"option {name}: {exc}") from None
         if exact <= 0:
             raise self.error(f"option {name}={text!r} must be a positive whole number of bytes")
         return exact

@@ -15,9 +15,13 @@ One agent per node, next to the training ranks. Each cycle it
 Each recipe is handled once per agent: published, installed, found already present,
 refused, or missing from the store. The bridge evicts too, and re-installing what it
 evicted would only churn the directory. Store failures never stop the agent (the store
-degrades; what failed is retried next cycle).
+degrades; what failed is retried next cycle), and neither does anything else one cycle
+raises: it is logged and counted (``cycle_errors``) and the next cycle runs. If the sync
+thread itself dies, the agent exits with status 1, so a stopped sync is never silent.
 
-Run: ``python -m recipecache.hpu.agent --dir D --url URL --namespace NS [--interval S] [--once]``.
+Run: ``RECIPECACHE_URL=URL python -m recipecache.hpu.agent --dir D --namespace NS [--interval S] [--once]``
+(``--url`` exists for people typing a URL without a password: any user of the machine can
+read a process's arguments with ``ps``, while its environment is private to its owner).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import env as envvars
 from ..argparsing import OneLineArgumentParser
 from ..errors import ConfigError
 from ..reasons import Reason
@@ -147,7 +152,8 @@ class HpuSyncAgent:
             if files is None:
                 continue  # still being written: next cycle
             start = time.perf_counter()
-            if self.store.put(recipe_key(local.name, self.fingerprint), files.pack()):
+            if self.store.put(recipe_key(local.name, self.fingerprint), files.pack(),
+                              meta={"kind": "hpu_recipe", "name": local.name}):
                 self._published[local.name] = IndexEntry(self.fingerprint_id, local.name, time.time(), files.size)
                 self._settle(local.name, "published", "hpu_publish", time.perf_counter() - start, bytes=files.size)
 
@@ -158,8 +164,8 @@ class HpuSyncAgent:
         missing = [e for name, e in self._published.items()
                    if (self.fingerprint_id, name) not in index and (name not in self._confirmed or len(index) < INDEX_CAP)]
         if missing:
-            merged = index.merged(missing, self.fingerprint_id, self.fingerprint)
-            self.store.put(INDEX_KEY, merged.encode(), node=False)
+            self.store.put(INDEX_KEY, index.merged(missing, self.fingerprint_id, self.fingerprint).encode(),
+                           meta={"kind": "hpu_index"}, node=False)  # rewritten by every node's agent
 
     def _count_foreign(self, index: Index) -> None:
         for key, entry in index.entries.items():
@@ -222,20 +228,25 @@ class HpuSyncAgent:
         """Sync every ``interval`` seconds until ``stop`` is set, then once more.
 
         The last pass publishes what the bridge finished just before the job ended. A
-        directory error (a rank clearing it, a full disk) costs one cycle, not the agent.
+        directory error (a rank clearing it, a full disk) costs one cycle, not the agent;
+        so does any other exception, which is a bug or damage we did not foresee: logged
+        with its traceback and counted, and the sync goes on.
         """
         while True:
             last = stop.is_set()
             try:
                 self.sync_once()
-            except OSError as exc:
-                log.warning("recipecache: HPU sync of %s failed (%s); retrying", self.dir.path, exc)
+            except Exception as exc:  # noqa: BLE001 - one bad cycle must not stop the node's sync
+                self._counts["cycle_errors"] += 1
+                log.warning("recipecache: HPU sync of %s failed (%s); retrying next cycle", self.dir.path, exc,
+                            exc_info=not isinstance(exc, OSError))
             if last:
                 return
             stop.wait(self.interval)
 
     def stats(self) -> dict[str, Any]:
-        counts = ("published", "installed", "skipped_incompatible", "refused", "missing", "evicted", "too_large")
+        counts = ("published", "installed", "skipped_incompatible", "refused", "missing", "evicted", "too_large",
+                  "cycle_errors")
         return {**{name: self._counts[name] for name in counts}, "directory": str(self.dir.path),
                 "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id}
 
@@ -256,17 +267,22 @@ def start_agent(
 
     A process, not a thread, so a launcher that ``exec``s torchrun keeps it: the agent
     watches its parent pid and stops (after a last publish) once it is reparented.
-    Stop it earlier with ``terminate()``.
+    Stop it earlier with ``terminate()``. ``env`` is its environment (default: ours);
+    ``url`` reaches it as ``RECIPECACHE_URL`` there, never as an argument: any user of the
+    machine can read a process's arguments (``ps``), and the URL may hold a password.
     """
     argv = [sys.executable, "-m", "recipecache.hpu.agent", "--dir", str(directory), "--max-size-mb", str(max_size_mb),
             "--interval", str(interval), "--parent-pid", str(os.getpid())]
-    for flag, value in (("--url", url), ("--namespace", namespace), ("--bridge-version", bridge_version),
+    for flag, value in (("--namespace", namespace), ("--bridge-version", bridge_version),
                         ("--driver-version", driver_version)):
         if value is not None:
             argv += [flag, value]
     if clear:
         argv.append("--clear")
-    return subprocess.Popen(argv, env=dict(env) if env is not None else None)
+    environ = dict(os.environ if env is None else env)
+    if url is not None:
+        environ[envvars.URL] = url
+    return subprocess.Popen(argv, env=environ)
 
 
 # -- command line ------------------------------------------------------------------
@@ -274,7 +290,9 @@ def _parser() -> argparse.ArgumentParser:
     p = OneLineArgumentParser(prog="python -m recipecache.hpu.agent", description="Sync a node's Gaudi recipe directory with a recipecache store.")
     p.add_argument("--dir", help=f"node recipe directory (default: the path in ${ENV_VAR}, else a private temp directory)")
     p.add_argument("--max-size-mb", type=int, help=f"directory cap in MB (default: from ${ENV_VAR}, else {DEFAULT_MAX_SIZE_MB})")
-    p.add_argument("--url", help="store URL (default: $RECIPECACHE_URL or the filesystem default)")
+    p.add_argument("--url", help="store URL (default: $RECIPECACHE_URL or the filesystem default); a password in "
+                                 "it is visible to every user of the machine (ps), so pass such a URL in "
+                                 "$RECIPECACHE_URL instead")
     p.add_argument("--namespace", help="namespace (default: $RECIPECACHE_NAMESPACE or 'default')")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between passes")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
@@ -328,7 +346,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The loop runs in a thread: the signal handler runs on the main thread, and calling
     # stop.set() there while that same thread is inside stop.wait() can deadlock on the
     # event's internal lock.
-    worker = threading.Thread(target=agent.run, args=(stop,), name="recipecache-hpu-agent")
+    died: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            agent.run(stop)
+        except BaseException as exc:  # noqa: BLE001 - whatever ends the thread early ends the agent, loudly
+            died.append(exc)
+            log.critical("recipecache: HPU sync thread died; the agent stops", exc_info=True)
+
+    worker = threading.Thread(target=work, name="recipecache-hpu-agent")
     worker.start()
     worker.join()
     stats = {"agent": agent.stats(), "store": store.stats()}
@@ -337,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps(stats, sort_keys=True) if args.json else
           f"recipecache hpu agent {a['directory']}: published {a['published']}, installed {a['installed']}, "
           f"refused {a['refused']}, skipped {a['skipped_incompatible']} incompatible")
-    return 0
+    return 1 if died else 0
 
 
 if __name__ == "__main__":

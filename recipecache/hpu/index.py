@@ -27,12 +27,13 @@ from typing import Any
 
 import msgpack
 
+from ..buffers import Buffer
 from ..keys import make_key
 from .recipes import valid_name
 
 log = logging.getLogger(__name__)
 
-INDEX_KEY = "recipecache.hpu/index/v1"
+INDEX_KEY = "recipecache.hpu/index/v2"
 #: Entries kept: far more recipes than one job compiles, and still a few hundred KiB.
 INDEX_CAP = 8192
 _VERSION = 1
@@ -66,7 +67,7 @@ class Index:
         return cls({}, {})
 
     @classmethod
-    def decode(cls, blob: bytes) -> Index:
+    def decode(cls, blob: Buffer) -> Index:
         """The index in ``blob``; malformed parts are skipped, never trusted (names become file names)."""
         try:
             doc: Any = msgpack.unpackb(blob, raw=False)

@@ -28,6 +28,7 @@ from typing import Any
 
 import msgpack
 
+from ..buffers import Buffer
 from ..fsutil import regular_files, write_atomic
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class RecipeFiles:
                              use_bin_type=True)
 
     @classmethod
-    def unpack(cls, blob: bytes, name: str) -> RecipeFiles | None:
+    def unpack(cls, blob: Buffer, name: str) -> RecipeFiles | None:
         """The files in a verified store payload, or None if it is not a recipe named ``name``."""
         try:
             fields: Any = msgpack.unpackb(blob, raw=False)

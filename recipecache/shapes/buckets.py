@@ -34,6 +34,7 @@ from typing import Protocol
 import msgpack
 import numpy as np
 
+from ..buffers import Buffer
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ Number = int | float
 class BytesStore(Protocol):
     """What :func:`optimal_buckets` needs of a store (``recipecache.open_store()`` fits)."""
 
-    def get(self, key: str) -> bytes | None: ...
+    def get(self, key: str) -> Buffer | None: ...
 
     def put(self, key: str, data: bytes) -> None: ...
 

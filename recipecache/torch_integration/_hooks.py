@@ -4,13 +4,24 @@ Line numbers and the reasons behind each hook are in docs/torch-integration-note
 In short:
 
 * torch's remote caches (FX graph, AOTAutograd, PGO) accept a backend class through
-  ``RemoteCache.backend_override_cls``; ours talk to the store. The FX backend is where
-  single-flight happens: torch splits a compile into ``get`` (miss) ... ``put``, so a
+  ``RemoteCache.backend_override_cls``; ours talk to the store. Graphs are where
+  single-flight happens: torch splits a compile into lookup (miss) ... ``put``, so a
   miss opens a :class:`~recipecache.store.Flight` (one process per key compiles, the
-  others wait for its artifact) and the put publishes through it.
+  others wait for its artifact) and the put merges the new graph into the key's entry
+  and ends the flight.
+* A graph key holds all its dynamic-shape guard variants (bounded), and torch's remote
+  lookup reads only one entry per key, so ``FxGraphCache.iterate_over_candidates`` is
+  wrapped: after torch's local candidates it offers every stored variant to torch's own
+  guard evaluation (:meth:`Integration.fx_candidates`).
+* Keys of artifacts holding compiled CPU code (graphs, AOTAutograd, ISA probes) carry the
+  host-CPU fingerprint (:mod:`.host_cpu`): torch's own keys do not describe the CPU its
+  ``-march=native`` kernels need.
 * ``codecache.write`` is wrapped to learn which ``<hash>.main.so`` kernels the current
   graph loads (they are not in torch's entry), and ``VecISA.check_build`` to learn the
   CPU-feature probe libraries every fresh process would otherwise build with g++.
+* ``codecache.compiled_fx_graph_hash`` is wrapped to record what each FX key is made of
+  (:mod:`recipecache.keyinfo`, for ``recipecache explain``) and what the graph is (its
+  function and input shapes, the ``meta`` of the artifact it publishes).
 * ``compile_fx.fx_codegen_and_compile`` is wrapped to count and time the graphs inductor
   actually compiles here; ``compile_fx._compile_fx_inner`` bounds one graph's compile, so
   a lease whose put never comes (the compile raised, the graph could not be pickled) is
@@ -22,12 +33,16 @@ failures (counted as fallback ``hook_error``): the cache may fail, training may 
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import itertools
+import json
 import logging
+import pickle
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,20 +55,29 @@ from torch._inductor import codecache, compile_fx, remote_cache
 from torch._inductor.cpu_vec_isa import VecISA
 from torch._inductor.runtime.runtime_utils import cache_dir
 
+from ..errors import ConfigError
+from ..keyinfo import KeyLog
 from ..reasons import Reason
 from ..store import Flight, Store
-from . import pgo
-from .artifact import Artifact, ArtifactError, collect, install
+from . import describe, host_cpu, pgo
+from .artifact import Artifact, ArtifactError, Entry, collect, install
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 #: prefix of every store key written here; bumping it retires all artifacts of an older format
-KEY_PREFIX = "torch1:"
+KEY_PREFIX = "torch3:"
+#: how many times one graph lookup waits for another process's new guard variant before
+#: compiling its own without a lease (each wait needs the key to have changed meanwhile)
+VARIANT_WAITS = 4
 #: job id enable() gives torch when none is set (PGO does nothing without one)
 JOB_ID = "recipecache"
+#: what ``recipecache ls`` calls each artifact kind (the ``kind`` of its envelope meta)
+KIND_NAMES = {"fx": "graph", "aot": "aot", "pgo": "pgo", "isa": "cpu_probe"}
 
 R = TypeVar("R")
+#: stands for "the class had no attribute of its own" among the originals install() saves
+_INHERITED = object()
 
 _active: Integration | None = None
 
@@ -71,6 +95,12 @@ class _Attempt(threading.local):
         #: kernel libraries the graph loaded since the lookup (absolute paths)
         self.kernels: set[str] = set()
         self.in_isa_probe = False
+        #: torch's FX key this thread computed last, its hash-detail lines, function name and
+        #: input shapes; outlives end_attempt(), which runs between the key's computation
+        #: and its lookup (fx_get takes it)
+        self.described: tuple[str, list[str], str, str] | None = None
+        #: what ``key`` is (function name, input shapes), for the meta of its artifact
+        self.what: tuple[str, str] = ("graph", "")
 
 
 class Integration:
@@ -83,6 +113,9 @@ class Integration:
         self.store = store
         self.metrics = metrics
         self.wait_timeout = wait_timeout
+        #: this host's CPU fingerprint, in the key of every artifact holding compiled CPU code
+        #: (:mod:`.host_cpu`; ConfigError for a malformed override)
+        self.cpu = host_cpu.fingerprint()
         self.attempt = _Attempt()
         self._lock = threading.Lock()
         self._flights: dict[int, Flight] = {}
@@ -90,6 +123,7 @@ class Integration:
         self._isa_done = False
         self._isa_key: str | None = None
         self._originals: list[tuple[Any, str, Any]] = []
+        self.keys = KeyLog.beside(store.events)
 
     def guarded(self, fn: Callable[..., R], *args: Any) -> R | None:
         """``fn(*args)``, or None with a counted ``hook_error`` if it raises: our bugs must not stop a compile."""
@@ -100,65 +134,60 @@ class Integration:
             self.metrics.fallback(Reason.HOOK_ERROR, f"{getattr(fn, '__name__', fn)}: {exc!r}; torch goes on without it")
             return None
 
+    # -- keys ------------------------------------------------------------------------
+    def cpu_key(self, torch_key: str) -> str:
+        """Store key of an artifact that holds or names compiled CPU code: it carries the host-CPU fingerprint."""
+        return f"{KEY_PREFIX}cpu-{self.cpu}:{torch_key}"
+
     # -- lookups ---------------------------------------------------------------------
     def fetch(self, kind: str, key: str) -> Artifact | None:
-        """The artifact under ``key`` with its kernels installed, or None (counted by reason).
+        """The (non-graph) artifact under ``key`` with its kernels installed, or None (counted by reason).
 
-        A graph (``fx``) goes through :meth:`Store.begin`: it returns the artifact (stored,
-        or compiled meanwhile by another process), or None with the lease held in
-        :attr:`attempt` (this process compiles and :meth:`fx_put` publishes). Other kinds
-        are plain lookups.
+        PGO state is rewritten in place (:meth:`Store.update`), so it is never read from a node copy.
         """
-        if kind == "fx":
-            data = self._fly(key)
-        else:
-            found = self.store.lookup(key, trace=False, node=kind != "pgo")  # PGO state is rewritten in place
-            data = found.data
-            if found.failed:
-                self.metrics.fallback(found.reason, f"store {self.store.url} did not answer; compiling locally")
-        if data is None:
+        found = self.store.lookup(key, trace=False, node=kind != "pgo")
+        if found.failed:
+            self.metrics.fallback(found.reason, f"store {self.store.url} did not answer; compiling locally")
+        artifact = None if found.data is None else self._unpack(key, found.data, kind)
+        if artifact is None or not self._install(key, artifact, artifact.entries[0]):
             self.metrics.miss(kind)
             return None
-        try:
-            artifact = Artifact.unpack(data, kind)
-            installed = install(artifact.files, Path(cache_dir()))
-        except ArtifactError as exc:
-            self.metrics.fallback(Reason.BAD_ARTIFACT, f"{key}: {exc}; compiling locally")
-            self.metrics.miss(kind)
-            return None
-        except OSError as exc:
-            self.metrics.fallback(Reason.INSTALL_FAILED, f"{key}: {exc}; compiling locally")
-            self.metrics.miss(kind)
-            return None
-        if installed:
-            self.metrics.kernels(installed=installed)
-        self.metrics.hit(kind, artifact.compile_s)
+        self.metrics.hit(kind, artifact.entries[0].compile_s)
         return artifact
 
-    def _fly(self, key: str) -> bytes | None:
-        """Single-flight for one graph; the store counts its misses, waits and fallbacks."""
-        flight = self.store.begin(key, wait_timeout=self.wait_timeout)
-        if flight.waited_s:
-            self.metrics.changed()
-        if flight.data is not None:
-            return flight.data
+    def _unpack(self, key: str, data: memoryview, kind: str) -> Artifact | None:
+        try:
+            return Artifact.unpack(data, kind)
+        except ArtifactError as exc:
+            self.metrics.fallback(Reason.BAD_ARTIFACT, f"{key}: {exc}; compiling locally")
+            return None
+
+    def _install(self, key: str, artifact: Artifact, entry: Entry) -> bool:
+        """Install the kernels ``entry`` loads into torch's cache dir; False (counted ``install_failed``) if refused or failed."""
+        try:
+            installed = install(artifact.files_of(entry), Path(cache_dir()))
+        except (OSError, ConfigError) as exc:
+            self.metrics.fallback(Reason.INSTALL_FAILED, f"{key}: {exc}; not installing its kernels, compiling locally")
+            return False
+        if installed:
+            self.metrics.kernels(installed=installed)
+        return True
+
+    def _hold(self, flight: Flight) -> None:
+        """This thread compiles the graph of ``flight`` (leader, or lease-less fallback); :meth:`fx_put` publishes."""
         self.attempt.flight = flight
         with self._lock:
             self._flights[id(flight)] = flight
-        return None
 
-    def _close_flight(self, flight: Flight, data: bytes | None = None) -> None:
-        """Publish ``data`` through ``flight`` (or only release its lease) and forget it."""
+    def _close_flight(self, flight: Flight) -> None:
+        """Release ``flight``'s lease (if any) and forget it."""
         with self._lock:
             self._flights.pop(id(flight), None)
-        if data is None:
-            flight.release()
-        elif flight.publish(data):
-            self.metrics.put("fx")
+        flight.release()
 
     def _put(self, kind: str, key: str, blob: bytes) -> None:
-        """Publish a non-graph artifact (or a graph torch saved outside its lookup); kept out of the trace unless a graph."""
-        if self.store.put(key, blob, trace=kind == "fx", node=kind != "pgo"):
+        """Publish an AOTAutograd or probe artifact (written once per key, so a plain put); kept out of the trace."""
+        if self.store.put(key, blob, trace=False, meta={"kind": KIND_NAMES[kind]}):
             self.metrics.put(kind)
 
     def end_attempt(self) -> None:
@@ -168,6 +197,7 @@ class Integration:
             flight, attempt.flight = attempt.flight, None
             self._close_flight(flight)
         attempt.key = None
+        attempt.what = ("graph", "")
         attempt.served_s = None
         attempt.compile_s = 0.0
         attempt.kernels.clear()
@@ -181,56 +211,162 @@ class Integration:
             flight.release()
 
     # -- the three torch caches ----------------------------------------------------
-    def fx_get(self, torch_key: str) -> bytes | None:
+    def fx_candidates(self, torch_key: str) -> Iterator[tuple[Any, bytes, bool]]:
+        """The stored guard variants of one graph, one at a time, for torch's own guard evaluation.
+
+        Stands in for the remote part of ``FxGraphCache.iterate_over_candidates`` (torch
+        evaluates each candidate's guards and stops at the first that accepts its inputs),
+        yielding what torch's remote branch yields: ``(graph, pickled graph, False)``. A
+        variant's kernels are installed just before it is offered. Torch accepting one
+        closes this generator at its ``yield``: a hit. Exhausting it is a miss: when torch
+        rejected every stored variant, :meth:`Store.begin` with ``stale`` makes this
+        process the compiler of the key's next variant, or has it wait for the process
+        already compiling one and offers that one too. A leader's lease is held in
+        :attr:`attempt` until :meth:`fx_put` merges the new variant in.
+        """
         self.end_attempt()
-        key = KEY_PREFIX + torch_key
-        self.attempt.key = key
-        artifact = self.fetch("fx", key)
-        if artifact is None:
-            return None
-        self.attempt.served_s = artifact.compile_s
-        return artifact.entry
+        key = self.cpu_key(torch_key)
+        attempt = self.attempt
+        attempt.key = key
+        self.guarded(self.record_key, torch_key)
+        try:
+            yield from self._offer_variants(key)
+        except GeneratorExit:  # torch's guards accepted the variant it was evaluating
+            self.metrics.hit("fx", attempt.served_s or 0.0)
+            raise
+        except Exception as exc:  # noqa: BLE001 - our failure: torch compiles as on a miss
+            log.debug("recipecache: offering variants of %s failed", key, exc_info=True)
+            self.metrics.fallback(Reason.HOOK_ERROR, f"fx_candidates: {exc!r}; torch goes on without it")
+        self.metrics.miss("fx")
+
+    def _offer_variants(self, key: str) -> Iterator[tuple[Any, bytes, bool]]:
+        attempt = self.attempt
+        offered: set[bytes] = set()
+        install_failed = False
+        flight = self.store.begin(key, wait_timeout=self.wait_timeout)
+        for waits in itertools.count():
+            if flight.waited_s:
+                self.metrics.changed()
+            if flight.data is None:  # we compile it (leader, or unleased after a failure or timeout)
+                self._hold(flight)
+                return
+            artifact = self._unpack(key, flight.data, "fx")
+            for entry in artifact.entries if artifact is not None else ():
+                digest = hashlib.sha256(entry.data).digest()
+                if digest in offered:
+                    continue
+                offered.add(digest)
+                if not self._install(key, artifact, entry):
+                    install_failed = True
+                    continue
+                try:
+                    content = base64.b64decode(json.loads(entry.data)["data"])
+                    graph = pickle.loads(content)  # verified bytes, unpickled as torch's own remote branch does
+                except Exception:  # noqa: BLE001 - torch skips an entry it cannot load, and so do we
+                    log.warning("recipecache: cannot load a stored variant of %s; skipping it", key, exc_info=True)
+                    continue
+                attempt.served_s = entry.compile_s
+                yield graph, content, False
+                attempt.served_s = None  # resumed: its guards rejected these inputs
+            reason = Reason.BAD_ARTIFACT if artifact is None else Reason.GUARD_REJECTED
+            self.store.record_unused_hit(key, reason)
+            if install_failed or waits == VARIANT_WAITS:
+                # a variant we could not install may be the one we need: compile it here, unleased
+                # (its put replaces the stored twin with the same guards), or stop waiting
+                return
+            flight = self.store.begin(key, wait_timeout=self.wait_timeout, stale=flight.data, stale_reason=reason)
 
     def fx_put(self, torch_key: str, data: bytes) -> None:
-        key = KEY_PREFIX + torch_key
+        """Merge the graph torch compiled here into its key's variants (compare-and-set), then free the lease."""
+        key = self.cpu_key(torch_key)
         attempt = self.attempt
         files, missing = collect(attempt.kernels, Path(cache_dir()))
         if missing:
             self.metrics.fallback(Reason.KERNEL_MISSING, f"{len(missing)} kernel(s) of {key} not built when it was saved; "
                                   "publishing it without them (a hit compiles those)")
         ours = attempt.key == key
-        blob = Artifact("fx", data, tuple(files), attempt.compile_s if ours else 0.0).pack()
+        compile_s = attempt.compile_s if ours else 0.0
+        variant = Entry(data, compile_s, tuple(f.path for f in files), _guards_of(data))
+        meta = describe.graph_meta(*(attempt.what if ours else ("graph", "")), compile_s)
+
+        def merged(current: memoryview | None) -> bytes:
+            base = Artifact("fx", ())
+            if current is not None:
+                try:
+                    base = Artifact.unpack(current, "fx")
+                except ArtifactError:
+                    pass  # replaced: the new variant is the only one we can vouch for
+            return base.with_variant(variant, files).pack()
+
+        # node=True: a node copy missing this variant is safe, since begin(stale=...) reads past it
+        if self.store.update(key, merged, trace=True, meta=meta, node=True).data is not None:
+            self.metrics.put("fx")
         if ours and attempt.flight is not None:
             flight, attempt.flight = attempt.flight, None
-            self._close_flight(flight, blob)
-        else:
-            self._put("fx", key, blob)
+            self._close_flight(flight)
         self.metrics.kernels(shipped=len(files))
         self.publish_isa_probe()
 
     def aot_get(self, torch_key: str) -> bytes | None:
-        """No lease: AOT tracing is cheap and its put comes after the lazy backward compile."""
-        artifact = self.fetch("aot", KEY_PREFIX + torch_key)
+        """No lease: see docs/torch-integration-notes.md ("AOTAutograd entries are not leased")."""
+        artifact = self.fetch("aot", self.cpu_key(torch_key))
         return None if artifact is None else artifact.entry
 
     def aot_put(self, torch_key: str, data: bytes) -> None:
-        self._put("aot", KEY_PREFIX + torch_key, Artifact("aot", data).pack())
+        self._put("aot", self.cpu_key(torch_key), Artifact.single("aot", data).pack())
 
     def pgo_get(self, torch_key: str) -> bytes | None:
         artifact = self.fetch("pgo", KEY_PREFIX + pgo.shared_key(torch_key))
         return None if artifact is None else artifact.entry
 
     def pgo_put(self, torch_key: str, data: bytes) -> None:
+        """Merge this rank's decisions into the shared state with a compare-and-set: concurrent ranks lose none."""
         key = KEY_PREFIX + pgo.shared_key(torch_key)
-        stored = self.store.get(key, trace=False, node=False)
-        if stored is not None:
-            try:
-                data = pgo.merge(data, Artifact.unpack(stored, "pgo").entry)
-            except Exception as exc:  # noqa: BLE001 - torch's pickled state may fail in any way
-                self.metrics.fallback(Reason.PGO_MERGE_FAILED, f"{key}: {exc!r}; publishing this rank's state")
-        self._put("pgo", key, Artifact("pgo", data).pack())
+        failures: list[Exception] = []
+        wrote: list[bool] = [False]
+
+        def merged(current: memoryview | None) -> bytes | None:
+            failures.clear()
+            combined: bytes | None = data
+            if current is not None:
+                try:
+                    stored = Artifact.unpack(current, "pgo").entry
+                    combined = pgo.merge(data, stored)
+                    if pgo.same_decisions(combined, stored):
+                        combined = None  # the store has every decision of this rank already: write nothing
+                except Exception as exc:  # noqa: BLE001 - torch's pickled state may fail in any way
+                    failures.append(exc)  # replaced by this rank's state, which we can read
+            wrote[0] = combined is not None
+            return None if combined is None else Artifact.single("pgo", combined).pack()
+
+        written = self.store.update(key, merged, meta={"kind": KIND_NAMES["pgo"]})
+        if failures:
+            self.metrics.fallback(Reason.PGO_MERGE_FAILED, f"{key}: {failures[0]!r}; published this rank's state")
+        if written.data is not None and wrote[0]:
+            self.metrics.put("pgo")
 
     # -- compile bookkeeping -------------------------------------------------------
+    def describe_key(self, fx_key: str, details: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """torch computed an FX key (``compiled_fx_graph_hash(gm, example_inputs, fx_kwargs, ...)``): keep its
+        components and what the graph is until its lookup."""
+        example_inputs = args[1] if len(args) > 1 else kwargs["example_inputs"]
+        fx_kwargs = args[2] if len(args) > 2 else kwargs["fx_kwargs"]
+        self.attempt.described = (fx_key, details, describe.function_name(fx_kwargs), describe.input_shapes(example_inputs))
+
+    def record_key(self, torch_key: str) -> None:
+        """The store is asked for ``torch_key``: record what it is made of (for ``recipecache explain``).
+
+        torch's remote cache wraps the FX key (``pt2:fx-graph-v1::<key>:c1``), so the key
+        the hash hook saw is matched by containment.
+        """
+        described, self.attempt.described = self.attempt.described, None
+        if described is None or described[0] not in torch_key:
+            return
+        _fx_key, details, name, shapes = described
+        self.attempt.what = (name, shapes)
+        self.keys.record(self.cpu_key(torch_key), details, name=name, shapes=shapes,
+                         context={**describe.process_context(), "cpu_key": self.cpu})
+
     def compiled(self, seconds: float) -> None:
         """inductor codegen of one graph ran here for ``seconds``."""
         attempt = self.attempt
@@ -251,7 +387,7 @@ class Integration:
 
     # -- the CPU-feature probe libraries ---------------------------------------------
     def isa_key(self) -> str:
-        """Key of this host kind's probe libraries: torch names them by compiler, ISA flags and version."""
+        """Key of this host kind's probe libraries: torch names them by compiler, ISA flags and version; which ones a host builds depends on its CPU."""
         if self._isa_key is None:
             from torch._inductor.cpp_builder import (
                 get_compiler_version_info,
@@ -259,7 +395,7 @@ class Integration:
             )
 
             fingerprint = f"{torch.__version__}|{platform.machine()}|{get_compiler_version_info(get_cpp_compiler())}"
-            self._isa_key = f"{KEY_PREFIX}isa-probe:{hashlib.sha256(fingerprint.encode()).hexdigest()}"
+            self._isa_key = self.cpu_key(f"isa-probe:{hashlib.sha256(fingerprint.encode()).hexdigest()}")
         return self._isa_key
 
     def install_isa_probe(self) -> None:
@@ -275,7 +411,7 @@ class Integration:
             paths = set(self._isa_files)
         files, _missing = collect(paths, Path(cache_dir()))  # an ISA the compiler lacks has no library
         if files:
-            self._put("isa", self.isa_key(), Artifact("isa", b"", tuple(files)).pack())
+            self._put("isa", self.isa_key(), Artifact.single("isa", b"", files).pack())
             self.metrics.kernels(shipped=len(files))
 
     # -- install / uninstall ---------------------------------------------------------
@@ -285,6 +421,9 @@ class Integration:
         original_check_build = VecISA.check_build
         original_codegen = compile_fx.fx_codegen_and_compile
         original_inner = compile_fx._compile_fx_inner
+        original_iterate = codecache.FxGraphCache.iterate_over_candidates.__func__
+        remote_key = remote_cache.RemoteFxGraphCache._get_key  # how torch names a graph in a remote cache
+        original_hash = codecache.compiled_fx_graph_hash
 
         def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
             result = original_write(content, extension, *args, **kwargs)
@@ -305,12 +444,23 @@ class Integration:
             finally:
                 self.guarded(self.compiled, time.perf_counter() - start)
 
+        def compiled_fx_graph_hash(*args: Any, **kwargs: Any) -> tuple[str, list[str]]:
+            key, details = original_hash(*args, **kwargs)
+            self.guarded(self.describe_key, key, details, args, kwargs)
+            return key, details
+
         def _compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
             self.guarded(self.end_attempt)
             try:
                 return original_inner(*args, **kwargs)
             finally:
                 self.guarded(self.end_attempt)
+
+        def iterate_over_candidates(cls: type, local: bool, remote: Any, key: str) -> Iterator[tuple[Any, bytes, bool]]:
+            ours = remote is not None and isinstance(remote.backend, FxBackend)
+            yield from original_iterate(cls, local, None if ours else remote, key)  # local candidates first
+            if ours:
+                yield from self.fx_candidates(remote_key(remote, key))
 
         out: list[tuple[Any, str, Any]] = [
             (inductor_config, "fx_graph_remote_cache", True),
@@ -323,9 +473,12 @@ class Integration:
             (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
             (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
             (codecache, "write", write),
+            (codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash),
             (VecISA, "check_build", check_build),
             (compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile),
             (compile_fx, "_compile_fx_inner", _compile_fx_inner),
+            # torch reads one remote entry per graph key; this offers its guards every stored variant
+            (codecache.FxGraphCache, "iterate_over_candidates", classmethod(iterate_over_candidates)),
         ]
         if torch.compiler.config.job_id is None:
             out.append((torch.compiler.config, "job_id", JOB_ID))
@@ -334,19 +487,41 @@ class Integration:
     def install(self) -> None:
         patches = self.patches()  # resolves every torch attribute before anything changes
         for owner, name, value in patches:
-            self._originals.append((owner, name, getattr(owner, name)))
+            # a class's own attribute as stored (a classmethod stays one); an inherited one is deleted again
+            original = vars(owner).get(name, _INHERITED) if isinstance(owner, type) else getattr(owner, name)
+            self._originals.append((owner, name, original))
             setattr(owner, name, value)
         # functools.cache'd: it may hold a backend (or None) from before the override
         AOTAutogradCache.get_remote_cache.cache_clear()
+        self.metrics.local_hits_source = describe.local_hits
         self.guarded(self.install_isa_probe)
 
     def uninstall(self) -> None:
         self.end_attempt()
         self.release_all()
         for owner, name, value in reversed(self._originals):
-            setattr(owner, name, value)
+            if value is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
         self._originals.clear()
         AOTAutogradCache.get_remote_cache.cache_clear()
+        self.keys.close()
+
+
+def _guards_of(entry: bytes) -> str | None:
+    """torch's guard expression of an FX entry this process just produced ("" for none), None if unreadable.
+
+    Our own process's bytes, unpickled as torch unpickles them on a hit, to tell a
+    recompile of a stored variant (same guards) from a new variant.
+    """
+    try:
+        graph = pickle.loads(base64.b64decode(json.loads(entry)["data"]))
+        guards = graph.guards_expr
+    except Exception:  # noqa: BLE001 - not knowing only costs a slot among the variants
+        log.debug("recipecache: cannot read the guards of a graph being published", exc_info=True)
+        return None
+    return "" if guards is None else guards if isinstance(guards, str) else None
 
 
 class _StoreBackend(remote_cache.RemoteCacheBackend[bytes]):
@@ -367,7 +542,12 @@ class _StoreBackend(remote_cache.RemoteCacheBackend[bytes]):
 
 
 class FxBackend(_StoreBackend):
+    """Publishes graphs; lookups go through :meth:`Integration.fx_candidates`, so torch's guards see every variant."""
+
     kind = "fx"
+
+    def _get(self, key: str) -> bytes | None:
+        return None
 
 
 class AotBackend(_StoreBackend):

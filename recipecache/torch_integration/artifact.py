@@ -1,44 +1,61 @@
-"""The artifact one torch cache entry travels in: torch's entry plus the kernel files it needs.
+"""The artifact one torch cache entry travels in: torch's entries plus the kernel files they need.
 
 torch's FX-graph entry holds the generated *source* of its C++ kernels, not the built
 ``.so`` files, so a remote "hit" on a fresh node would still run g++ for every kernel.
 An FX artifact therefore carries the ``<cache_dir>/<xx>/<hash>.main.so`` files its graph
 loads, and a hit installs them where torch looks before it loads the entry.
 
+One torch key may have several entries: a dynamic-shape graph compiled for sizes its
+earlier compile's guards reject is a second *guard variant* under the same key (torch's
+local cache keeps them all in one directory and lets its guards pick). An FX artifact
+keeps up to :data:`MAX_VARIANTS` of them, newest first, each with the kernels it loads;
+:meth:`Artifact.with_variant` merges a new one in (the caller does that inside a
+compare-and-set, :meth:`recipecache.store.Store.update`). Other kinds hold one entry.
+
 Framing is one msgpack map (never pickle)::
 
-    {"format": "recipecache-torch/1", "kind": "fx"|"aot"|"pgo"|"isa", "entry": <bytes>,
-     "compile_s": <float>, "files": [{"path": <str>, "sha256": <32 bytes>, "data": <bytes>}]}
+    {"format": "recipecache-torch/3", "kind": "fx"|"aot"|"pgo"|"isa",
+     "entries": [{"data": <bytes>, "compile_s": <float>, "kernels": [<path>], "guards": <str>|None}],
+     "files": [{"path": <str>, "data": <bytes>}]}
 
-``entry`` is torch's own value (JSON with a base64 pickle inside) and stays opaque here:
-the store has verified the envelope's sha256/HMAC before these bytes arrive, and only
-torch unpickles them. A file is accepted only with a relative path of the shape torch
-itself writes (no ``/`` prefix, no ``..``, one two-character directory) and a matching
-sha256, so even a verified artifact cannot write outside the kernel cache. This module
-does not import torch.
+``data`` is torch's own value (JSON with a base64 pickle inside) and stays opaque here:
+the store has verified the envelope's BLAKE3 digest (and signature) over the whole
+artifact before these bytes arrive, so the files need no digests of their own, and only
+torch unpickles ``data``. ``guards`` is torch's guard expression of an FX variant, kept
+to recognise a recompile of the same variant ("" for none: it accepts every input; None
+when unknown). A file is accepted only with a relative path of the shape torch itself
+writes (no ``/`` prefix, no ``..``, one two-character directory), and written only into a
+directory that is ours alone (:func:`install`), so even a verified artifact cannot write
+outside the kernel cache. Older formats are refused like any malformed value: the graph
+compiles and its new artifact replaces them. This module does not import torch.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from ..fsutil import write_atomic
+from ..buffers import Buffer
+from ..fsutil import open_private_directory, private_directory, write_atomic_at
 
 log = logging.getLogger(__name__)
 
-FORMAT = "recipecache-torch/1"
+FORMAT = "recipecache-torch/3"
 KINDS = ("fx", "aot", "pgo", "isa")
+#: guard variants an FX artifact keeps per key (the newest)
+MAX_VARIANTS = 8
 #: the only kernel paths torch writes under its cache dir: ``<2 chars>/<hash>[.main].so``
 KERNEL_PATH = re.compile(r"^[a-z0-9]{2}/[a-z0-9]+(\.main)?\.so\Z")
+_ENTRY_FIELDS = {"data", "compile_s", "kernels", "guards"}
 
 
 class ArtifactError(ValueError):
@@ -60,29 +77,71 @@ class KernelFile:
 
 
 @dataclass(frozen=True)
-class Artifact:
-    kind: str
-    entry: bytes
-    files: tuple[KernelFile, ...] = ()
+class Entry:
+    """One of torch's cache values, what compiling it cost, and the kernels a hit on it loads."""
+
+    data: bytes
     #: seconds the producer spent compiling this entry (what a hit saves)
     compile_s: float = 0.0
+    #: paths (among the artifact's files) of the kernels this entry loads
+    kernels: tuple[str, ...] = ()
+    #: FX: torch's guard expression ("" none), None when unknown; see the module docstring
+    guards: str | None = None
+
+    def replaces(self, older: Entry) -> bool:
+        """Whether ``older`` is redundant next to this newer entry: the same variant, or shadowed by one without guards."""
+        return self.guards is not None and (self.guards == "" or self.guards == older.guards)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    kind: str
+    #: FX: guard variants, newest first; other kinds: exactly one
+    entries: tuple[Entry, ...]
+    files: tuple[KernelFile, ...] = ()
+
+    @classmethod
+    def single(cls, kind: str, data: bytes, files: Iterable[KernelFile] = (), compile_s: float = 0.0) -> Artifact:
+        """An artifact of one entry that loads all of ``files``."""
+        files = tuple(files)
+        return cls(kind, (Entry(data, compile_s, tuple(f.path for f in files)),), files)
+
+    @property
+    def entry(self) -> bytes:
+        """The newest entry's value (the only one, for kinds other than ``fx``)."""
+        return self.entries[0].data
+
+    def files_of(self, entry: Entry) -> list[KernelFile]:
+        wanted = set(entry.kernels)
+        return [f for f in self.files if f.path in wanted]
+
+    def with_variant(self, entry: Entry, files: Iterable[KernelFile], limit: int = MAX_VARIANTS) -> Artifact:
+        """This artifact with ``entry`` (whose kernels are among ``files``) as the newest variant.
+
+        Entries it replaces (:meth:`Entry.replaces`) go, then the oldest beyond ``limit``;
+        files no remaining entry loads go with them.
+        """
+        kept = (entry, *(e for e in self.entries if not entry.replaces(e)))[:limit]
+        available = {f.path: f for f in self.files} | {f.path: f for f in files}
+        needed = sorted({path for e in kept for path in e.kernels})
+        return Artifact(self.kind, kept, tuple(available[path] for path in needed))
 
     def pack(self) -> bytes:
         return msgpack.packb(
             {
                 "format": FORMAT,
                 "kind": self.kind,
-                "entry": self.entry,
-                "compile_s": float(self.compile_s),
-                "files": [
-                    {"path": f.path, "sha256": hashlib.sha256(f.data).digest(), "data": f.data} for f in self.files
+                "entries": [
+                    {"data": e.data, "compile_s": float(e.compile_s), "kernels": list(e.kernels), "guards": e.guards}
+                    for e in self.entries
                 ],
+                "files": [{"path": f.path, "data": f.data} for f in self.files],
             },
             use_bin_type=True,
         )
 
     @classmethod
-    def unpack(cls, blob: bytes, kind: str) -> Artifact:
+    def unpack(cls, blob: Buffer, kind: str) -> Artifact:
         """Decode and check ``blob``; raises :class:`ArtifactError` for anything unexpected."""
         try:
             obj = msgpack.unpackb(blob, raw=False, strict_map_key=True)
@@ -92,21 +151,36 @@ class Artifact:
             raise ArtifactError("not a recipecache torch artifact (or another format version)")
         if obj.get("kind") != kind:
             raise ArtifactError(f"artifact kind {obj.get('kind')!r}, expected {kind!r}")
-        entry, compile_s, files = obj.get("entry"), obj.get("compile_s"), obj.get("files")
-        if not isinstance(entry, bytes) or not isinstance(compile_s, float) or compile_s < 0:
-            raise ArtifactError("artifact entry or compile time malformed")
+        entries, files = obj.get("entries"), obj.get("files")
         if not isinstance(files, list):
             raise ArtifactError("artifact file list malformed")
-        return cls(kind, entry, tuple(_checked_file(f) for f in files), compile_s)
+        checked_files = tuple(_checked_file(f) for f in files)
+        paths = {f.path for f in checked_files}
+        if len(paths) != len(checked_files):
+            raise ArtifactError("artifact lists a kernel twice")
+        limit = MAX_VARIANTS if kind == "fx" else 1
+        if not isinstance(entries, list) or not 1 <= len(entries) <= limit:
+            raise ArtifactError("artifact entry list malformed")
+        return cls(kind, tuple(_checked_entry(e, paths) for e in entries), checked_files)
+
+
+def _checked_entry(item: Any, paths: set[str]) -> Entry:
+    if not isinstance(item, dict) or set(item) != _ENTRY_FIELDS:
+        raise ArtifactError("artifact entry malformed")
+    data, compile_s, kernels, guards = item["data"], item["compile_s"], item["kernels"], item["guards"]
+    if not isinstance(data, bytes) or not isinstance(compile_s, float) or not compile_s >= 0:
+        raise ArtifactError("artifact entry or compile time malformed")
+    if guards is not None and not isinstance(guards, str):
+        raise ArtifactError("artifact guard expression malformed")
+    if not isinstance(kernels, list) or not all(isinstance(p, str) and p in paths for p in kernels):
+        raise ArtifactError("artifact entry names a kernel it does not carry")
+    return Entry(data, compile_s, tuple(kernels), guards)
 
 
 def _checked_file(item: Any) -> KernelFile:
-    if not isinstance(item, dict):
+    if not isinstance(item, dict) or set(item) != {"path", "data"}:
         raise ArtifactError("artifact file record malformed")
-    kernel = KernelFile(item.get("path"), item.get("data"))  # type: ignore[arg-type]  # checked in __post_init__
-    if item.get("sha256") != hashlib.sha256(kernel.data).digest():
-        raise ArtifactError(f"checksum mismatch for {kernel.path}")
-    return kernel
+    return KernelFile(item["path"], item["data"])  # checked in __post_init__
 
 
 def install(files: Iterable[KernelFile], root: Path) -> int:
@@ -115,16 +189,44 @@ def install(files: Iterable[KernelFile], root: Path) -> int:
     A present file is kept: torch names kernels by a hash of their source and build
     command, so it is the same kernel, and it may already be loaded in this process.
     Each write is atomic, so a concurrent reader never loads half a library.
+
+    ``root`` (torch's ``cache_dir()``) and each ``<xx>`` directory written into must be
+    ours alone, as the store's own directory must (:func:`recipecache.fsutil.private_directory`):
+    a real directory, not a symlink, owned by us, not writable by group or others (kernels
+    placed there run on every rank that loads them). Directories are opened without
+    following symlinks and written through their descriptors, so a link planted or swapped
+    in is never written through. Anything else raises ConfigError before that directory
+    gets a byte.
     """
+    files = sorted(files, key=lambda f: f.path)
+    if not files:
+        return 0
+    what = "torch's kernel cache directory"
+    private_directory(root, what)  # the parent check: nobody else can swap root
     written = 0
-    for kernel in files:
-        target = root / kernel.path
-        if target.exists():
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(target, kernel.data)
-        written += 1
+    root_fd = open_private_directory(root, what)
+    try:
+        for sub, group in groupby(files, key=lambda f: f.path.split("/")[0]):
+            dir_fd = open_private_directory(sub, f"the kernel directory in {root}:", dir_fd=root_fd)
+            try:
+                for kernel in group:
+                    name = kernel.path.split("/")[1]
+                    if _regular_file_at(dir_fd, name):
+                        continue
+                    write_atomic_at(dir_fd, name, kernel.data)
+                    written += 1
+            finally:
+                os.close(dir_fd)
+    finally:
+        os.close(root_fd)
     return written
+
+
+def _regular_file_at(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def collect(paths: Iterable[str], root: Path) -> tuple[list[KernelFile], list[str]]:

@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,10 @@ class Metrics:
         self._lookups = {kind: {"hit": 0, "miss": 0, "put": 0} for kind in LOOKUP_KINDS}
         self._kernels = {"installed": 0, "shipped": 0}
         self._write_failed = False
+        #: torch's own local-cache hits (``{"fx": n, "aot": m}``), set by the hooks: a graph
+        #: torch found in its local cache never reaches the store, so the store's counters
+        #: alone would make a warm rerun look as if the cache did nothing
+        self.local_hits_source: Callable[[], dict[str, int]] | None = None
 
     # -- updates (each one flushes when asked to) -----------------------------------
     def changed(self) -> None:
@@ -111,6 +116,7 @@ class Metrics:
         compiles, compile_s, wait_s = store["compiles"], store["compile_s"], store["wait_s"]
         misses = store["misses_by_reason"]
         fallbacks = Counter({str(k): v for k, v in store["fallback_by_reason"].items()})
+        local = self.local_hits_source() if self.local_hits_source is not None else {}
         with self._lock:
             fallbacks.update({str(k): v for k, v in self._fallbacks.items()})
             fx = self._lookups["fx"]
@@ -125,6 +131,7 @@ class Metrics:
                     "AvgTime": round(compile_s / compiles, 6) if compiles else 0.0,
                 },
                 "cache": {"TotalHit": fx["hit"], "TotalMiss": fx["miss"]},
+                "local_hits": local,
                 "waits": store["waits"],
                 "wait_s": round(wait_s, 6),
                 "stall_s": round(compile_s + wait_s, 6),

@@ -7,11 +7,14 @@ any rank learned.
 
 With one entry for all ranks, last-writer-wins would let a rank that only saw one size
 overwrite another rank's "this dimension is dynamic"; :func:`merge` folds the stored
-state into the one being written with torch's own merge (``FrameStateSizeEntry.__ior__``).
+state into the one being written with torch's own merge (``FrameStateSizeEntry.__ior__``),
+and the integration writes the result with a compare-and-set
+(:meth:`recipecache.store.Store.update`): a rank that wrote meanwhile makes the merge run
+again on what it wrote, so no rank's decision is lost. The key is never written with a
+plain put (a plain put racing a compare-and-set is last-writer-wins).
 This is the one place recipecache unpickles torch data: torch's ``CodeState`` map, from
-bytes the store verified (sha256, and HMAC when a secret is set) or that torch itself
-produced in this process. The read-then-write is not atomic across ranks; a concurrent
-writer's update can be lost, which costs one extra recompile, never a wrong result.
+bytes the store verified (digest, and signature when a secret is set) or that torch
+itself produced in this process.
 This module does not import torch (unpickling does, and torch is loaded by then).
 """
 
@@ -56,3 +59,8 @@ def merge(mine: bytes, stored: bytes) -> bytes:
             else:
                 entries[name] = entry
     return json.dumps({"data": base64.b64encode(pickle.dumps(ours)).decode("ascii")}).encode()
+
+
+def same_decisions(a: bytes, b: bytes) -> bool:
+    """Whether two PGO values hold the same decisions, compared as torch compares code states before writing one."""
+    return bool(_decode(a) == _decode(b))

@@ -1,12 +1,16 @@
 """One torch.compile scenario in a fresh process: train a tiny model two steps, report JSON.
 
-usage: torch_worker.py OUT_JSON {rc|plain} [--pgo-sizes 5,7] [--dist FILE] [--check-disable]
+usage: torch_worker.py OUT_JSON {rc|plain} [--pgo-sizes 5,7] [--variants 8,5000] [--dist FILE] [--check-disable]
 
 * ``rc`` calls ``recipecache.enable()`` (store, secret and metrics file from the
   environment; the report says whether the metrics file existed before exit);
   ``plain`` is torch alone.
 * ``--pgo-sizes`` then calls a compiled pointwise function once per size (automatic
   dynamic: the second size recompiles it with a dynamic dimension, and PGO records that).
+* ``--variants`` then calls a reduction compiled with ``dynamic=True`` once per size:
+  one graph key, and sizes on both sides of inductor's 4096-element threshold make
+  torch compile a second *guard variant* of it (guards ``2 <= s0 <= 4096`` and
+  ``4097 <= s0``).
 * ``--dist FILE`` first joins a one-process gloo group, so torch's PGO key carries a
   rank (0) where a process without a group has none.
 * ``--check-disable`` then calls ``recipecache.disable()``, snapshots every setting
@@ -57,11 +61,16 @@ def settings() -> dict[str, str]:
         "VecISA.check_build": name(VecISA.check_build),
         "fx_codegen_and_compile": name(compile_fx.fx_codegen_and_compile),
         "_compile_fx_inner": name(compile_fx._compile_fx_inner),
+        "FxGraphCache.iterate_over_candidates": name(codecache.FxGraphCache.iterate_over_candidates),
     }
 
 
 def scaled(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(x) * 2 + 1
+
+
+def total(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0)
 
 
 def train(digest: Any) -> None:
@@ -87,6 +96,7 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("mode", choices=("rc", "plain"))
     p.add_argument("--pgo-sizes", default="")
+    p.add_argument("--variants", default="")
     p.add_argument("--dist", type=Path)
     p.add_argument("--check-disable", action="store_true")
     args = p.parse_args()
@@ -98,6 +108,9 @@ def main() -> None:
     if args.mode == "rc":
         recipecache.enable()
         report["settings_enabled"] = settings()
+        from recipecache.torch_integration import host_cpu
+
+        report["cpu_fingerprint"] = host_cpu.fingerprint()
 
     digest = hashlib.sha256()
     train(digest)
@@ -105,6 +118,8 @@ def main() -> None:
     compiled_scaled = torch.compile(scaled)
     for size in filter(None, args.pgo_sizes.split(",")):
         compiled_scaled(torch.linspace(0, 1, int(size)))
+    compiled_total = torch.compile(total, dynamic=True)
+    report["variant_sums"] = [compiled_total(torch.ones(int(size))).item() for size in filter(None, args.variants.split(","))]
 
     if args.mode == "rc":
         report["metrics"] = metrics()

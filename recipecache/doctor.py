@@ -1,0 +1,198 @@
+"""``recipecache doctor``: is this node set up so that its ranks share compiled artifacts?
+
+Each check is one line (:class:`~recipecache.health.HealthCheck`): the store answers and
+keeps what it is given (a round trip of a signed envelope, and a lease), the backend's
+own checks (the Redis user's rights and clock, the filesystem store's permissions, free
+space and clock), torch's local cache directory and the Gaudi recipe directory, whether
+artifacts are signed, and the inputs of torch's cache keys as this process sees them
+(torch version, thread count, compile settings, CPU). Ranks whose key inputs differ
+compile the same graph under different keys, so the last line is a digest of them:
+run ``recipecache doctor`` on every node and compare.
+
+A malformed URL is bad input (:class:`~recipecache.errors.URLError`, exit 2); a store
+that is down or a directory others can write is a failed check (exit 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from . import envelope, env
+from .backends import open_backend
+from .backends.base import Backend
+from .errors import BackendError, ConfigError, URLError, VerificationError
+from .health import FAIL, PASS, WARN, HealthCheck, free_space, private, writable
+from .keyinfo import cpu_fingerprint
+from .keys import storage_key
+from .settings import default_url, read_secret
+
+#: variables that change torch's cache keys or what it compiles (besides OMP_NUM_THREADS)
+KEY_VARIABLE_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TORCHDYNAMO_")
+#: seconds the store's checks wait for an answer (unless the URL sets ``timeout``)
+PROBE_TIMEOUT_S = 3.0
+
+
+def run_checks(url: str | None = None, *, namespace: str | None = None) -> list[HealthCheck]:
+    """Every check, in the order printed; raises URLError for a malformed ``url``."""
+    url = url or default_url()
+    checks = _store_checks(url, namespace or os.environ.get(env.NAMESPACE) or "default")
+    checks += [_signing_check(), *_torch_checks(), *_hpu_checks()]
+    return checks
+
+
+def format_checks(checks: list[HealthCheck]) -> str:
+    lines = []
+    for check in checks:
+        line = f"{check.status.upper():<4}  {check.name:<12} {check.detail}"
+        if check.status != PASS and check.fix:
+            line += f"; fix: {check.fix}"
+        lines.append(line)
+    failed = sum(c.failed for c in checks)
+    lines.append(f"{len(checks) - failed} of {len(checks)} checks passed" + (f", {failed} failed" if failed else ""))
+    return "\n".join(lines)
+
+
+# -- the store ---------------------------------------------------------------------------
+def _store_checks(url: str, namespace: str) -> list[HealthCheck]:
+    try:
+        backend = open_backend(url, timeout=PROBE_TIMEOUT_S)
+    except URLError:
+        raise
+    except ConfigError as exc:  # a well-formed URL naming something unusable (a directory others can write)
+        return [HealthCheck("store", FAIL, str(exc), "see the message")]
+    try:
+        probe = storage_key(namespace, f"recipecache-doctor:{secrets.token_hex(8)}")
+        round_trip = _round_trip(backend, probe)
+        if round_trip.failed:
+            return [round_trip]
+        return [round_trip, _lease_check(backend, probe), *backend.health_checks(probe)]
+    finally:
+        backend.close()
+
+
+def _round_trip(backend: Backend, skey: str) -> HealthCheck:
+    """Write a sealed (and, with a secret, signed) entry, read it back, verify it, delete it."""
+    namespace, key = skey.split("/", 1)
+    try:
+        secret = read_secret()
+    except ConfigError:
+        secret = None  # the signing check reports it
+    payload = secrets.token_bytes(4096)
+    start = time.perf_counter()
+    try:
+        backend.put(skey, envelope.seal(key, payload, namespace=namespace, secret=secret))
+        blob = backend.get(skey)
+        backend.delete(skey)
+    except BackendError as exc:
+        return HealthCheck("store", FAIL, f"{backend.url}: {exc.reason}: {exc}",
+                           "start the server, or correct the URL, password or mount")
+    elapsed_ms = (time.perf_counter() - start) * 1000
+    if blob is None:
+        return HealthCheck("store", FAIL, f"{backend.url}: an entry written was not there to read back",
+                           "check for an eviction policy or a full store")
+    try:
+        _header, read = envelope.open_envelope(blob, key=key, namespace=namespace, secret=secret)
+    except VerificationError as exc:
+        return HealthCheck("store", FAIL, f"{backend.url}: the entry read back failed verification ({exc.reason})",
+                           "something rewrites values in this store; use another one")
+    if bytes(read) != payload:
+        return HealthCheck("store", FAIL, f"{backend.url}: read back other bytes than written", "use another store")
+    return HealthCheck("store", PASS, f"{backend.url}: write, read, verify, delete in {elapsed_ms:.1f} ms")
+
+
+def _lease_check(backend: Backend, name: str) -> HealthCheck:
+    token = secrets.token_hex(8)
+    try:
+        taken = backend.lease_add(name, token, 30.0)
+        again = backend.lease_add(name, "someone-else", 30.0)
+        backend.lease_release(name, token)
+    except BackendError as exc:
+        return HealthCheck("leases", FAIL, f"{exc.reason}: {exc}", "without leases every rank compiles every graph")
+    if not taken or again:
+        return HealthCheck("leases", FAIL, "a lease could not be taken, or was taken twice",
+                           "the store does not coordinate; check the backend")
+    return HealthCheck("leases", PASS, "a lease is taken once and released")
+
+
+# -- signing and local directories ---------------------------------------------------------
+def _signing_check() -> HealthCheck:
+    try:
+        secret = read_secret()
+    except ConfigError as exc:
+        return HealthCheck("signing", FAIL, str(exc), "fix the key (at least 16 random bytes)")
+    if secret is None:
+        return HealthCheck("signing", WARN, f"off: entries are not signed ({env.SECRET_FILE} unset)",
+                           f"anyone who can write the store runs code on every rank; set {env.SECRET_FILE} "
+                           "to a file of `openssl rand -hex 32` (chmod 600)")
+    source = env.SECRET_FILE if os.environ.get(env.SECRET_FILE) and not os.environ.get(env.SECRET) else env.SECRET
+    return HealthCheck("signing", PASS, f"on: HMAC-SHA256 with a {len(secret)}-byte key from {source}")
+
+
+def _hpu_checks() -> list[HealthCheck]:
+    """Under Gaudi (``PT_HPU_RECIPE_CACHE_CONFIG`` set), the node's recipe directory: private, with room."""
+    from .hpu.recipe_cache_config import ENV_VAR, parse_config
+
+    if not os.environ.get(ENV_VAR):
+        return []
+    try:
+        recipes = Path(parse_config(os.environ[ENV_VAR]).path)
+    except ConfigError as exc:
+        return [HealthCheck("hpu recipes", FAIL, str(exc), f"fix {ENV_VAR}")]
+    return [private("hpu recipes", recipes, "recipe directory"), free_space("hpu recipes", recipes)]
+
+
+# -- torch: its local cache and the inputs of its keys -----------------------------------------
+def _torch_checks() -> list[HealthCheck]:
+    """torch's local cache directory (hits install kernels there) and what enters torch's keys.
+
+    Key inputs as this process sees them: they must be equal on every node, or ranks
+    compile the same graphs under different keys.
+    """
+    settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith(KEY_VARIABLE_PREFIXES)}
+    try:
+        import torch
+        import torch._inductor.config as inductor_config
+        from torch._inductor.runtime.runtime_utils import cache_dir
+    except Exception as exc:  # noqa: BLE001 - a broken torch install is a finding, not a crash
+        return [HealthCheck("torch", FAIL, f"cannot import torch: {exc!r}", "install torch in this environment")]
+    local = Path(cache_dir())
+    threads = torch.get_num_threads()
+    omp = os.environ.get("OMP_NUM_THREADS")
+    checks = [writable("torch cache", local), free_space("torch cache", local),
+              HealthCheck("torch", PASS, f"torch {torch.__version__}")]
+    if inductor_config.cpp.dynamic_threads or inductor_config.cpp.threads >= 1:
+        checks.append(HealthCheck("threads", PASS, f"{threads} threads; kernels do not specialise on the count"))
+    elif omp:
+        checks.append(HealthCheck("threads", PASS, f"{threads} threads (OMP_NUM_THREADS={omp}); it is in every "
+                                                   "graph key, so every rank needs the same"))
+    else:
+        checks.append(HealthCheck("threads", WARN, f"{threads} threads: torch's default, the core count, which "
+                                                   "differs between node types and is in every graph key",
+                                  "set OMP_NUM_THREADS the same on every node (recipecache-run --threads does)"))
+    config_digest = _digest(inductor_config.save_config_portable())
+    shown = ", ".join(f"{k}={v}" for k, v in settings.items()) or "no TORCHINDUCTOR_/TORCH_COMPILE_ variables"
+    checks.append(HealthCheck("compile", PASS, f"{shown}; inductor config digest {config_digest}"))
+    cpu = cpu_fingerprint()
+    checks.append(HealthCheck("cpu", PASS, f"{cpu['machine']} {cpu['cpu_features']} ({cpu['cpu_model']}); kernels "
+                                           "built for vector features a CPU lacks do not run on it"))
+    digest = _digest({"torch": torch.__version__, "threads": threads, "settings": settings, "config": config_digest,
+                      "cpu": [cpu["machine"], cpu["cpu_features"]]})
+    checks.append(HealthCheck("key inputs", PASS, f"digest {digest}: run recipecache doctor on every node; "
+                                                  "equal digests mean equal keys for equal graphs"))
+    return checks
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()[:12]
+
+
+def exit_status(checks: list[HealthCheck]) -> int:
+    """0 when nothing failed (warnings pass), 1 otherwise."""
+    return 1 if any(c.failed for c in checks) else 0
+

@@ -1,0 +1,139 @@
+"""``recipecache doctor`` on real stores: a good filesystem store, real Redis (plain and with the
+deploy/ ACL user), a dead store, a malformed URL, an unsafe directory, a bad signing key."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from redis_server import free_port
+from test_deploy import JOB_PASSWORD, start_deployed
+
+from recipecache import doctor
+from recipecache.backends import open_backend
+from recipecache.backends.redis import ACL_COMMANDS
+from recipecache.errors import URLError
+
+EXPECTED = ["store", "leases", "permissions", "free space", "clock", "signing", "torch cache", "torch cache", "torch",
+            "threads", "compile", "cpu", "key inputs"]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RECIPECACHE_SECRET", "RECIPECACHE_SECRET_FILE", "RECIPECACHE_URL", "PT_HPU_RECIPE_CACHE_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def by_name(checks: list[doctor.HealthCheck]) -> dict[str, doctor.HealthCheck]:
+    return {c.name: c for c in checks}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RECIPECACHE_")} | (env or {})
+    return subprocess.run([sys.executable, "-m", "recipecache.cli", "doctor", *args], capture_output=True, text=True,
+                          env=environ, timeout=120, check=False)
+
+
+def test_good_filesystem_store_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    checks = doctor.run_checks(f"file://{tmp_path / 'store'}", namespace="job")
+    assert [c.name for c in checks] == EXPECTED
+    assert not [c for c in checks if c.failed], doctor.format_checks(checks)
+    found = by_name(checks)
+    assert found["threads"].status == "pass" and "OMP_NUM_THREADS=1" in found["threads"].detail
+    assert found["signing"].status == "warn" and found["signing"].fix
+    assert all("\n" not in c.detail for c in checks)
+    left = open_backend(f"file://{tmp_path / 'store'}")
+    assert list(left.scan()) == [] and not list((tmp_path / "store").rglob("*.lease")), "no entry or lease left behind"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert by_name(doctor.run_checks(f"file://{tmp_path / 'store'}"))["threads"].status == "warn"
+
+
+def test_cli_exit_status_and_one_line_per_check(tmp_path: Path) -> None:
+    good = run_cli("--url", f"file://{tmp_path / 'store'}")
+    assert good.returncode == 0, good.stdout + good.stderr
+    lines = good.stdout.splitlines()
+    assert len(lines) == len(EXPECTED) + 1 and lines[-1].startswith(f"{len(EXPECTED)} of {len(EXPECTED)} checks passed")
+    assert all(line.split()[0] in ("PASS", "WARN") for line in lines[:-1])
+    dead = run_cli("--url", f"redis://127.0.0.1:{free_port()}/0")
+    assert dead.returncode == 1
+    failed = [line for line in dead.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 1 and failed[0].split()[1] == "store" and "backend_down" in failed[0] and "fix:" in failed[0]
+    assert "Traceback" not in dead.stderr
+    bad = run_cli("--url", "redis://127.0.0.1:notaport/0")
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert len(bad.stderr.splitlines()) == 1 and bad.stderr.startswith("recipecache: error: bad cache URL")
+
+
+def test_malformed_urls_are_bad_input() -> None:
+    for url in ("foo://x", "redis://h:6379/0?bogus=1", "file://relative/path", "file:///x?max_size=lots", "nourl"):
+        with pytest.raises(URLError):
+            doctor.run_checks(url)
+
+
+def test_unsafe_store_directory_is_a_failed_check(tmp_path: Path) -> None:
+    store = tmp_path / "shared"
+    store.mkdir(mode=0o777)
+    store.chmod(0o777)
+    checks = doctor.run_checks(f"file://{store}")
+    assert checks[0].name == "store" and checks[0].failed and "writable by group or others" in checks[0].detail
+    assert doctor.exit_status(checks) == 1
+
+
+def test_signing_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = tmp_path / "key"
+    key.write_text("k" * 32)
+    monkeypatch.setenv("RECIPECACHE_SECRET_FILE", str(key))
+    found = by_name(doctor.run_checks(f"file://{tmp_path / 'store'}"))
+    assert found["signing"].status == "pass" and "32-byte key from RECIPECACHE_SECRET_FILE" in found["signing"].detail
+    assert found["store"].status == "pass", "the round trip signs and verifies with the key"
+    key.write_text("short")
+    found = by_name(doctor.run_checks(f"file://{tmp_path / 'store'}"))
+    assert found["signing"].failed and "16 bytes" in found["signing"].detail
+    assert found["store"].status == "pass"
+
+
+def test_gaudi_recipe_directory_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    recipes = tmp_path / "recipes"
+    monkeypatch.setenv("PT_HPU_RECIPE_CACHE_CONFIG", f"{recipes},false,1024")
+    found = [c for c in doctor.run_checks(f"file://{tmp_path / 'store'}") if c.name == "hpu recipes"]
+    assert [c.status for c in found] == ["pass", "pass"]
+    recipes.chmod(0o777)
+    assert [c.status for c in doctor.run_checks(f"file://{tmp_path / 'store'}") if c.name == "hpu recipes"][0] == "fail"
+
+
+@pytest.mark.redis
+def test_plain_redis_passes_with_a_measured_clock(redis_url: str) -> None:
+    found = by_name(doctor.run_checks(redis_url, namespace="doctor"))
+    assert not [c for c in found.values() if c.failed], doctor.format_checks(list(found.values()))
+    assert found["acl"].status == "pass"
+    assert "off the server's" in found["clock"].detail
+
+
+@pytest.mark.redis
+def test_redis_with_the_deploy_acl_user(tmp_path: Path) -> None:
+    """The job user of deploy/redis: every backend command allowed, TIME refused (so the clock is not measured)."""
+    with start_deployed(tmp_path) as deployed:
+        url = f"redis://recipecache:{JOB_PASSWORD}@127.0.0.1:{deployed.server.port}/0"
+        checks = doctor.run_checks(url, namespace="job")
+        found = by_name(checks)
+        assert not [c for c in checks if c.failed], doctor.format_checks(checks)
+        assert found["acl"].detail.startswith(f"the user may run all {len(ACL_COMMANDS)} commands")
+        assert found["clock"].status == "pass" and "may not run TIME" in found["clock"].detail
+        assert JOB_PASSWORD not in doctor.format_checks(checks)
+        admin = deployed.admin()
+        assert not [k for k in admin.scan_iter() if b"doctor" in k], "the checks left no key behind"
+        admin.execute_command("ACL", "SETUSER", "recipecache", "-mget", "-pexpire")
+        acl = by_name(doctor.run_checks(url, namespace="job"))["acl"]
+        assert acl.failed and acl.detail == "the user may not run mget, pexpire" and "+mget +pexpire" in acl.fix
+
+
+def test_acl_probes_cover_every_backend_command() -> None:
+    backend = open_backend("redis://127.0.0.1:1/0")
+    try:
+        assert set(backend._acl_probes("rc:e:ns/00")) == set(ACL_COMMANDS)  # type: ignore[attr-defined]
+    finally:
+        backend.close()
