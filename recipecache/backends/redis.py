@@ -523,6 +523,10 @@ class RedisBackend(Backend):
         """The settings the client's connections are made with."""
         return self._client.connection_pool.connection_kwargs  # type: ignore[no-any-return]
 
+    def _run_keyless(self, *args: Any) -> Any:
+        """Send a command that names no key (``PING``, ``TIME``...): a cluster sends it to one node."""
+        return self._client.execute_command(*args)
+
     def _credentials(self) -> list[str]:
         """The user name (if any) and password the client authenticates with; none without a password."""
         auth = self._connection_kwargs()
@@ -534,13 +538,13 @@ class RedisBackend(Backend):
         The list commands of waiting (``rpush``, ``blmove``) go to a list beside ``key``
         (same hash tag on a cluster), which ``del`` removes with it.
         """
-        run = self._client.execute_command
+        run, keyless = self._client.execute_command, self._run_keyless
         credentials = self._credentials()
         wake = key + ":doctor-wake"
         return {
-            "ping": lambda: run("PING"),
-            "hello": lambda: run("HELLO", 2),
-            "auth": lambda: run("AUTH", *credentials) if credentials else None,
+            "ping": lambda: keyless("PING"),
+            "hello": lambda: keyless("HELLO", 2),
+            "auth": lambda: keyless("AUTH", *credentials) if credentials else None,
             "set": lambda: run("SET", key, b"recipecache doctor", "PX", 60_000),
             "get": lambda: run("GET", key),
             "getrange": lambda: run("GETRANGE", key, 0, 3),
@@ -550,8 +554,8 @@ class RedisBackend(Backend):
             "pttl": lambda: run("PTTL", key),
             "rpush": lambda: run("RPUSH", wake, b"1"),
             "blmove": lambda: run("BLMOVE", wake, wake, "RIGHT", "LEFT", 0.01),
-            "scan": lambda: run("SCAN", 0, "MATCH", key, "COUNT", 10),
-            "script|load": lambda: run("SCRIPT", "LOAD", _DOCTOR_SCRIPT),
+            "scan": lambda: keyless("SCAN", 0, "MATCH", key, "COUNT", 10),
+            "script|load": lambda: keyless("SCRIPT", "LOAD", _DOCTOR_SCRIPT),
             "evalsha": lambda: run("EVALSHA", hashlib.sha1(_DOCTOR_SCRIPT.encode()).hexdigest(), 1, key),
             "del": lambda: run("DEL", key, wake),
         }
@@ -580,7 +584,7 @@ class RedisBackend(Backend):
     def _clock_check(self) -> HealthCheck:
         before = time.time()
         try:
-            seconds, micros = self._client.execute_command("TIME")
+            seconds, micros = self._run_keyless("TIME")
         except redis.exceptions.NoPermissionError:
             return HealthCheck("clock", PASS, "not measured (the user may not run TIME); Redis leases expire on the "
                                               "server's clock, so client clocks do not affect them")

@@ -176,13 +176,17 @@ class RedisClusterBackend(RedisBackend):
     def _connection_kwargs(self) -> dict[str, Any]:
         return self._client.connect().get_default_node().redis_connection.connection_pool.connection_kwargs  # type: ignore[no-any-return]
 
+    def _run_keyless(self, *args: Any) -> Any:
+        cluster = self._client.connect()
+        return cluster.execute_command(*args, target_nodes=cluster.get_default_node())
+
     def _acl_probes(self, key: str) -> dict[str, Callable[[], Any]]:
         """The one-server probes, and the commands the cluster client sends to follow the slots."""
         run = self._client.execute_command
         return {
             "cluster|slots": lambda: run("CLUSTER", "SLOTS"),
-            "command": lambda: run("COMMAND", "COUNT"),
-            "asking": lambda: run("ASKING"),
+            "command": lambda: run("COMMAND", "INFO", "get"),
+            "asking": lambda: self._run_keyless("ASKING"),
             **super()._acl_probes(key),
         }
 
