@@ -26,7 +26,9 @@ from .store import Store, open_store
 
 
 def _store(args: argparse.Namespace) -> Store:
-    return open_store(args.url, namespace=args.namespace)
+    store = open_store(args.url, namespace=args.namespace)
+    store.backend.discover()  # a cluster URL whose seed nodes none answers is bad input (exit 2)
+    return store
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:

@@ -457,6 +457,8 @@ SAMPLES = {
     "exists": ["EXISTS", "{k}"],
     "pexpire": ["PEXPIRE", "{k}", "1000"],
     "pttl": ["PTTL", "{k}"],
+    "rpush": ["RPUSH", "{k}", "1"],
+    "blmove": ["BLMOVE", "{k}", "{k}", "RIGHT", "LEFT", "0.01"],
     "eval": ["EVAL", "return 1", "1", "{k}"],
     "evalsha": ["EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", "{k}"],
     "script|load": ["SCRIPT", "LOAD", "return 1"],
@@ -528,7 +530,11 @@ def test_the_redis_backend_works_as_the_job_user(deployed: Deployed) -> None:
         assert not backend.lease_renew("ns/0d0d0d0d", "token-2", 30)
         backend.lease_release("ns/0d0d0d0d", "token-2")  # not the holder: a no-op
         assert not backend.lease_add("ns/0d0d0d0d", "token-2", 30)
-        backend.lease_release("ns/0d0d0d0d", "token-1")
+        holder = backend.lease_holder("ns/0d0d0d0d")
+        assert holder is not None and holder.token == "token-1"
+        assert backend.lease_wait("ns/0d0d0d0d", "token-1", 0.05) is False
+        backend.lease_release("ns/0d0d0d0d", "token-1")  # wakes its waiters
+        assert backend.lease_wait("ns/0d0d0d0d", "token-1", 5) is True
         assert backend.lease_add("ns/0d0d0d0d", "token-2", 30)
         backend.delete("ns/0a0a0a0a")
         assert backend.get("ns/0a0a0a0a") is None

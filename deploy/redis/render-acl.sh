@@ -7,6 +7,8 @@
 #   REDIS_PREVIOUS_PASSWORD_FILE   a second, still-accepted password during a rotation
 #                                  (optional: unset, missing or blank means none)
 #   REDIS_ADMIN_PASSWORD_FILE      the admin user's password (required)
+#   REDIS_CLUSTER                  1: a Redis Cluster node; the job user also gets the commands
+#                                  the cluster client learns the topology with
 #
 # A password must be at least 16 characters from [A-Za-z0-9._~-]: it goes into redis:// URLs
 # unescaped (`openssl rand -hex 32` gives one). Bad input: a one-line error, exit status 2.
@@ -40,10 +42,16 @@ if [ -n "$previous" ] && [ -e "$previous" ]; then
     fi
 fi
 admin_rules=$(hash_rule "${REDIS_ADMIN_PASSWORD_FILE:?set REDIS_ADMIN_PASSWORD_FILE}")
+# recipecache.backends.redis_cluster.CLUSTER_ACL_COMMANDS
+cluster_rules=""
+if [ "${REDIS_CLUSTER:-0}" = 1 ]; then
+    cluster_rules=" +cluster|slots +command +asking"
+fi
 
 umask 077
 sed -e '/^#/d' -e '/^[[:space:]]*$/d' \
     -e "s/ @RECIPECACHE_PASSWORDS@/$rc_rules/" \
     -e "s/ @ADMIN_PASSWORDS@/$admin_rules/" \
+    -e "s/ @CLUSTER_COMMANDS@/$cluster_rules/" \
     "$here/users.acl.template" >"$acl_file.tmp"
 mv "$acl_file.tmp" "$acl_file"

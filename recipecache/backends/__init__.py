@@ -21,6 +21,10 @@ SCHEMES: dict[str, str] = {
     "file": "recipecache.backends.filesystem:FilesystemBackend",
     "redis": "recipecache.backends.redis:RedisBackend",
     "rediss": "recipecache.backends.redis:RedisBackend",
+    "redis+cluster": "recipecache.backends.redis_cluster:RedisClusterBackend",
+    "rediss+cluster": "recipecache.backends.redis_cluster:RedisClusterBackend",
+    "redis+sentinel": "recipecache.backends.redis_cluster:RedisSentinelBackend",
+    "rediss+sentinel": "recipecache.backends.redis_cluster:RedisSentinelBackend",
     "memory": "recipecache.backends.memory:MemoryBackend",
 }
 
