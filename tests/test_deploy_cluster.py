@@ -17,7 +17,7 @@ import redis
 import yaml
 from redis_cluster import _port_below
 from redis_server import free_port
-from test_deploy import (
+from deploy_support import (
     ADMIN_PASSWORD, CONNECT_EXTRAS, DEPLOY, JOB_PASSWORD, REDIS_DIR, acl_user_rules, env_of, granted, k8s_object,
     load_docs, render_acl,
 )
