@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from redis_server import free_port
-from test_deploy import JOB_PASSWORD, start_deployed
+from deploy_support import JOB_PASSWORD, start_deployed
 
 from recipecache import doctor
 from recipecache.backends import open_backend

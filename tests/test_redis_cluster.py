@@ -2,7 +2,7 @@
 
 The backend conformance suite and the single-flight race also run on a cluster
 (test_backend_conformance.py, test_singleflight.py); the ACL user on a cluster is in
-test_deploy.py.
+test_deploy_cluster.py.
 """
 
 from __future__ import annotations
