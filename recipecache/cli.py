@@ -183,7 +183,7 @@ _EXTENSIONS: list[Callable[[Any], None]] = [_sim_parser]
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    warning = command_line_password_warning(args.url, "--url")
+    warning = command_line_password_warning(getattr(args, "url", None), "--url")  # not every command has --url
     if warning:
         print(f"recipecache: warning: {warning}", file=sys.stderr)
     try:
