@@ -113,8 +113,6 @@ def _start(base: Path, name: str, mode: str, *args: str, url: str | None = None,
             RECIPECACHE_EVENT_LOG=str(run_dir / "events"),
             RECIPECACHE_METRICS_FILE=str(run_dir / "metrics-rank{rank}.json"),
         )
-    else:  # what recipecache-run exports; it does not change results and spares a 150 MB header build
-        env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
     env.update(env_extra or {})
     proc = subprocess.Popen(
         [sys.executable, str(WORKER), str(run_dir / "out.json"), mode, *args],
@@ -233,6 +231,20 @@ def test_fresh_process_hits_everything_and_compiles_nothing(runs: ColdRuns, foll
     assert m["saved_s"] > 0 and m["stall_s"] == 0
     assert hit.report["digest"] == runs.cold.report["digest"] == runs.plain.report["digest"]
     assert hit.report["metrics_file_before_exit"]["cache"] == {"TotalHit": 3, "TotalMiss": 0}, "flushed on change"
+
+
+def _header_builds(run: Run) -> int:
+    """g++ runs for torch's precompiled header: the preprocess of header.hpp and the .gch build."""
+    log = run.dir / "gxx.log"
+    return sum("header.hpp" in line or ".gch" in line for line in log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_compiles_keep_precompiled_headers_and_a_hit_never_builds_one(runs: ColdRuns, followups: Followups) -> None:
+    """Issue 14: torch's fast compile setting stays on (pinned, so keys match), and a hit needs no header."""
+    assert _header_builds(runs.cold) >= 2, "a cold compile preprocesses and precompiles the header"
+    assert _header_builds(runs.down) >= 2, "headers turned off before enable() are pinned back on"
+    assert _header_builds(followups.hit) == 0
+    assert not list((followups.hit.dir / "tmp").rglob("*.gch")), "nothing of the 150 MB header in a hit's TMPDIR"
 
 
 def test_recipecache_gives_torch_alone_results(runs: ColdRuns) -> None:

@@ -11,6 +11,12 @@ In short:
 * ``codecache.write`` is wrapped to learn which ``<hash>.main.so`` kernels the current
   graph loads (they are not in torch's entry), and ``VecISA.check_build`` to learn the
   CPU-feature probe libraries every fresh process would otherwise build with g++.
+* ``codecache._precompile_header`` is skipped for a kernel whose ``.so`` is already
+  there (a hit installed it): torch builds the precompiled header (a ``g++ -E`` of the
+  ATen headers, then a 150 MB ``.gch`` in ``$TMPDIR``) before it looks for the kernel's
+  library, so without this a hit on a fresh node would pay seconds for a header nothing
+  compiles against. The kernel's key was computed before the header is attached, so
+  the skip changes no key; a compile still gets torch's fast precompiled-header build.
 * ``compile_fx.fx_codegen_and_compile`` is wrapped to count and time the graphs inductor
   actually compiles here; ``compile_fx._compile_fx_inner`` bounds one graph's compile, so
   a lease whose put never comes (the compile raised, the graph could not be pickled) is
@@ -55,6 +61,10 @@ JOB_ID = "recipecache"
 
 R = TypeVar("R")
 
+#: what torch writes between a kernel's source and its header build (the optional
+#: optimized source, the header stub itself): still the same kernel
+_SAME_KERNEL_WRITES = frozenset({"optimized.cpp", "h"})
+
 _active: Integration | None = None
 
 
@@ -70,6 +80,9 @@ class _Attempt(threading.local):
         self.compile_s = 0.0
         #: kernel libraries the graph loaded since the lookup (absolute paths)
         self.kernels: set[str] = set()
+        #: the library of the kernel torch is loading on this thread (its source was the last
+        #: one written): what a precompiled header would be built for
+        self.loading_kernel: str | None = None
         self.in_isa_probe = False
 
 
@@ -243,11 +256,21 @@ class Integration:
         self.metrics.changed()
 
     def record_write(self, extension: str, path: str) -> None:
+        attempt = self.attempt
         if extension == "main.cpp":
-            self.attempt.kernels.add(path[: -len("cpp")] + "so")
-        elif extension == "cpp" and self.attempt.in_isa_probe:
+            attempt.loading_kernel = path[: -len("cpp")] + "so"
+            attempt.kernels.add(attempt.loading_kernel)
+            return
+        if extension not in _SAME_KERNEL_WRITES:
+            attempt.loading_kernel = None
+        if extension == "cpp" and attempt.in_isa_probe:
             with self._lock:
                 self._isa_files.add(path[: -len("cpp")] + "so")
+
+    def kernel_is_built(self) -> bool:
+        """Whether the library of the kernel torch is loading on this thread is already on disk."""
+        library = self.attempt.loading_kernel
+        return library is not None and Path(library).exists()
 
     # -- the CPU-feature probe libraries ---------------------------------------------
     def isa_key(self) -> str:
@@ -285,6 +308,7 @@ class Integration:
         original_check_build = VecISA.check_build
         original_codegen = compile_fx.fx_codegen_and_compile
         original_inner = compile_fx._compile_fx_inner
+        original_precompile_header = codecache._precompile_header
 
         def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
             result = original_write(content, extension, *args, **kwargs)
@@ -297,6 +321,13 @@ class Integration:
                 return original_check_build(isa, code)
             finally:
                 self.attempt.in_isa_probe = False
+
+        def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
+            if self.guarded(self.kernel_is_built):
+                # nothing is compiled against it: torch loads the library as it is. Should a
+                # build happen after all, -include of the plain header is still correct.
+                return header
+            return original_precompile_header(header, hashable_cmd_line, **compile_command)
 
         def fx_codegen_and_compile(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
@@ -316,13 +347,14 @@ class Integration:
             (inductor_config, "fx_graph_remote_cache", True),
             (functorch_config, "enable_remote_autograd_cache", True),
             (dynamo_config, "automatic_dynamic_remote_pgo", True),
-            # part of the FX key, so it must be equal on every rank; "off" also spares each
-            # fresh process a 150 MB precompiled header that a hit does not need
-            (inductor_config, "cpp_cache_precompile_headers", False),
+            # part of the FX key, so it must be equal on every rank: torch's default, whose
+            # precompiled header makes every cold kernel's g++ fast (a hit skips the header)
+            (inductor_config, "cpp_cache_precompile_headers", True),
             (remote_cache.RemoteFxGraphCache, "backend_override_cls", FxBackend),
             (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
             (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
             (codecache, "write", write),
+            (codecache, "_precompile_header", _precompile_header),
             (VecISA, "check_build", check_build),
             (compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile),
             (compile_fx, "_compile_fx_inner", _compile_fx_inner),

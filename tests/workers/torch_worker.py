@@ -9,9 +9,10 @@ usage: torch_worker.py OUT_JSON {rc|plain} [--pgo-sizes 5,7] [--dist FILE] [--ch
   dynamic: the second size recompiles it with a dynamic dimension, and PGO records that).
 * ``--dist FILE`` first joins a one-process gloo group, so torch's PGO key carries a
   rank (0) where a process without a group has none.
-* ``--check-disable`` then calls ``recipecache.disable()``, snapshots every setting
-  enable() changes, and compiles a new graph (a matmul: no C++ kernel, no g++) to show
-  the store is no longer asked.
+* ``--check-disable`` first turns torch's precompiled headers off, as a user may (so
+  enable() has a value of its own to pin and disable() one to give back); it then calls
+  ``recipecache.disable()``, snapshots every setting enable() changes, and compiles a
+  new graph (a matmul: no C++ kernel, no g++) to show the store is no longer asked.
 
 The digest covers every step's output, loss and gradients and the final parameters,
 byte for byte.
@@ -54,6 +55,7 @@ def settings() -> dict[str, str]:
         "aot_backend": name(remote_cache.RemoteAOTAutogradCache.backend_override_cls),
         "pgo_backend": name(remote_cache.RemoteDynamoPGOCache.backend_override_cls),
         "codecache.write": name(codecache.write),
+        "codecache._precompile_header": name(codecache._precompile_header),
         "VecISA.check_build": name(VecISA.check_build),
         "fx_codegen_and_compile": name(compile_fx.fx_codegen_and_compile),
         "_compile_fx_inner": name(compile_fx._compile_fx_inner),
@@ -92,6 +94,10 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
+    if args.check_disable:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp_cache_precompile_headers = False
     report: dict[str, Any] = {"settings_before": settings()}
     if args.dist is not None:
         torch.distributed.init_process_group("gloo", init_method=f"file://{args.dist}", rank=0, world_size=1)
