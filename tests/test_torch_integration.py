@@ -22,6 +22,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -393,6 +394,43 @@ def test_bad_artifact_in_the_store_falls_back_without_writing(integration: Any, 
     m = integration.metrics.snapshot()
     assert m["fallbacks"] == {"bad_artifact": 1} and m["cache"]["TotalMiss"] == 1
     assert not list(tmp_path.rglob("evil.so"))
+
+
+def test_the_header_is_skipped_only_for_a_kernel_already_built(integration: Any, tmp_path: Path) -> None:
+    source = tmp_path / "ab" / "kernel.main.cpp"
+    integration.record_write("main.cpp", str(source))
+    assert not integration.kernel_is_built(), "no library yet: torch compiles it, with the header"
+    source.parent.mkdir()
+    (tmp_path / "ab" / "kernel.main.so").write_bytes(b"lib")
+    assert integration.kernel_is_built()
+    integration.record_write("h", str(tmp_path / "header.h"))  # torch's header stub: still the same kernel
+    assert integration.kernel_is_built()
+    integration.record_write("py", str(tmp_path / "wrapper.py"))  # something else: no kernel being loaded
+    assert not integration.kernel_is_built()
+
+
+def _join_header_builds() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "recipecache-header":
+            thread.join()
+
+
+def test_a_rank_that_waited_builds_the_skipped_header_once_in_the_background(integration: Any) -> None:
+    from recipecache.torch_integration._hooks import KEY_PREFIX
+
+    built: list[str] = []
+    integration.warm_header(lambda: built.append("fresh"), ("cpp_prefix.h", "cmd"))
+    _join_header_builds()
+    assert built == [], "a process that never waited (a fresh rank that only hits) builds no header"
+
+    with integration.store.begin(KEY_PREFIX + FX_KEY) as other_rank:  # another rank compiles the graph
+        assert other_rank.role == "leader"
+        assert integration.fx_get(FX_KEY) is None  # waited 0.5 s for it, then compiles itself
+    integration.end_attempt()
+    for _ in range(2):
+        integration.warm_header(lambda: built.append("waited"), ("cpp_prefix.h", "cmd"))
+    _join_header_builds()
+    assert built == ["waited"]
 
 
 def test_a_torch_without_the_hook_points_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,7 +39,7 @@ def settings() -> dict[str, str]:
     import torch._dynamo.config as dynamo_config
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
-    from torch._inductor import codecache, compile_fx, remote_cache
+    from torch._inductor import codecache, compile_fx, cpu_vec_isa, remote_cache
     from torch._inductor.cpu_vec_isa import VecISA
 
     def name(obj: Any) -> str:
@@ -57,6 +57,7 @@ def settings() -> dict[str, str]:
         "codecache.write": name(codecache.write),
         "codecache._precompile_header": name(codecache._precompile_header),
         "VecISA.check_build": name(VecISA.check_build),
+        "valid_vec_isa_list": name(cpu_vec_isa.valid_vec_isa_list),
         "fx_codegen_and_compile": name(compile_fx.fx_codegen_and_compile),
         "_compile_fx_inner": name(compile_fx._compile_fx_inner),
     }
