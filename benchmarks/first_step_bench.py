@@ -2,8 +2,8 @@
 
 The claim under test: a process on a fresh node (empty ``TORCHINDUCTOR_CACHE_DIR`` and
 ``TMPDIR``) whose graphs another process already published starts as fast as a process
-that finds everything in its own warm local inductor cache (target: within 1.3x), and
-far faster than compiling.
+that finds everything in its own warm local inductor cache (target: no slower, <= 1.0x),
+and far faster than compiling.
 
 Scenarios, each a fresh process running one forward+backward+SGD step of a small pre-LN
 block (LayerNorm, Linear 64->256, GELU, Linear 256->64, residual) under torch.compile:
@@ -11,14 +11,15 @@ block (LayerNorm, Linear 64->256, GELU, Linear 256->64, residual) under torch.co
 * ``cold+publish``: empty dirs, empty store; compiles and publishes (reference);
 * ``cold local``: empty dirs, torch alone; fills the local cache used by ``warm local``;
 * ``hit``: empty dirs, the store ``cold+publish`` filled;
-* ``warm local``: torch alone in ``cold local``'s dirs.
+* ``warm local``: torch alone in ``cold local``'s dirs (its inductor dir and its ``TMPDIR``,
+  which holds the precompiled header).
 
 ``hit`` and ``warm local`` alternate (``--pairs`` pairs, default 3) so each pair runs
 under similar load; the ratio is of their medians. The step time starts before
 ``recipecache.enable()`` (right after ``import torch``), so the hook setup and the store
 round trips are inside it. Every run must produce the same loss and parameter digest.
-torch alone runs with ``TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0``, as
-``recipecache-run`` sets it, so the FX keys are comparable.
+Both sides run with torch's default precompiled headers (``recipecache-run`` pins the
+same), so the FX keys are comparable.
 
     python benchmarks/first_step_bench.py [--pairs N] [--workdir DIR]
 """
@@ -35,7 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TARGET_RATIO = 1.3
+TARGET_RATIO = 1.0
 
 
 def child(mode: str) -> None:
@@ -93,8 +94,6 @@ def run(workdir: Path, name: str, mode: str, store: Path, dirs: Path | None = No
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     if mode == "rc":
         env["RECIPECACHE_URL"] = f"file://{store}"
-    else:
-        env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
     proc = subprocess.run([sys.executable, __file__, "--child", mode], env=env, capture_output=True, text=True,
                           check=False)
     if proc.returncode != 0:

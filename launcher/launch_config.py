@@ -112,9 +112,9 @@ class LaunchConfig:
             env.NAMESPACE: self.namespace,
             env.METRICS_FILE: str(self.run_dir / METRICS_NAME),
             env.EVENT_LOG: str(self.events_dir),
-            # The precompiled header is rebuilt on every fresh node and costs more than it
-            # saves once artifacts are shared; it is part of torch's key, so it is pinned.
-            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+            # Part of torch's key, so pinned for every rank: torch's default (on), whose
+            # precompiled header makes cold kernel compiles fast; a hit does not build it.
+            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1",
         })
         if self.threads is not None:
             environ["OMP_NUM_THREADS"] = str(self.threads)

@@ -58,6 +58,15 @@ def process_rank(environ: Mapping[str, str] | None = None) -> int:
         return 0
 
 
+def process_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """How many processes the job has as torchrun sets it (``WORLD_SIZE``), else 1."""
+    text = (os.environ if environ is None else environ).get("WORLD_SIZE", "1")
+    try:
+        return max(1, int(text))
+    except ValueError:
+        return 1
+
+
 def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the switch ``name`` is on (``1``); recipecache sets its switches to exactly that."""
     return (os.environ if environ is None else environ).get(name) == "1"

@@ -11,12 +11,13 @@
   is warned about once and counted (:func:`metrics`).
 
 Keys match across ranks as long as ranks agree on what torch puts in them: the rank is
-not in them (PGO's is removed), the precompiled-header flag is pinned off here, the
-thread count is (so launch every rank with the same ``OMP_NUM_THREADS``, as
-``recipecache-run`` does), and on GPUs so is the device ordinal (launch each rank with
-``CUDA_VISIBLE_DEVICES=<local rank>`` so every rank compiles for ``cuda:0``). Artifacts
-holding compiled CPU code are also keyed by the host's CPU (:mod:`.host_cpu`), so nodes
-of different CPU kinds never load each other's kernels.
+not in them (PGO's is removed), the precompiled-header flag is pinned here (to torch's
+default, on: fast cold compiles; a hit skips the header), the thread count is (so
+launch every rank with the same ``OMP_NUM_THREADS``, as ``recipecache-run`` does), and
+on GPUs so is the device ordinal (launch each rank with ``CUDA_VISIBLE_DEVICES=<local
+rank>`` so every rank compiles for ``cuda:0``). Artifacts holding compiled CPU code are
+also keyed by the host's CPU (:mod:`.host_cpu`), so nodes of different CPU kinds never
+load each other's kernels.
 
 This package imports torch only when :func:`enable` runs.
 """
