@@ -41,6 +41,8 @@ AUTO_ENABLE = "RECIPECACHE_AUTO_ENABLE"
 RANK_DIRS = "RECIPECACHE_RANK_DIRS"
 #: set by recipecache-run --prewarm: compile the declared shapes before training
 PREWARM = "RECIPECACHE_PREWARM"
+#: set by recipecache-run --precompile (or by hand): enable() also turns on the precompiled tier
+PRECOMPILE = "RECIPECACHE_PRECOMPILE"
 
 
 def process_rank(environ: Mapping[str, str] | None = None) -> int:
