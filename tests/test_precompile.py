@@ -7,10 +7,11 @@ compiler run. The model lives in a source file the test writes, so one scenario 
 change it. Cold processes run side by side in one fixture, the processes that read
 their store side by side in another:
 
-* cold: empty store; precompiles the model and the dynamic ``scaled`` (size 8), and
-  learns that ``broken`` has a graph break; plain: torch alone, the reference results;
-* hit: fresh dirs on that store; ``scaled`` with size 1 (outside the dynamic
-  artifact's guards) and ``broken`` (its verdict) fall back to the normal path;
+* cold: empty store; precompiles the model and learns that ``broken`` has a graph
+  break; plain: torch alone, the reference results;
+* hit: fresh dirs on that store; loads the model; then the model's ``offset`` tensor
+  (guarded, not in the key) gets a new shape, outside the artifact's guards, and
+  ``broken`` (its verdict) runs: both fall back to the normal path;
 * changed: the model file changed (its output doubled): a miss, compiled afresh;
 * corrupt: the model's artifact has a flipped byte: refused, normal path.
 
@@ -37,6 +38,8 @@ from recipecache.keys import storage_key
 from recipecache.torch_integration.artifact import ArtifactError
 from recipecache.torch_integration.precompiled import Precompiled, SourceDigests, SourceFile, sources_digest
 
+from test_torch_integration import base  # noqa: F401 - the module's temp dir with the logging g++ first on PATH
+
 pytestmark = pytest.mark.torch
 
 WORKER = Path(__file__).parent / "workers" / "precompile_worker.py"
@@ -51,12 +54,10 @@ class Net(torch.nn.Module):
         self.fc1 = torch.nn.Linear(8, 16)
         self.fc2 = torch.nn.Linear(16, 4)
 
+        self.offset = torch.zeros(4)  # a plain attribute: its shape is guarded, not in the key
+
     def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x))){scale}
-
-
-def scaled(x):
-    return torch.sin(x) * 2 + 1
+        return (self.fc2(torch.relu(self.fc1(x))) + self.offset){scale}
 
 
 def broken(x):
@@ -127,20 +128,11 @@ class Followups:
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from test_torch_integration import _compiler_wrapper
-
-    base = tmp_path_factory.mktemp("precompile")
-    _compiler_wrapper(base / "bin")
-    return base
-
-
-@pytest.fixture(scope="module")
 def cold(base: Path) -> Cold:
     model_dir = _model_dir(base, "model")
     store = base / "store"
-    started = [_start(base, "cold", "rc", model_dir, "--sizes", "8", "--broken", store=store),
-               _start(base, "plain", "plain", model_dir, "--sizes", "8,1", "--broken")]
+    started = [_start(base, "cold", "rc", model_dir, "--broken", store=store),
+               _start(base, "plain", "plain", model_dir, "--offset-size", "1", "--broken")]
     cold_run, plain = (_finish(s) for s in started)
     return Cold(store, model_dir, cold_run, plain)
 
@@ -161,7 +153,7 @@ def followups(cold: Cold, base: Path) -> Followups:
     shutil.copytree(cold.store, corrupt_store)
     _corrupt_model_artifact(corrupt_store, cold.cold)
     started = [
-        _start(base, "hit", "rc", cold.model_dir, "--sizes", "1", "--broken", store=cold.store),
+        _start(base, "hit", "rc", cold.model_dir, "--offset-size", "1", "--broken", store=cold.store),
         _start(base, "corrupt", "rc", cold.model_dir, store=corrupt_store),
     ]
     hit, corrupt = (_finish(s) for s in started)
@@ -174,11 +166,10 @@ def followups(cold: Cold, base: Path) -> Followups:
 # -- the hit path ---------------------------------------------------------------------------
 def test_cold_process_precompiles_and_matches_the_normal_path(cold: Cold) -> None:
     run = cold.cold
-    assert run.precompiled == {"hit": 0, "miss": 3, "put": 3}, "model, scaled, and broken's graph-break verdict"
+    assert run.precompiled == {"hit": 0, "miss": 2, "put": 2}, "the model, and broken's graph-break verdict"
     assert run.metrics["precompile_fallbacks"] == {"graph_break": 1}
     assert run.metrics["fallbacks"] == {"precompile_fallback": 1}
     assert run.report["model_digest"] == cold.plain.report["model_digest"], "outputs and gradients bitwise equal"
-    assert run.report["scaled"]["8"] == cold.plain.report["scaled"]["8"]
     assert run.report["broken"] == cold.plain.report["broken"]
 
 
@@ -188,7 +179,6 @@ def test_fresh_process_loads_without_tracing_or_compiling(cold: Cold, followups:
     assert hit.report["model_compiler_runs"] == 0
     assert cold.plain.report["model_frames"] > 0, "torch alone does trace: the counter means something"
     assert hit.report["model_digest"] == cold.plain.report["model_digest"]
-    assert hit.precompiled["hit"] == 1 and hit.precompiled["put"] == 0
     assert hit.metrics["saved_s"] > 0
 
 
@@ -196,14 +186,14 @@ def test_fresh_process_loads_without_tracing_or_compiling(cold: Cold, followups:
 def test_a_shape_outside_the_guards_falls_back_to_the_normal_path(cold: Cold, followups: Followups) -> None:
     hit = followups.hit
     assert hit.metrics["precompile_fallbacks"]["guard_failed"] == 1
-    assert hit.report["scaled"]["1"] == cold.plain.report["scaled"]["1"]
+    assert hit.report["offset_digest"] == cold.plain.report["offset_digest"]
 
 
 def test_a_graph_break_falls_back_and_the_verdict_is_shared(cold: Cold, followups: Followups) -> None:
     hit = followups.hit
     assert hit.metrics["precompile_fallbacks"]["graph_break"] == 1
     assert hit.metrics["fallbacks"]["precompile_fallback"] == 2
-    assert hit.precompiled["miss"] == 2 and hit.precompiled["put"] == 0, "the verdict was read, not relearned"
+    assert hit.precompiled == {"hit": 1, "miss": 1, "put": 0}, "the verdict was read, not relearned"
     assert hit.report["broken"] == cold.plain.report["broken"]
 
 
@@ -314,24 +304,34 @@ def test_aoti_files_are_written_here_before_torch_loads_them(tmp_path: Path) -> 
             relocate(restored(files, filename), tmp_path)
 
 
+def test_graphs_with_size_inputs_are_refused_before_compiling() -> None:
+    import torch
+
+    from recipecache.torch_integration.precompile import DynamicShapes, TensorInputsAOTInductor
+
+    with pytest.raises(DynamicShapes, match="non-tensor"):
+        TensorInputsAOTInductor("default", None, True)(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()),
+                                                       [torch.zeros(2), 2])
+
+
 def test_enable_with_precompile_wraps_torch_compile_and_disable_restores_it() -> None:
     import torch
     import torch._inductor.config as inductor_config
 
     from recipecache import torch_integration
 
-    before = (torch.compile, torch._TorchCompileInductorWrapper.__call__, inductor_config.fx_graph_remote_cache)
+    before = (torch.compile, inductor_config.fx_graph_remote_cache)
     torch_integration.enable("memory://", namespace=NAMESPACE, precompile=True)
     try:
         assert torch.compile is not before[0]
-        assert inductor_config.fx_graph_remote_cache == before[2], "graph hooks wait until something compiles"
+        assert inductor_config.fx_graph_remote_cache, "the normal path still uses the graph store"
         compiled = torch.compile(torch.nn.Linear(2, 2))
         assert type(compiled.forward).__name__ == "Dispatcher"
         assert torch.compile(torch.nn.Linear(2, 2), backend="eager").forward is not None
         assert torch_integration.metrics()["precompile_fallbacks"] == {"backend": 1}
     finally:
         torch_integration.disable()
-    assert (torch.compile, torch._TorchCompileInductorWrapper.__call__, inductor_config.fx_graph_remote_cache) == before
+    assert (torch.compile, inductor_config.fx_graph_remote_cache) == before
 
 
 def test_launcher_precompile_flag_reaches_every_rank(tmp_path: Path) -> None:

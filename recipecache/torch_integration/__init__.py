@@ -49,11 +49,6 @@ class _Session:
         self.store: Store | None = None
         self.metrics: Metrics | None = None
         self.hooked = False
-        #: attaching the hooks was tried since the last enable() (it fails on a torch without the hook points)
-        self.attach_tried = False
-        #: enable() ran (hooks attached, or deferred until the precompiled tier needs them)
-        self.enabled = False
-        self.wait_timeout: float | None = None
         #: the precompiled tier, when enable(precompile=True)
         self.tier: Any = None
         self.next_step = 0
@@ -81,27 +76,32 @@ def enable(
     ``RECIPECACHE_PRECOMPILE=1``. A malformed URL raises ConfigError (bad input); an
     unreachable store does not (it degrades at use). Calling it again while enabled
     returns the current store.
-
-    With the precompiled tier the graph hooks are attached when something first traces
-    or compiles, not here: a process that only loads precompiled functions never
-    imports inductor's compiler (about a second, most of what the tier saves).
     """
     with _session.lock:
-        if _session.enabled and _session.store is not None:
+        if _session.hooked and _session.store is not None:
             return _session.store
         store = open_store(url, namespace=namespace, secret=secret)
         template = metrics_file or os.environ.get(env.METRICS_FILE)
         metrics = Metrics(store,
                           metrics_path(template, process_rank()),
                           flush=env.flag(env.METRICS_FLUSH))
-        _session.store, _session.metrics, _session.next_step = store, metrics, 0
-        _session.wait_timeout, _session.enabled = wait_timeout, True
-        if precompile if precompile is not None else env.flag(env.PRECOMPILE):
-            from . import precompile as tier
+        try:
+            from . import _hooks
 
-            _session.tier = tier.attach(store, metrics, wait_timeout, _attach_hooks)
+            _hooks.attach(store, metrics, wait_timeout)
+        except (ImportError, AttributeError) as exc:
+            # a torch without the hook points this integration was written against
+            metrics.fallback(Reason.TORCH_INTERNALS, f"cannot hook this torch ({exc!r}); it compiles without the cache")
         else:
-            _attach_hooks_locked()
+            _session.hooked = True
+        if _session.hooked and (precompile if precompile is not None else env.flag(env.PRECOMPILE)):
+            try:
+                from . import precompile as tier
+
+                _session.tier = tier.attach(store, metrics, wait_timeout)
+            except (ImportError, AttributeError) as exc:
+                metrics.fallback(Reason.TORCH_INTERNALS, f"no precompiled tier on this torch ({exc!r})")
+        _session.store, _session.metrics, _session.next_step = store, metrics, 0
         if not _session.exit_hook:
             atexit.register(_at_exit)
             _session.exit_hook = True
@@ -109,34 +109,9 @@ def enable(
         return store
 
 
-def _attach_hooks() -> None:
-    """Attach the graph hooks if the precompiled tier deferred them (cheap once attached)."""
-    if _session.attach_tried or _session.tier is None:
-        return
-    with _session.lock:
-        if _session.tier is not None:
-            _attach_hooks_locked()
-
-
-def _attach_hooks_locked() -> None:
-    if _session.attach_tried or _session.store is None or _session.metrics is None:
-        return
-    _session.attach_tried = True
-    try:
-        from . import _hooks
-
-        _hooks.attach(_session.store, _session.metrics, _session.wait_timeout)
-    except (ImportError, AttributeError) as exc:
-        # a torch without the hook points this integration was written against
-        _session.metrics.fallback(Reason.TORCH_INTERNALS, f"cannot hook this torch ({exc!r}); it compiles without the cache")
-    else:
-        _session.hooked = True
-
-
 def disable() -> None:
     """Give torch back every setting and function enable() changed; the metrics stay readable."""
     with _session.lock:
-        _session.enabled = _session.attach_tried = False
         if _session.tier is not None:
             _session.tier.uninstall()
             _session.tier = None

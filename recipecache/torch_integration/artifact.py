@@ -84,12 +84,7 @@ class Artifact:
     @classmethod
     def unpack(cls, blob: bytes, kind: str) -> Artifact:
         """Decode and check ``blob``; raises :class:`ArtifactError` for anything unexpected."""
-        try:
-            obj = msgpack.unpackb(blob, raw=False, strict_map_key=True)
-        except (ValueError, msgpack.UnpackException) as exc:
-            raise ArtifactError(f"undecodable artifact: {exc}") from None
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-            raise ArtifactError("not a recipecache torch artifact (or another format version)")
+        obj = decode(blob, FORMAT, "recipecache torch artifact")
         if obj.get("kind") != kind:
             raise ArtifactError(f"artifact kind {obj.get('kind')!r}, expected {kind!r}")
         entry, compile_s, files = obj.get("entry"), obj.get("compile_s"), obj.get("files")
@@ -98,6 +93,17 @@ class Artifact:
         if not isinstance(files, list):
             raise ArtifactError("artifact file list malformed")
         return cls(kind, entry, tuple(_checked_file(f) for f in files), compile_s)
+
+
+def decode(blob: bytes | bytearray | memoryview, fmt: str, what: str) -> dict[str, Any]:
+    """The msgpack map in ``blob`` if it says it is format ``fmt``; :class:`ArtifactError` otherwise."""
+    try:
+        obj = msgpack.unpackb(blob, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ArtifactError(f"undecodable {what}: {exc}") from None
+    if not isinstance(obj, dict) or obj.get("format") != fmt:
+        raise ArtifactError(f"not a {what} (or another format version)")
+    return obj
 
 
 def _checked_file(item: Any) -> KernelFile:

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils import _pytree as pytree
 
 from ..keys import make_key
@@ -124,7 +125,7 @@ class CompileSettings:
         return None
 
     def aoti_backend(self) -> Any:
-        return torch._TorchCompileAOTInductorWrapper(self.mode or "default", self.options, self.dynamic)
+        return TensorInputsAOTInductor(self.mode or "default", self.options, self.dynamic)
 
     def fingerprint(self) -> dict[str, str]:
         import torch._dynamo.config as dynamo_config
@@ -154,6 +155,26 @@ def stable_repr(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(stable_repr(v) for v in value) + "]"
     return repr(value)
+
+
+class DynamicShapes(Exception):
+    """The graph takes sizes as inputs: torch 2.13's AOTInductor compiles graphs of tensor inputs only."""
+
+
+class TensorInputsAOTInductor(torch._TorchCompileAOTInductorWrapper):
+    """AOTInductor that refuses, before compiling, the graphs it cannot compile.
+
+    A dynamic-shape graph from dynamo takes its symbolic sizes as inputs; AOTInductor's
+    C++ wrapper then fails in codegen (cpp_wrapper_cpu.py:703, a SymInt has no dtype),
+    after the whole lowering. Refusing up front costs the leader a trace, not a compile,
+    and becomes a verdict other processes read instead of trying.
+    """
+
+    def __call__(self, model_: Any, inputs_: Any, **kwargs: Any) -> Any:
+        sizes = [type(x).__name__ for x in inputs_ if not isinstance(x, torch.Tensor)]
+        if sizes:
+            raise DynamicShapes(f"the graph takes {len(sizes)} non-tensor input(s) ({', '.join(sorted(set(sizes)))})")
+        return super().__call__(model_, inputs_, **kwargs)
 
 
 @functools.cache
@@ -294,8 +315,6 @@ class Tier:
     store: Store
     metrics: Metrics
     wait_timeout: float | None
-    #: attaches the FX/AOT/PGO hooks; called before anything traces or compiles (lazily: a hit needs no inductor)
-    attach_hooks: Callable[[], None]
     active: bool = True
     digests: SourceDigests = field(default_factory=SourceDigests)
     _originals: list[tuple[Any, str, Any]] = field(default_factory=list)
@@ -303,7 +322,6 @@ class Tier:
     # -- torch.compile -------------------------------------------------------------------
     def install(self) -> None:
         original_compile = torch.compile
-        original_backend_call = torch._TorchCompileInductorWrapper.__call__
         tier = self
 
         @functools.wraps(original_compile)
@@ -314,14 +332,8 @@ class Tier:
             result = original_compile(model, **kwargs)
             return result if model is None or not tier.active else tier.wrap(result, model, settings, kwargs)
 
-        def backend_call(backend: Any, *args: Any, **kwargs: Any) -> Any:
-            tier.attach_hooks()  # an inductor compile the tier did not route: still through the store
-            return original_backend_call(backend, *args, **kwargs)
-
-        for owner, name, value in ((torch, "compile", compile),
-                                   (torch._TorchCompileInductorWrapper, "__call__", backend_call)):
-            self._originals.append((owner, name, getattr(owner, name)))
-            setattr(owner, name, value)
+        self._originals.append((torch, "compile", original_compile))
+        torch.compile = compile
 
     def uninstall(self) -> None:
         self.active = False
@@ -363,40 +375,43 @@ class Tier:
     # -- store round trips ------------------------------------------------------------------
     def resolve(self, target: Target, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Variant | Fallback:
         """The precompiled function for ``key`` (loaded, or compiled here as the leader), or why not."""
-        flight = self.store.begin(key, wait_timeout=self.wait_timeout)
+        found = self._fetch(target, key, key, args, kwargs)
+        if not isinstance(found, Precompiled):
+            return found
+        changed = self.digests.stale(found.sources)
+        if not changed:
+            return self._load(target, key, found, args, kwargs)
+        # another version of the code: look under the key naming this process's sources
+        self.metrics.stale_sources()
+        log.info("recipecache: %s was precompiled from other sources (%s); looking for this version",
+                 key, ", ".join(changed))
+        versioned = f"{key}:{sources_digest(self.digests.current(s.path for s in found.sources))}"
+        found = self._fetch(target, key, versioned, args, kwargs)
+        if not isinstance(found, Precompiled):
+            return found
+        if self.digests.stale(found.sources):
+            return self._fallback("source_changed", f"{versioned} does not match this process's sources")
+        return self._load(target, versioned, found, args, kwargs)
+
+    def _fetch(self, target: Target, key: str, lookup: str, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Precompiled | Variant | Fallback:
+        """The artifact under ``lookup``, or (a miss: this process leads) the result of compiling it."""
+        flight = self.store.begin(lookup, wait_timeout=self.wait_timeout)
         if flight.waited_s:
             self.metrics.changed()
         if flight.data is None:
             return self._lead(target, key, flight, args, kwargs)
         try:
-            stored = Precompiled.unpack(flight.data)
+            return Precompiled.unpack(flight.data)
         except ArtifactError as exc:
-            return self._fallback("bad_artifact", f"{key}: {exc}")
-        changed = self.digests.stale(stored.sources)
-        if not changed:
-            return self._load(target, key, stored, args, kwargs)
-        # another version of the code: look under the key naming this process's sources
-        self.metrics.stale_sources()
-        log.info("recipecache: %s was precompiled from other sources (%s); looking for this version",
-                 key, ", ".join(changed))
-        current = self.digests.current(s.path for s in stored.sources)
-        versioned = f"{key}:{sources_digest(current)}"
-        flight = self.store.begin(versioned, wait_timeout=self.wait_timeout)
-        if flight.data is None:
-            return self._lead(target, key, flight, args, kwargs)
-        try:
-            stored = Precompiled.unpack(flight.data)
-        except ArtifactError as exc:
-            return self._fallback("bad_artifact", f"{versioned}: {exc}")
-        if self.digests.stale(stored.sources):
-            return self._fallback("source_changed", f"{versioned} does not match this process's sources")
-        return self._load(target, versioned, stored, args, kwargs)
+            return self._fallback("bad_artifact", f"{lookup}: {exc}")
 
     def _load(self, target: Target, key: str, stored: Precompiled, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Variant | Fallback:
         if stored.unsupported is not None:
             self.metrics.miss("precompiled")
-            return self._fallback("graph_break", f"{target.name} cannot be precompiled: {stored.unsupported}")
+            return self._fallback(stored.unsupported, f"{target.name} cannot be precompiled ({stored.unsupported}, "
+                                  "found by the process that tried)")
         start = time.perf_counter()
         try:
             fn = self._deserialize(stored.entry, target)
@@ -440,16 +455,18 @@ class Tier:
         from torch._dynamo.exc import UncapturedHigherOrderOpError, Unsupported, UserError
         from torch._dynamo.hooks import Hooks
 
-        self.attach_hooks()
         start = time.perf_counter()
         verdict: str | None = None
+        why = ""
         with traced_files(target.code.co_filename) as files:
             try:
                 fn = aot_compile_fullgraph(target.traced, (args, kwargs), hooks=Hooks(),
                                            backend=target.settings.aoti_backend(), dynamic=target.settings.dynamic)
                 entry = AOTCompiledFunction.serialize(fn).serialized_data
             except (Unsupported, UserError, UncapturedHigherOrderOpError) as exc:
-                verdict = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                verdict, why = "graph_break", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            except DynamicShapes as exc:
+                verdict, why = "dynamic_shapes", str(exc)
             except Exception as exc:  # noqa: BLE001 - a failed precompile is a fallback, never an error
                 return self._fallback("precompile_failed", f"{target.name}: {type(exc).__name__}: {exc}")
         seconds = time.perf_counter() - start
@@ -457,9 +474,9 @@ class Tier:
             sources = self.digests.describe(files)
         except OSError as exc:
             return self._fallback("precompile_failed", f"{target.name}: cannot read a traced file: {exc}")
-        if verdict is not None:
+        if verdict is not None:  # the same sources trace the same way everywhere: tell the other processes
             self._publish(flight, key, Precompiled(b"", sources, seconds, verdict))
-            return self._fallback("graph_break", f"{target.name} cannot be precompiled: {verdict}")
+            return self._fallback(verdict, f"{target.name} cannot be precompiled: {why}")
         self._publish(flight, key, Precompiled(entry, sources, seconds))
         fn.disable_guard_check()
         log.info("recipecache: precompiled %s in %.1f s (%d traced files)", target.name, seconds, len(sources))
@@ -532,14 +549,13 @@ class Dispatcher:
         self._loaded: set[str] = set()
         self._targets: dict[int, Target] = {}
         self._inner_normal: Callable[..., Any] | None = None
+        self._ddp = isinstance(subject, DistributedDataParallel)
         self.__wrapped__ = normal
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.tier.active or torch.compiler.is_compiling():
             return self.normal(*args, **kwargs)
-        from torch.nn.parallel import DistributedDataParallel
-
-        if isinstance(self.subject, DistributedDataParallel):
+        if self._ddp:
             return self._call_ddp(self.subject, args, kwargs)
         return self.run(self.subject, args, kwargs, self.normal)
 
@@ -557,7 +573,6 @@ class Dispatcher:
             decided = Fallback("hook_error")
         if isinstance(decided, Variant):
             return decided(args, kwargs)
-        self.tier.attach_hooks()
         return normal(*args, **kwargs)
 
     def _reject(self, sig: tuple[Any, ...]) -> Fallback:
@@ -632,8 +647,9 @@ class Dispatcher:
             del inner.forward
 
 
-def attach(store: Store, metrics: Metrics, wait_timeout: float | None, attach_hooks: Callable[[], None]) -> Tier:
-    tier = Tier(store, metrics, wait_timeout, attach_hooks)
+def attach(store: Store, metrics: Metrics, wait_timeout: float | None) -> Tier:
+    """Wrap ``torch.compile`` (until :meth:`Tier.uninstall`); the graph hooks must be attached already."""
+    tier = Tier(store, metrics, wait_timeout)
     tier.install()
     log.info("recipecache: precompiled tier on (torch.compile'd functions load from %s)", store.url)
     return tier

@@ -11,14 +11,14 @@ so before torch unpickles anything.
 Framing is one msgpack map (never pickle)::
 
     {"format": "recipecache-precompiled/1", "entry": <bytes>, "compile_s": <float>,
-     "sources": [[<path>, <sha256 32 bytes>], ...], "unsupported": <str> | None}
+     "sources": [[<path>, <sha256 32 bytes>], ...], "unsupported": <detail> | None}
 
 ``entry`` is torch's own serialization and stays opaque here; only torch unpickles it,
-and only after the store verified the envelope and :func:`stale_sources` found every
-listed file unchanged. ``unsupported`` marks a function that cannot be precompiled for
-these sources (dynamo found a graph break, or its closure cannot be serialized): ranks
-that read it go straight to the normal path instead of each tracing it again. This
-module does not import torch.
+and only after the store verified the envelope and :meth:`SourceDigests.stale` found
+every listed file unchanged. ``unsupported`` marks a function that cannot be
+precompiled for these sources (``graph_break``: dynamo cannot trace it whole;
+``dynamic_shapes``: its graph takes sizes as inputs): ranks that read it go straight
+to the normal path instead of each tracing it again. This module does not import torch.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from .artifact import ArtifactError
+from .artifact import ArtifactError, decode
 
 FORMAT = "recipecache-precompiled/1"
 
@@ -52,6 +52,7 @@ class Precompiled:
     sources: tuple[SourceFile, ...]
     #: seconds the producer spent precompiling (what a hit saves)
     compile_s: float = 0.0
+    #: why it cannot be precompiled (a fallback detail), for a verdict
     unsupported: str | None = None
 
     def pack(self) -> bytes:
@@ -69,12 +70,7 @@ class Precompiled:
     @classmethod
     def unpack(cls, blob: bytes | bytearray | memoryview) -> Precompiled:
         """Decode and check ``blob``; raises :class:`ArtifactError` for anything unexpected."""
-        try:
-            obj = msgpack.unpackb(blob, raw=False, strict_map_key=True)
-        except (ValueError, msgpack.UnpackException) as exc:
-            raise ArtifactError(f"undecodable precompiled artifact: {exc}") from None
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-            raise ArtifactError("not a recipecache precompiled artifact (or another format version)")
+        obj = decode(blob, FORMAT, "recipecache precompiled artifact")
         entry, compile_s, sources, unsupported = (obj.get(k) for k in ("entry", "compile_s", "sources", "unsupported"))
         if not isinstance(entry, bytes) or not isinstance(compile_s, float) or compile_s < 0:
             raise ArtifactError("precompiled entry or compile time malformed")
