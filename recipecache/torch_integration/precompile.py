@@ -12,10 +12,11 @@ load it. Why this mechanism and not torch's ``caching_precompile`` or a default-
 
 Never wrong, never stuck: whatever the tier cannot serve runs on the normal path
 (dynamo, with the FX/AOT/PGO store hooks), counted as ``precompile_fallback`` with a
-detail: a graph break or other untraceable code (``graph_break``, published as a
-verdict so other ranks do not trace it again), guards that reject the inputs
-(``guard_failed``), an artifact that does not load here (``load_failed``,
-``incompatible``), a refused or malformed artifact, a backend other than inductor. Each
+detail: code dynamo cannot trace whole (``graph_break``) or a graph with size inputs,
+which torch 2.13's AOTInductor cannot compile (``dynamic_shapes``), both published as
+verdicts so other ranks do not try again; guards that reject the inputs
+(``guard_failed``); an artifact that does not load here (``load_failed``,
+``incompatible``); a refused or malformed artifact; a backend other than inductor. Each
 signature's decision is remembered, so a fallback is counted once, not per step.
 
 Keys (:meth:`Dispatcher.key`): the traced function (file, qualified name, line), the
@@ -207,7 +208,7 @@ def cpu_features() -> str:
 
 
 def devices_fingerprint(devices: set[str]) -> str:
-    """GPU name, capability and toolkit of every accelerator device the inputs live on."""
+    """GPU name and toolkit version of every accelerator device the inputs live on."""
     parts = []
     for device in sorted(devices):
         kind = device.split(":")[0]
@@ -317,11 +318,11 @@ class Tier:
     wait_timeout: float | None
     active: bool = True
     digests: SourceDigests = field(default_factory=SourceDigests)
-    _originals: list[tuple[Any, str, Any]] = field(default_factory=list)
+    _original_compile: Any = None
 
     # -- torch.compile -------------------------------------------------------------------
     def install(self) -> None:
-        original_compile = torch.compile
+        original_compile = self._original_compile = torch.compile
         tier = self
 
         @functools.wraps(original_compile)
@@ -332,21 +333,20 @@ class Tier:
             result = original_compile(model, **kwargs)
             return result if model is None or not tier.active else tier.wrap(result, model, settings, kwargs)
 
-        self._originals.append((torch, "compile", original_compile))
         torch.compile = compile
 
     def uninstall(self) -> None:
+        """Give torch its ``torch.compile`` back; dispatchers already handed out go to the normal path."""
         self.active = False
-        for owner, name, value in reversed(self._originals):
-            setattr(owner, name, value)
-        self._originals.clear()
+        if self._original_compile is not None:
+            torch.compile, self._original_compile = self._original_compile, None
         aoti_files.uninstall()
 
-    def wrap(self, compiled: Any, model: Any, settings: CompileSettings, kwargs: dict[str, Any]) -> Any:
+    def wrap(self, compiled: Any, model: Any, settings: CompileSettings, compile_kwargs: dict[str, Any]) -> Any:
         """Route ``compiled``'s calls through a Dispatcher (modules: its ``forward``; functions: a wrapper)."""
         from torch._dynamo.eval_frame import OptimizedModule
 
-        if kwargs.get("disable"):
+        if compile_kwargs.get("disable"):
             return compiled
         reason = settings.unsupported()
         if reason is not None:
@@ -390,7 +390,7 @@ class Tier:
         if not isinstance(found, Precompiled):
             return found
         if self.digests.stale(found.sources):
-            return self._fallback("source_changed", f"{versioned} does not match this process's sources")
+            return self.fallback("source_changed", f"{versioned} does not match this process's sources")
         return self._load(target, versioned, found, args, kwargs)
 
     def _fetch(self, target: Target, key: str, lookup: str, args: tuple[Any, ...],
@@ -404,13 +404,13 @@ class Tier:
         try:
             return Precompiled.unpack(flight.data)
         except ArtifactError as exc:
-            return self._fallback("bad_artifact", f"{lookup}: {exc}")
+            return self.fallback("bad_artifact", f"{lookup}: {exc}")
 
     def _load(self, target: Target, key: str, stored: Precompiled, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Variant | Fallback:
         if stored.unsupported is not None:
             self.metrics.miss("precompiled")
-            return self._fallback(stored.unsupported, f"{target.name} cannot be precompiled ({stored.unsupported}, "
+            return self.fallback(stored.unsupported, f"{target.name} cannot be precompiled ({stored.unsupported}, "
                                   "found by the process that tried)")
         start = time.perf_counter()
         try:
@@ -418,12 +418,12 @@ class Tier:
         except Exception as exc:  # noqa: BLE001 - whatever torch raises while loading, training goes on
             self.metrics.miss("precompiled")
             detail = "incompatible" if "was created with a different" in str(exc) else "load_failed"
-            return self._fallback(detail, f"{key}: {type(exc).__name__}: {exc}")
+            return self.fallback(detail, f"{key}: {type(exc).__name__}: {exc}")
         log.info("recipecache: loaded precompiled %s in %.3f s", target.name, time.perf_counter() - start)
         variant = Variant(fn, target.prefix)
         if not variant.accepts(args, kwargs):
             self.metrics.miss("precompiled")
-            return self._fallback("guard_failed", f"the guards of {target.name}'s precompiled artifact reject these inputs")
+            return self.fallback("guard_failed", f"the guards of {target.name}'s precompiled artifact reject these inputs")
         self.metrics.hit("precompiled", stored.compile_s)
         return variant
 
@@ -443,9 +443,9 @@ class Tier:
         self.metrics.miss("precompiled")
         if flight.miss_reason in REFUSED:
             flight.release()
-            return self._fallback(str(flight.miss_reason), f"{key}: the stored artifact was refused")
+            return self.fallback(str(flight.miss_reason), f"{key}: the stored artifact was refused")
         if flight.reason is not None:  # the store could not coordinate: no lease, nowhere to publish
-            return self._fallback(str(flight.reason), f"{key}: the store did not answer")
+            return self.fallback(str(flight.reason), f"{key}: the store did not answer")
         with flight:
             return self._precompile(target, key, flight, args, kwargs)
 
@@ -468,20 +468,20 @@ class Tier:
             except DynamicShapes as exc:
                 verdict, why = "dynamic_shapes", str(exc)
             except Exception as exc:  # noqa: BLE001 - a failed precompile is a fallback, never an error
-                return self._fallback("precompile_failed", f"{target.name}: {type(exc).__name__}: {exc}")
+                return self.fallback("precompile_failed", f"{target.name}: {type(exc).__name__}: {exc}")
         seconds = time.perf_counter() - start
         try:
             sources = self.digests.describe(files)
         except OSError as exc:
-            return self._fallback("precompile_failed", f"{target.name}: cannot read a traced file: {exc}")
+            return self.fallback("precompile_failed", f"{target.name}: cannot read a traced file: {exc}")
         if verdict is not None:  # the same sources trace the same way everywhere: tell the other processes
             self._publish(flight, key, Precompiled(b"", sources, seconds, verdict))
-            return self._fallback(verdict, f"{target.name} cannot be precompiled: {why}")
+            return self.fallback(verdict, f"{target.name} cannot be precompiled: {why}")
         self._publish(flight, key, Precompiled(entry, sources, seconds))
         fn.disable_guard_check()
         log.info("recipecache: precompiled %s in %.1f s (%d traced files)", target.name, seconds, len(sources))
         variant = Variant(fn, target.prefix)
-        return variant if variant.accepts(args, kwargs) else self._fallback(
+        return variant if variant.accepts(args, kwargs) else self.fallback(
             "guard_failed", f"{target.name}'s fresh precompile rejects its own inputs")
 
     def _publish(self, flight: Flight, key: str, artifact: Precompiled) -> None:
@@ -495,7 +495,8 @@ class Tier:
         if flight.publish(blob):
             self.metrics.put("precompiled")
 
-    def _fallback(self, detail: str, message: str) -> Fallback:
+    def fallback(self, detail: str, message: str) -> Fallback:
+        """Count a call signature the tier sends to the normal path (warned once per ``detail``)."""
         self.metrics.precompile_fallback(detail, f"{message}; it runs on the normal path")
         return Fallback(detail)
 
@@ -578,7 +579,7 @@ class Dispatcher:
     def _reject(self, sig: tuple[Any, ...]) -> Fallback:
         """A variant's guards rejected a signature they had accepted (an input the key does not cover changed)."""
         with self._lock:
-            decided = self._decided[sig] = self.tier._fallback(
+            decided = self._decided[sig] = self.tier.fallback(
                 "guard_failed", "a precompiled function's guards reject inputs they accepted before")
         return decided
 
@@ -592,7 +593,7 @@ class Dispatcher:
                 target = self.target(subject)
                 key = self.key(target, subject, sig)
                 if key in self._loaded:  # that very artifact is here, and its guards just said no
-                    decided = self.tier._fallback(
+                    decided = self.tier.fallback(
                         "guard_failed", f"the guards of {target.name}'s precompiled artifact reject these inputs")
                 else:
                     decided = self.tier.resolve(target, key, args, kwargs)
