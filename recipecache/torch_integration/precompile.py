@@ -470,6 +470,9 @@ class Tier:
             except Exception as exc:  # noqa: BLE001 - a failed precompile is a fallback, never an error
                 return self.fallback("precompile_failed", f"{target.name}: {type(exc).__name__}: {exc}")
         seconds = time.perf_counter() - start
+        # the trace (the simulator's input) sees the precompile as this key's compile; the store's
+        # compile counters already count the graphs inductor compiled for it
+        self.store.events.record("compile", flight.key, seconds)
         try:
             sources = self.digests.describe(files)
         except OSError as exc:
@@ -591,7 +594,7 @@ class Dispatcher:
                 decided = next((v for v in self._variants if v.accepts(args, kwargs)), None)
             if decided is None:
                 target = self.target(subject)
-                key = self.key(target, subject, sig)
+                key = self.key(target, sig)
                 if key in self._loaded:  # that very artifact is here, and its guards just said no
                     decided = self.tier.fallback(
                         "guard_failed", f"the guards of {target.name}'s precompiled artifact reject these inputs")
@@ -615,7 +618,7 @@ class Dispatcher:
             target = self._targets[id(subject)] = Target(traced, self.settings)
         return target
 
-    def key(self, target: Target, subject: Any, sig: tuple[Any, ...]) -> str:
+    def key(self, target: Target, sig: tuple[Any, ...]) -> str:
         """The store key of ``target`` called with signature ``sig`` (see the module docstring)."""
         code = target.code
         owner = target.prefix[0] if target.prefix else None
