@@ -54,6 +54,8 @@ class LaunchConfig:
     rank_dirs: Path | None = None
     #: run the shapes the script declares (recipecache.declare_shapes) before training
     prewarm: bool = False
+    #: the precompiled tier: ranks load whole compiled functions instead of tracing
+    precompile: bool = False
     #: Gaudi: the node-local recipe directory every rank's bridge uses, synced by an agent
     hpu_dir: Path | None = None
     hpu_max_size_mb: int = 1024
@@ -129,6 +131,8 @@ class LaunchConfig:
             environ[env.RANK_DIRS] = str(self.rank_dirs)
         if self.prewarm:
             environ[env.PREWARM] = "1"
+        if self.precompile:
+            environ[env.PRECOMPILE] = "1"
         if self.hpu_dir is not None:
             from recipecache.hpu import rank_environment
 
@@ -180,6 +184,7 @@ class LaunchConfig:
                           else env.positive_seconds("--exit-grace", args.exit_grace)),
             rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
             prewarm=args.prewarm,
+            precompile=args.precompile,
             hpu_dir=_hpu_dir(args, namespace),
             hpu_max_size_mb=_positive("--hpu-max-size-mb", args.hpu_max_size_mb),
             hpu_clear=args.hpu_clear,

@@ -47,6 +47,8 @@ FINISHED_DIR = "RECIPECACHE_FINISHED_DIR"
 #: replaces the host-CPU fingerprint in torch artifact keys: the operator's statement that the
 #: nodes setting it to one value run each other's compiled kernels safely (and the tests' hook)
 CPU_FINGERPRINT = "RECIPECACHE_CPU_FINGERPRINT"
+#: set by recipecache-run --precompile (or by hand): enable() also turns on the precompiled tier
+PRECOMPILE = "RECIPECACHE_PRECOMPILE"
 
 
 def process_rank(environ: Mapping[str, str] | None = None) -> int:
