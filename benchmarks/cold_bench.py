@@ -65,37 +65,8 @@ def job(args: argparse.Namespace) -> None:
     """Train and evaluate the small GPT; rank 0 writes every rank's timings and losses to ``--out``."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch import nn
+    from tiny_gpt import TinyGPT  # beside this script, on sys.path under torchrun and recipecache-run
     from torch.nn.parallel import DistributedDataParallel
-
-    class Block(nn.Module):
-        def __init__(self, dim: int, heads: int) -> None:
-            super().__init__()
-            self.heads = heads
-            self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-            self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-            self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, t, d = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self, dim: int, layers: int, heads: int, max_len: int) -> None:
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(VOCAB, dim), nn.Embedding(max_len, dim)
-            self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
-            self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, VOCAB)
-
-        def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]))
-            for block in self.blocks:
-                x = block(x)
-            return F.cross_entropy(self.head(self.ln(x)).flatten(0, 1), targets.flatten())
 
     def batch(it: int, step: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(it * 1009 + step * 31 + rank)
@@ -110,7 +81,7 @@ def job(args: argparse.Namespace) -> None:
     shift = rank if args.order == "rotated" else 0
     order = lengths[shift % len(lengths):] + lengths[:shift % len(lengths)]
     torch.manual_seed(0)
-    model = GPT(args.dim, args.layers, args.heads, max(lengths))
+    model = TinyGPT(VOCAB, max(lengths), args.dim, args.heads, args.layers, head_bias=True)
     ddp = DistributedDataParallel(model)
     compiled = torch.compile(ddp)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
