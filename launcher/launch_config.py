@@ -23,7 +23,9 @@ from recipecache import env
 from recipecache.backends import StoreURL, backend_class, open_backend
 from recipecache.settings import DEFAULT_LEASE_TTL, DEFAULT_WAIT_TIMEOUT, default_url, read_secret, read_secret_file
 from recipecache.errors import BackendError, ConfigError
+from recipecache.fsutil import private_directory
 from recipecache.keys import check_namespace
+from recipecache.node_tier import default_node_dir
 
 from . import hpu_metrics
 from .torchrun_options import NPROC_PER_NODE, PASS_THROUGH
@@ -52,6 +54,8 @@ class LaunchConfig:
     threads: int | None = None
     secret_file: Path | None = None
     rank_dirs: Path | None = None
+    #: the node tier's directory for every rank (``{rank}`` per rank); None: no node tier
+    node_dir: str | None = None
     #: run the shapes the script declares (recipecache.declare_shapes) before training
     prewarm: bool = False
     #: the precompiled tier: ranks load whole compiled functions instead of tracing
@@ -129,6 +133,10 @@ class LaunchConfig:
             environ.pop(env.SECRET, None)  # the explicit option wins over the inherited secret
         if self.rank_dirs is not None:
             environ[env.RANK_DIRS] = str(self.rank_dirs)
+        if self.node_dir is not None:
+            environ[env.NODE_DIR] = self.node_dir
+        else:
+            environ.pop(env.NODE_DIR, None)
         if self.prewarm:
             environ[env.PREWARM] = "1"
         if self.precompile:
@@ -183,6 +191,7 @@ class LaunchConfig:
             exit_grace_s=(DEFAULT_EXIT_GRACE_S if args.exit_grace is None
                           else env.positive_seconds("--exit-grace", args.exit_grace)),
             rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
+            node_dir=_node_dir(args),
             prewarm=args.prewarm,
             precompile=args.precompile,
             hpu_dir=_hpu_dir(args, namespace),
@@ -235,6 +244,19 @@ def _hpu_dir(args: argparse.Namespace, namespace: str) -> Path | None:
     from recipecache.hpu import node_directory, prepare_node_directory
 
     return prepare_node_directory(node_directory(namespace, args.hpu_dir))
+
+
+def _node_dir(args: argparse.Namespace) -> str | None:
+    """The node tier's directory: ``--node-dir``, else one per rank under ``--rank-dirs`` (each rank
+    a simulated node), else the node's default; None with ``--no-node-tier``. Checked here (private,
+    usable) so a bad one fails before any rank starts."""
+    if args.no_node_tier:
+        if args.node_dir:
+            raise ConfigError("--node-dir and --no-node-tier contradict each other")
+        return None
+    if args.rank_dirs and not args.node_dir:
+        return str(Path(args.rank_dirs).absolute() / "rank{rank}" / "node")
+    return str(private_directory(Path(args.node_dir).absolute() if args.node_dir else default_node_dir(), "node directory"))
 
 
 def _secret_file(path: str | None) -> Path | None:

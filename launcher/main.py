@@ -32,7 +32,7 @@ from typing import Any
 
 from recipecache import env
 from recipecache.argparsing import OneLineArgumentParser
-from recipecache.backends import redact
+from recipecache.backends import command_line_password_warning, redact
 from recipecache.errors import ConfigError
 
 from . import hpu_metrics
@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--rank-dirs", metavar="DIR",
                       help="give rank N its own TORCHINDUCTOR_CACHE_DIR and TMPDIR under DIR/rankN, as if every "
                            "rank ran on its own node (tests, benchmarks); use a fresh DIR for empty local caches")
+    ours.add_argument("--node-dir", metavar="DIR",
+                      help="node-local directory in front of the store, shared by this node's ranks: one rank per "
+                           "node fetches each artifact (default $TMPDIR/recipecache-node-<uid>; with --rank-dirs, "
+                           "one per rank under it, as if each rank were a node)")
+    ours.add_argument("--no-node-tier", action="store_true", help="no node directory: every rank reads the store")
     ours.add_argument("--quiet", action="store_true",
                       help="print no progress lines (each rank's compile start and finish) while the job runs")
     ours.add_argument("--exit-grace", metavar="SECONDS",
@@ -273,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2); argparse has printed it
         return int(exc.code or 0)
+    warning = command_line_password_warning(args.cache, "--cache")
+    if warning:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     try:
         config = LaunchConfig.from_args(args)
         probe_store(config.cache_url)

@@ -19,13 +19,16 @@ from typing import Any
 
 from . import admin, doctor, explain, timeline
 from .argparsing import OneLineArgumentParser
+from .backends import command_line_password_warning
 from .errors import BackendError, ConfigError
 from .sizes import format_size, parse_size
 from .store import Store, open_store
 
 
 def _store(args: argparse.Namespace) -> Store:
-    return open_store(args.url, namespace=args.namespace)
+    store = open_store(args.url, namespace=args.namespace)
+    store.backend.discover()  # a cluster URL whose seed nodes none answers is bad input (exit 2)
+    return store
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -180,6 +183,9 @@ _EXTENSIONS: list[Callable[[Any], None]] = [_sim_parser]
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    warning = command_line_password_warning(args.url, "--url")
+    if warning:
+        print(f"recipecache: warning: {warning}", file=sys.stderr)
     try:
         return int(args.func(args))
     except ConfigError as exc:

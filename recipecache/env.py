@@ -31,6 +31,11 @@ SECRET_FILE = "RECIPECACHE_SECRET_FILE"
 WAIT_TIMEOUT = "RECIPECACHE_WAIT_TIMEOUT"
 #: lifetime of a compile lease in seconds (renewed every third of it)
 LEASE_TTL = "RECIPECACHE_LEASE_TTL"
+#: node-local directory in front of the remote store; processes with the same one are one node
+#: (``{rank}`` is replaced by the process's rank, so a launcher can give each rank its own)
+NODE_DIR = "RECIPECACHE_NODE_DIR"
+#: size cap of the node directory (``20GiB``); least recently used entries go first
+NODE_MAX_SIZE = "RECIPECACHE_NODE_MAX_SIZE"
 #: directory of the per-process JSON-lines event logs
 EVENT_LOG = "RECIPECACHE_EVENT_LOG"
 #: per-process metrics file (``{rank}`` is replaced), and whether to rewrite it on every change

@@ -3,7 +3,8 @@
 The URL itself is parsed by the backend it names (:mod:`recipecache.backends`). Environment: ``RECIPECACHE_URL`` (the URL), ``RECIPECACHE_DIR`` (the filesystem default's
 directory, else ``~/.cache/recipecache``), ``RECIPECACHE_NAMESPACE``,
 ``RECIPECACHE_SECRET`` or ``RECIPECACHE_SECRET_FILE`` (the HMAC key), ``RECIPECACHE_WAIT_TIMEOUT``,
-``RECIPECACHE_LEASE_TTL``. Everything wrong here is a :class:`ConfigError` with one line.
+``RECIPECACHE_LEASE_TTL``, ``RECIPECACHE_NODE_DIR`` and ``RECIPECACHE_NODE_MAX_SIZE`` (the node
+tier, :mod:`recipecache.node_tier`). Everything wrong here is a :class:`ConfigError` with one line.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from pathlib import Path
 from . import env
 from .errors import ConfigError
 from .keys import DEFAULT_NAMESPACE, check_namespace
+from .sizes import parse_size
 
 DEFAULT_WAIT_TIMEOUT = 600.0
 DEFAULT_LEASE_TTL = 30.0
+#: size cap of a node directory unless ``RECIPECACHE_NODE_MAX_SIZE`` says otherwise
+DEFAULT_NODE_MAX_SIZE = 20 * 1024**3
 #: shortest signing key accepted
 MIN_SECRET_BYTES = 16
 
@@ -74,6 +78,9 @@ class StoreSettings:
     secret: bytes | None = None
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT
     lease_ttl: float = DEFAULT_LEASE_TTL
+    #: the node tier's directory (None: every lookup goes to the remote store)
+    node_dir: str | None = None
+    node_max_size: int = DEFAULT_NODE_MAX_SIZE
 
     def __post_init__(self) -> None:
         if self.secret is not None:
@@ -96,4 +103,25 @@ class StoreSettings:
             secret=read_secret(secret),
             wait_timeout=env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT),
             lease_ttl=env.seconds(env.LEASE_TTL, DEFAULT_LEASE_TTL),
+            node_dir=node_dir(),
+            node_max_size=_node_max_size(),
         )
+
+
+def node_dir() -> str | None:
+    """``$RECIPECACHE_NODE_DIR`` with ``{rank}`` replaced by this process's rank; None when unset or empty."""
+    text = os.environ.get(env.NODE_DIR)
+    return text.replace("{rank}", str(env.process_rank())) if text else None
+
+
+def _node_max_size() -> int:
+    text = os.environ.get(env.NODE_MAX_SIZE)
+    if not text:
+        return DEFAULT_NODE_MAX_SIZE
+    try:
+        size = parse_size(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{env.NODE_MAX_SIZE}: {exc}") from None
+    if size <= 0:
+        raise ConfigError(f"{env.NODE_MAX_SIZE}={text!r} must be a positive size")
+    return size

@@ -14,7 +14,12 @@ from collections import Counter
 from typing import Any
 
 _COUNTS = ("hits", "misses", "puts", "bytes_read", "bytes_written", "compiles", "waits", "leader", "follower",
-           "fallback", "takeovers", "deleted_bad", "update_conflicts")
+           "fallback", "takeovers", "deleted_bad", "update_conflicts",
+           # the node tier (recipecache.node_tier): served from the node directory, waited for the node's
+           # fetcher, read the remote store for the node (and the bytes it got), took a dead fetcher's place,
+           # refused a bad copy, could not use the directory
+           "node_hits", "node_waits", "node_fetches", "node_fetched_bytes", "node_takeovers", "node_deleted_bad",
+           "node_errors")
 _SECONDS = ("compile_s", "wait_s")
 _BY_REASON = ("misses_by_reason", "put_failures_by_reason", "fallback_by_reason")
 

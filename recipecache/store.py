@@ -17,6 +17,11 @@ The store is what training code talks to. Its promises:
 * ``get_or_compile`` runs the caller's compile at most once per key across processes
   and hosts (single-flight, :mod:`recipecache.lease`), except when the backend cannot
   help, in which case it compiles locally.
+* With a node directory (``RECIPECACHE_NODE_DIR``, :mod:`recipecache.node_tier`) lookups
+  go through it: one process per node reads each entry from the backend, the node's
+  other processes read the verified copy it leaves there; puts go to both. Entries
+  rewritten in place (``update``) are read from the backend where a copy could be stale:
+  see :meth:`Store.update`.
 * Nothing a backend does (down, slow, full, corrupt) raises into the caller. A failure
   opens a short circuit breaker: for ``retry_after`` seconds the backend is not asked at
   all (each skipped call still counts under the failure's reason), so an outage costs
@@ -25,6 +30,8 @@ The store is what training code talks to. Its promises:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import random
 import threading
@@ -42,6 +49,7 @@ from .errors import BackendError, VerificationError
 from .events import EventLog
 from .keys import storage_key
 from .lease import HeldLease, SingleFlight
+from .node_tier import NodeTier
 from .reasons import ABSENT, FAILED, REFUSED, Reason, Role
 from .stats import Stats
 
@@ -132,6 +140,9 @@ class Store:
         self._lock = threading.Lock()
         self._broken_until = 0.0
         self._broken_reason: Reason | None = None
+        self.node = None if settings.node_dir is None else NodeTier(
+            settings.node_dir, max_size=settings.node_max_size, lease_ttl=settings.lease_ttl,
+            wait_timeout=settings.wait_timeout, stats=self._stats)
 
     @property
     def url(self) -> str:
@@ -165,12 +176,32 @@ class Store:
         return result
 
     # -- bytes ---------------------------------------------------------------------
-    def _read(self, key: str) -> Lookup:
-        """The verified payload, or why not; deletes entries that are damaged. Counts nothing but bytes."""
-        return self._fetch(key)[0]
+    def _read(self, key: str, *, node: bool = True) -> Lookup:
+        """The verified payload, or why not, through the node tier if there is one (and ``node``).
+
+        Deletes entries that are damaged. Counts nothing but bytes.
+        """
+        if self.node is None or not node:
+            return self._fetch(key)[0]
+        return self.node.read(storage_key(self.namespace, key), functools.partial(self._open, key),
+                              functools.partial(self._fetch_verified, key), self._node_hit)
+
+    def _open(self, key: str, blob: Buffer) -> memoryview:
+        """The payload of ``blob`` filed under ``key``; VerificationError unless every check passes."""
+        return envelope.open_envelope(blob, key=key, namespace=self.namespace, secret=self.settings.secret)[1]
+
+    def _node_hit(self, payload: memoryview) -> Lookup:
+        self._stats.count("bytes_read", len(payload))
+        return Lookup(payload)
+
+    def _fetch_verified(self, key: str) -> tuple[Lookup, Buffer | None]:
+        """The backend's answer, and the envelope as stored only if it verified (what the node tier may copy)."""
+        result, blob = self._fetch(key)
+        return result, blob if result.data is not None else None
 
     def _fetch(self, key: str) -> tuple[Lookup, Buffer | None]:
-        """:meth:`_read`, and the envelope as stored (None when none is), for a compare-and-set."""
+        """The backend's answer (never the node tier's), and the envelope as stored (None when none is), for a
+        compare-and-set."""
         skey = storage_key(self.namespace, key)
         try:
             blob = self._call("get", self.backend.get, skey)
@@ -182,9 +213,7 @@ class Store:
         if blob is None:
             return Lookup(None, Reason.NOT_FOUND), None
         try:
-            _header, payload = envelope.open_envelope(
-                blob, key=key, namespace=self.namespace, secret=self.settings.secret
-            )
+            payload = self._open(key, blob)
         except VerificationError as exc:
             log.warning("recipecache: refusing entry %s: %s", key, exc)
             if exc.reason is Reason.CORRUPT and self._delete_damaged(skey, blob):
@@ -203,14 +232,27 @@ class Store:
             self._stats.count("deleted_bad")
         return deleted
 
-    def lookup(self, key: str, *, trace: bool = True) -> Lookup:
+    def _fetch_fresh(self, key: str, stale: Buffer) -> memoryview | None:
+        """The value under ``key`` unless it is ``stale``, from the backend itself (the node copy may be what is
+        stale); a fresh value replaces the node copy, so the node's other processes see it too."""
+        result, blob = self._fetch(key)
+        if result.data is None or result.data == stale:
+            return None
+        if self.node is not None:
+            assert blob is not None
+            self.node.publish(storage_key(self.namespace, key), blob)
+        return result.data
+
+    def lookup(self, key: str, *, trace: bool = True, node: bool = True) -> Lookup:
         """The verified artifact under ``key``, or None and the counted miss reason.
 
         ``trace=False`` keeps the lookup out of the event log (which the simulator replays
         as the job's compile keys); it is counted in :meth:`stats` all the same.
+        ``node=False`` reads the backend even with a node tier: for entries rewritten under
+        the same key (merged PGO state, an index), whose node copy would go stale.
         """
         start = time.perf_counter()
-        result = self._read(key)
+        result = self._read(key, node=node)
         if result.reason is not None:
             self._stats.reason("misses", result.reason)
             if trace:
@@ -222,9 +264,9 @@ class Store:
                 self.events.record("hit", key, time.perf_counter() - start, bytes=len(result.data))
         return result
 
-    def get(self, key: str, *, trace: bool = True) -> memoryview | None:
+    def get(self, key: str, *, trace: bool = True, node: bool = True) -> memoryview | None:
         """The verified artifact under ``key`` (a read-only view), or None (a miss, counted by reason)."""
-        return self.lookup(key, trace=trace).data
+        return self.lookup(key, trace=trace, node=node).data
 
     def _seal(self, key: str, data: Buffer, meta: dict[str, Any] | None = None) -> bytes:
         return envelope.seal_header(key, data, namespace=self.namespace, secret=self.settings.secret, meta=meta)
@@ -235,18 +277,26 @@ class Store:
         if trace:
             self.events.record("put", key, time.perf_counter() - start, bytes=len(data))
 
-    def put(self, key: str, data: Buffer, *, trace: bool = True, meta: dict[str, Any] | None = None) -> bool:
+    def put(
+        self, key: str, data: Buffer, *, trace: bool = True, meta: dict[str, Any] | None = None, node: bool = True
+    ) -> bool:
         """Publish ``data`` under ``key``; False (logged and counted, never raised) if the backend failed.
 
         The envelope's header and ``data`` go to the backend as two buffers: ``data`` is
         never copied to join them. ``meta`` says what the entry is (kind, function, shapes,
         compile seconds) for ``recipecache ls``: a small map of scalars
-        (:func:`recipecache.envelope.check_meta`).
+        (:func:`recipecache.envelope.check_meta`). With a node tier the entry goes to the
+        node directory too (first: the node's other processes read it there even if the
+        backend fails), unless ``node=False``.
         """
         start = time.perf_counter()
         data = byte_view(data)
+        skey = storage_key(self.namespace, key)
+        header = self._seal(key, data, meta)
+        if self.node is not None and node:
+            self.node.publish(skey, header, data)
         try:
-            self._call("put", self.backend.put, storage_key(self.namespace, key), self._seal(key, data, meta), data)
+            self._call("put", self.backend.put, skey, header, data)
         except BackendError as exc:
             self._stats.reason("put_failures", exc.reason)
             return False
@@ -261,6 +311,7 @@ class Store:
         attempts: int = UPDATE_ATTEMPTS,
         trace: bool = False,
         meta: dict[str, Any] | None = None,
+        node: bool = False,
     ) -> Lookup:
         """Replace the value under ``key`` with ``change(current)``, atomically against other updates.
 
@@ -273,6 +324,12 @@ class Store:
 
         ``meta`` describes the value written, as for :meth:`put`.
 
+        The read is always the backend's, never a node copy (which may be stale). The value
+        written goes to the node directory only with ``node=True``: for entries whose
+        readers check what they get and read the backend when a copy does not fit (graph
+        guard variants, :meth:`begin` with ``stale``); state read as it is (PGO decisions,
+        an index) must be read with ``node=False`` and never copied to a node.
+
         Returns the value written (or, when ``change`` returned None, what is there), or
         None and the reason: the backend's failure, or ``conflict`` after ``attempts``
         lost races. Both are counted under ``put_failures``; nothing is raised but what
@@ -280,26 +337,31 @@ class Store:
         """
         start = time.perf_counter()
         skey = storage_key(self.namespace, key)
-        for attempt in range(attempts):
-            current, stored = self._fetch(key)
-            if current.failed:
-                assert current.reason is not None
-                self._stats.reason("put_failures", current.reason)
-                return current
-            new = change(current.data)
-            if new is None:
-                return current
-            new = byte_view(new)
-            try:
-                written = self._call("put", self.backend.put_if, skey, stored, self._seal(key, new, meta), new)
-            except BackendError as exc:
-                self._stats.reason("put_failures", exc.reason)
-                return Lookup(None, exc.reason)
-            if written:
-                self._published(key, new, start, trace)
-                return Lookup(memoryview(new).toreadonly())
-            self._stats.count("update_conflicts")
-            time.sleep(random.uniform(0, min(_UPDATE_BACKOFF_MAX_S, _UPDATE_BACKOFF_S * 2**attempt)))
+        copy_to = self.node if node else None
+        with copy_to.rewriting(skey) if copy_to is not None else contextlib.nullcontext():
+            for attempt in range(attempts):
+                current, stored = self._fetch(key)
+                if current.failed:
+                    assert current.reason is not None
+                    self._stats.reason("put_failures", current.reason)
+                    return current
+                new = change(current.data)
+                if new is None:
+                    return current
+                new = byte_view(new)
+                header = self._seal(key, new, meta)
+                try:
+                    written = self._call("put", self.backend.put_if, skey, stored, header, new)
+                except BackendError as exc:
+                    self._stats.reason("put_failures", exc.reason)
+                    return Lookup(None, exc.reason)
+                if written:
+                    if copy_to is not None:
+                        copy_to.publish(skey, header, new)
+                    self._published(key, new, start, trace)
+                    return Lookup(memoryview(new).toreadonly())
+                self._stats.count("update_conflicts")
+                time.sleep(random.uniform(0, min(_UPDATE_BACKOFF_MAX_S, _UPDATE_BACKOFF_S * 2**attempt)))
         self._stats.reason("put_failures", Reason.CONFLICT)
         return Lookup(None, Reason.CONFLICT)
 
@@ -318,7 +380,9 @@ class Store:
         the guard variants it holds fits, or it is malformed), for ``stale_reason``. While
         the key holds exactly that value it counts as missing: the caller takes the lease
         and compiles what it needs, or waits for the lease holder to publish something
-        else. The caller counted its own lookup, so this one is not counted again.
+        else. The caller counted its own lookup, so this one is not counted again. With
+        ``stale`` the backend itself is read, never a node copy (the stale value may be
+        that copy), and what it holds refreshes the node copy.
         """
         if stale is None:
             first = self.lookup(key)
@@ -332,8 +396,7 @@ class Store:
         timeout = self.settings.wait_timeout if wait_timeout is None else wait_timeout
 
         def fetch() -> memoryview | None:
-            data = self._read(key).data
-            return None if data is None or (stale is not None and data == stale) else data
+            return self._read(key).data if stale is None else self._fetch_fresh(key, stale)
 
         try:
             outcome = self._call("lease", self._flight.run, storage_key(self.namespace, key), fetch, timeout)
@@ -426,7 +489,8 @@ class Store:
 
     def stats(self) -> dict[str, Any]:
         out = self._stats.snapshot()
-        out.update(url=self.backend.url, namespace=self.namespace, signed=self.settings.secret is not None)
+        out.update(url=self.backend.url, namespace=self.namespace, signed=self.settings.secret is not None,
+                   node_dir=None if self.node is None else str(self.node.directory))
         return out
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -8,7 +9,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from redis_cluster import RedisCluster, RedisSentinel  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
+
+# Every process a test starts (torchrun ranks, CLIs, agents) prints its Python stacks if it
+# dies of a signal (SIGABRT, SIGSEGV): a rank that crashes in CI then says where.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +27,16 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A real 3-primary Redis Cluster for the session (no replicas: tests that kill a node start their own)."""
+    with RedisCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSentinel]:
+    with RedisSentinel(tmp_path_factory.mktemp("sentinel")) as sentinel:
+        yield sentinel

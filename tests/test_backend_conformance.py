@@ -1,4 +1,5 @@
-"""One conformance suite that every backend runs: memory, filesystem, and a real redis-server."""
+"""One conformance suite that every backend runs: memory, filesystem, a real redis-server, a real
+3-primary Redis Cluster and a real primary behind a sentinel."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from recipecache.backends.memory import MemoryBackend
 from recipecache.errors import ConfigError
 
 
-@pytest.fixture(params=["memory", "filesystem", "redis"])
+@pytest.fixture(params=["memory", "filesystem", "redis", "redis-cluster", "redis-sentinel"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "memory":
         url = "memory://"
@@ -26,8 +27,10 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         url = f"file://{tmp_path / 'cache'}"
     else:
         request.applymarker(pytest.mark.redis)
+        server = {"redis": "redis_url", "redis-cluster": "redis_cluster", "redis-sentinel": "redis_sentinel"}
+        found = request.getfixturevalue(server[request.param])
         # a small chunk size so the suite exercises chunked values on Redis
-        url = request.getfixturevalue("redis_url") + "?chunk_size=4KiB"
+        url = (found if isinstance(found, str) else found.url) + "?chunk_size=4KiB"
     b = open_backend(url)
     yield b
     b.close()
@@ -118,6 +121,35 @@ def test_expired_lease_is_taken_over(backend: Backend, ns: str) -> None:
     assert backend.lease_add(name, "b", 30)
     assert not backend.lease_renew(name, "dead", 30), "the old holder must learn it lost the lease"
     assert backend.lease_renew(name, "b", 30)
+
+
+def test_lease_holder_names_the_token_and_time_left(backend: Backend, ns: str) -> None:
+    name = k(ns, 11)
+    assert backend.lease_holder(name) is None
+    assert backend.lease_add(name, "tok-a:1:99:host", 30)
+    held = backend.lease_holder(name)
+    assert held is not None and held.token == "tok-a:1:99:host" and 20 < held.remaining_s <= 30
+    backend.lease_release(name, "tok-a:1:99:host")
+    assert backend.lease_holder(name) is None
+
+
+def test_lease_wait_ends_when_the_holder_releases(backend: Backend, ns: str) -> None:
+    name = k(ns, 12)
+    assert backend.lease_add(name, "tok-a", 30)
+    woke = backend.lease_wait(name, "tok-a", 0.2)
+    if woke is None:
+        return  # a backend that cannot wake waiters says so at once; its waiters poll
+    assert woke is False, "nobody released it: the wait times out"
+    backend.lease_release(name, "tok-b")  # not the holder: wakes nobody
+    assert backend.lease_wait(name, "tok-a", 0.2) is False
+    release = threading.Timer(0.3, backend.lease_release, (name, "tok-a"))
+    release.start()
+    try:
+        assert backend.lease_wait(name, "tok-a", 60) is True, "the release woke the waiter (not its timeout)"
+    finally:
+        release.join()
+    assert backend.lease_wait(name, "tok-a", 60) is True, "a waiter arriving after the release is not stuck"
+    assert backend.lease_holder(name) is None
 
 
 def test_evict_keeps_the_cap(backend: Backend, ns: str) -> None:

@@ -211,3 +211,14 @@ def test_ls_and_verify_report_hostile_entries_without_crashing(tmp_path: Path, r
         assert run("verify", "--url", url, "--namespace", "hostile", "--fix").returncode == 0
         assert run("verify", "--url", url, "--namespace", "hostile").returncode == 0
         assert store.get("good") == b"fine"
+
+
+def test_password_on_the_command_line_is_warned_about_and_never_printed(redis_url: str) -> None:
+    """A password in --url is readable by every user (ps): one warning line, the password redacted."""
+    parts = redis_url.split("://", 1)
+    with_password = f"{parts[0]}://default:not-the-password-{os.getpid()}@{parts[1]}"
+    proc = run("stats", "--url", with_password)
+    warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "set RECIPECACHE_URL instead" in warnings[0], proc.stderr
+    assert f"not-the-password-{os.getpid()}" not in proc.stderr + proc.stdout
+    assert "warning" not in run("stats", "--url", redis_url).stderr

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from redis_server import free_port
-from test_deploy import JOB_PASSWORD, start_deployed
+from deploy_support import JOB_PASSWORD, start_deployed
 
 from recipecache import doctor
 from recipecache.backends import open_backend
 from recipecache.backends.redis import ACL_COMMANDS
+from recipecache.backends.redis_cluster import CLUSTER_ACL_COMMANDS
 from recipecache.errors import URLError
 
 EXPECTED = ["store", "leases", "permissions", "free space", "clock", "signing", "torch cache", "torch cache", "torch",
@@ -137,3 +138,15 @@ def test_acl_probes_cover_every_backend_command() -> None:
         assert set(backend._acl_probes("rc:e:ns/00")) == set(ACL_COMMANDS)  # type: ignore[attr-defined]
     finally:
         backend.close()
+
+
+@pytest.mark.redis
+def test_doctor_on_a_cluster_and_a_sentinel_primary(redis_cluster, redis_sentinel) -> None:  # type: ignore[no-untyped-def]
+    """The same checks through the cluster client (slot map commands probed too) and the sentinel's primary."""
+    for url in (redis_cluster.url, redis_sentinel.url):
+        checks = doctor.run_checks(url, namespace="doctor")
+        found = by_name(checks)
+        assert not [c for c in checks if c.failed], doctor.format_checks(checks)
+        assert found["acl"].status == "pass", found["acl"].detail
+    assert by_name(doctor.run_checks(redis_cluster.url, namespace="doctor"))["acl"].detail.startswith(
+        f"the user may run all {len(ACL_COMMANDS) + len(CLUSTER_ACL_COMMANDS)} commands")

@@ -110,8 +110,26 @@ def test_rank_env_wiring(script: Path, tmp_path: Path) -> None:
         "OMP_NUM_THREADS": "1",
         "RECIPECACHE_AUTO_ENABLE": "1",
         "RECIPECACHE_RANK_DIRS": f"{tmp_path}/dirs",
+        "RECIPECACHE_NODE_DIR": f"{tmp_path}/dirs/rank{{rank}}/node",
     }
     assert config.report_path == tmp_path / "run" / "report.json"
+
+
+def test_node_tier_wiring(script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir(mode=0o700)
+    inherited = {"RECIPECACHE_NODE_DIR": "/elsewhere"}
+    default = config_for(str(script)).rank_env(inherited)["RECIPECACHE_NODE_DIR"]
+    assert default == str(tmp_path / "tmp" / f"recipecache-node-{os.getuid()}") and Path(default).is_dir()
+    shared = config_for("--rank-dirs", str(tmp_path / "d"), "--node-dir", str(tmp_path / "n"), str(script))
+    assert shared.rank_env(inherited)["RECIPECACHE_NODE_DIR"] == str(tmp_path / "n"), "one node, private torch dirs"
+    assert "RECIPECACHE_NODE_DIR" not in config_for("--no-node-tier", str(script)).rank_env(inherited)
+    with pytest.raises(ConfigError, match="contradict"):
+        config_for("--no-node-tier", "--node-dir", str(tmp_path / "n"), str(script))
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o777)
+    with pytest.raises(ConfigError, match="writable by group or others"):
+        config_for("--node-dir", str(tmp_path / "open"), str(script))
 
 
 def test_default_cache_and_run_dir(script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,6 +223,17 @@ def test_bad_input_is_one_line_and_exit_2(case: str, script: Path, tmp_path: Pat
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("recipecache-run: error: ")
     assert not (tmp_path / "recipecache-runs").exists()
+
+
+def test_password_in_cache_option_is_warned_about_and_redacted(script: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """--cache is visible to every user (ps): a password in it earns a warning; no output shows it."""
+    assert main(["--cache", f"redis://u:hunter2-secret@127.0.0.1:{free_port()}/0", str(script)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("recipecache-run: warning: the password in --cache redis://u:***@")
+    assert lines[1].startswith("recipecache-run: error: ")
+    assert not any("hunter2-secret" in line for line in lines)
 
 
 def test_console_script_bad_input_has_no_traceback(tmp_path: Path) -> None:

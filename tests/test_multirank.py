@@ -8,7 +8,11 @@ three jobs once and every test asserts on them:
 2. warm: the same store, fresh empty local dirs again: everything must come from the store;
 3. plain: the same script under plain torchrun, no recipecache, for the losses;
 4. prewarm: a cold store again, with ``--prewarm``: the declared bucket shapes are
-   compiled (spread over the ranks) before the first step, so training meets no compile.
+   compiled (spread over the ranks) before the first step, so training meets no compile;
+5. one node: a cold store, private torch dirs per rank again, but one node directory for
+   both ranks (``--node-dir``): a rank reads the other's artifacts from the node
+   directory, never from the store. (The cold job, by contrast, gives each rank its own
+   node directory under ``--rank-dirs``: two nodes, which must fetch from the store.)
 
 The example's schedule puts rank 1 one bucket ahead of rank 0, so at step 0 each rank
 compiles the length the other meets at step 1: every rank must hit an artifact it
@@ -56,6 +60,8 @@ class Job:
     events: list[dict[str, Any]] | None = None
     #: each rank's metrics file, by rank
     metrics: list[dict[str, Any]] | None = None
+    #: each rank's store counters, from its metrics file
+    store_stats: list[dict[str, Any]] | None = None
 
     def rank_events(self, event: str) -> list[dict[str, Any]]:
         assert self.events is not None
@@ -79,12 +85,14 @@ def run_cached(tmp: Path, name: str, store_url: str, *launcher_args: str) -> Job
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     output = json.loads((run_dir / "losses.json").read_text())
+    metrics = [json.loads((run_dir / f"metrics-rank{rank}.json").read_text()) for rank in range(RANKS)]
     return Job(
         losses=output["losses"],
         output=output,
         report=json.loads((run_dir / "report.json").read_text()),
         events=list(read_events(run_dir / "events")),
-        metrics=[json.loads((run_dir / f"metrics-rank{rank}.json").read_text()) for rank in range(RANKS)],
+        metrics=metrics,
+        store_stats=[m["store"] for m in metrics],
     )
 
 
@@ -112,7 +120,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
     cold = run_cached(tmp, "cold", store)
     warm = run_cached(tmp, "warm", store)
     prewarmed = run_cached(tmp, "prewarm", f"file://{tmp / 'prewarm-store'}", "--prewarm")
-    yield {"cold": cold, "warm": warm, "plain": run_plain(tmp), "prewarm": prewarmed}
+    one_node = run_cached(tmp, "one-node", f"file://{tmp / 'one-node-store'}", "--node-dir", str(tmp / "node"))
+    yield {"cold": cold, "warm": warm, "plain": run_plain(tmp), "prewarm": prewarmed, "one-node": one_node}
 
 
 def ranks(job: Job) -> list[dict[str, Any]]:
@@ -195,6 +204,19 @@ def test_prewarm_leaves_no_compile_stall_in_training(jobs: dict[str, Job]) -> No
     assert all(row["compiles"] < job.report["total"]["compiles"] for row in ranks(job))
     assert job.losses == jobs["plain"].losses, "prewarming changes no training state"
     assert jobs["plain"].output["prewarmed"] is False
+
+
+def test_ranks_of_one_node_share_its_directory_and_two_nodes_fetch(jobs: dict[str, Job]) -> None:
+    one_node = jobs["one-node"]
+    assert one_node.losses == jobs["plain"].losses
+    assert max(Counter(e["key"] for e in one_node.rank_events("compile")).values()) == 1
+    assert one_node.store_stats is not None and jobs["cold"].store_stats is not None
+    for rank, stats in enumerate(one_node.store_stats):
+        assert stats["node_hits"] >= 1, f"rank {rank} read the other rank's artifact from the node directory"
+    assert sum(s["node_fetched_bytes"] for s in one_node.store_stats) == 0, "one node never reads back what it has"
+    for rank, stats in enumerate(jobs["cold"].store_stats):  # --rank-dirs: each rank is a node of its own
+        assert stats["node_dir"].endswith(f"/rank{rank}/node")
+        assert stats["node_fetched_bytes"] > 0, f"node {rank} fetched the other node's artifact from the store"
 
 
 def test_ranks_writing_pgo_decisions_at_once_lose_none_and_decide_alike(tmp_path: Path) -> None:

@@ -178,3 +178,59 @@ def test_sim_does_not_import_torch() -> None:
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- contention and the node tier ---------------------------------------------------------
+HERD = Costs(compile_s=10.0, compute_s=0.0, fetch_latency_s=0.0, artifact_mb=100.0, bandwidth_mb_s=500.0,
+             store_mb_s=1000.0, local_mb_s=2000.0)
+
+
+def test_link_shares_its_bandwidth_among_transfers_in_flight() -> None:
+    from recipecache.sim.engine import _Link
+
+    link = _Link(100.0, math.inf)
+    link.add(0.0, 100.0, 1)  # alone for 0.5 s (50 MB), then shares with the second
+    link.add(0.5, 100.0, 2)
+    assert link.next_end() == pytest.approx(1.5) and link.pop(1.5) == 1
+    assert link.next_end() == pytest.approx(2.0) and link.pop(2.0) == 2
+    capped = _Link(1000.0, 10.0)
+    capped.add(0.0, 5.0, 3)
+    assert capped.next_end() == pytest.approx(0.5), "one transfer never exceeds its own cap"
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 16, 64])
+def test_job_start_herd_is_bound_by_the_store(ranks: int) -> None:
+    report = simulate("singleflight", schedule="startup", ranks=ranks, shapes=3, warm=True, costs=HERD)
+    transfer = ranks * 3 * HERD.artifact_mb / min(HERD.store_mb_s, ranks * HERD.bandwidth_mb_s)
+    assert report.stall_s == pytest.approx(transfer)
+    assert report.compile_events == 0 and report.remote_fetches == report.fetch_events == ranks * 3
+    assert report.remote_mb == pytest.approx(ranks * 3 * HERD.artifact_mb)
+
+
+def test_node_tier_fetches_once_per_node_and_shape() -> None:
+    ranks, per_node, shapes = 64, 8, 3
+    without = simulate("singleflight", schedule="startup", ranks=ranks, shapes=shapes, warm=True, costs=HERD)
+    tier = simulate("singleflight", schedule="startup", ranks=ranks, shapes=shapes, warm=True, costs=HERD,
+                    node_tier=True, ranks_per_node=per_node)
+    nodes = ranks // per_node
+    assert tier.remote_fetches == nodes * shapes and tier.node_reads == (ranks - nodes) * shapes
+    assert tier.fetch_events == without.fetch_events == ranks * shapes
+    # the nodes' fetches share the store, then the last shape's copy is read
+    assert tier.stall_s == pytest.approx(nodes * shapes * HERD.artifact_mb / HERD.store_mb_s
+                                         + HERD.artifact_mb / HERD.local_mb_s)
+    assert without.stall_s / tier.stall_s > 7
+
+
+def test_node_tier_on_a_cold_store_compiles_once_and_never_fetches_what_the_node_built() -> None:
+    report = simulate("singleflight", schedule="startup", ranks=16, shapes=2, costs=HERD, node_tier=True,
+                      ranks_per_node=8)
+    assert report.compile_events == 2 and report.wasted_compile_s == 0
+    assert report.remote_fetches == 2, "the compiler's node reads its copy; the other node fetches each shape once"
+    assert report.node_reads == 16 * 2 - 2 - 2
+
+
+def test_colocated_nodes_share_the_hosts_bandwidth_with_the_store() -> None:
+    report = simulate("singleflight", schedule="startup", ranks=16, shapes=2, warm=True, costs=HERD, node_tier=True,
+                      ranks_per_node=8, colocated=True)
+    work_mb = 2 * 2 * HERD.artifact_mb + 14 * 2 * HERD.artifact_mb * HERD.store_mb_s / HERD.local_mb_s
+    assert report.stall_s == pytest.approx(work_mb / HERD.store_mb_s)

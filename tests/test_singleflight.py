@@ -1,10 +1,10 @@
-"""Single-flight across real processes, on the filesystem backend and on a real redis-server."""
+"""Single-flight across real processes, on the filesystem backend, a real redis-server and a real
+3-primary Redis Cluster."""
 
 from __future__ import annotations
 
 import json
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from processes import kill_once_ready
 
 import recipecache
 from recipecache.backends import open_backend
@@ -21,11 +22,13 @@ from recipecache.lease import SingleFlight
 WORKERS = Path(__file__).parent / "workers"
 
 
-@pytest.fixture(params=["filesystem", "redis"])
+@pytest.fixture(params=["filesystem", "redis", "redis-cluster"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "filesystem":
         return f"file://{tmp_path / 'cache'}"
     request.applymarker(pytest.mark.redis)
+    if request.param == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
     return str(request.getfixturevalue("redis_url"))
 
 
@@ -54,12 +57,7 @@ def test_leader_killed_mid_compile_is_taken_over(url: str, tmp_path: Path, monke
     ready = tmp_path / "ready"
     leader = subprocess.Popen([sys.executable, str(WORKERS / "stuck_leader.py"), url, namespace, "k", str(ready)])
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert leader.poll() is None and time.monotonic() < deadline, "leader never started compiling"
-            time.sleep(0.05)
-        leader.send_signal(signal.SIGKILL)
-        leader.wait()
+        kill_once_ready(leader, ready, "the leader")
         store = recipecache.open_store(url, namespace=namespace)
         assert store.get_or_compile("k", lambda: b"from the follower", wait_timeout=60) == b"from the follower"
         stats = store.stats()

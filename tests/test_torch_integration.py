@@ -46,6 +46,7 @@ from recipecache.torch_integration.artifact import (
     ArtifactError,
     Entry,
     KernelFile,
+    collect,
     install,
 )
 from recipecache.torch_integration.metrics import Metrics
@@ -663,6 +664,26 @@ def test_install_refuses_a_cache_dir_others_can_change(unsafe: str, tmp_path: Pa
     with pytest.raises(ConfigError):
         install([KERNEL], root)
     assert not (target / "ab" / "cdef.main.so").exists() and not (target / "cdef.main.so").exists()
+
+
+def test_collect_ships_only_kernels_nobody_else_could_have_changed(tmp_path: Path) -> None:
+    """What collect reads goes to every rank: a kernel behind a symlink, in a directory others can
+    write, or writable by others is not read (reported as not read), the rest is."""
+    root = _private(tmp_path / "cache")
+    install([KERNEL, KernelFile("cd/good.so", b"good"), KernelFile("ef/open.so", b"open")], root)
+    elsewhere = _private(tmp_path / "elsewhere")
+    (elsewhere / "planted.so").write_bytes(b"planted")
+    (root / "cd" / "link.so").symlink_to(elsewhere / "planted.so")
+    (root / "ab" / "cdef.main.so").chmod(0o664)
+    (root / "ef").chmod(0o777)
+    paths = [str(root / p) for p in ("ab/cdef.main.so", "cd/good.so", "cd/link.so", "ef/open.so", "cd/absent.so")]
+    files, not_read = collect(paths, root)
+    assert files == [KernelFile("cd/good.so", b"good")]
+    # the link resolves outside torch's layout: skipped with a warning, like any stray path
+    assert sorted(not_read) == sorted(set(paths) - {str(root / "cd/good.so"), str(root / "cd/link.so")})
+    (root / "ef").chmod(0o700)
+    root.chmod(0o777)
+    assert collect(paths, root)[0] == [], "a cache dir others can write ships nothing"
 
 
 def test_an_unsafe_cache_dir_means_no_install_and_a_counted_fallback(

@@ -12,15 +12,19 @@ import importlib
 
 from ..errors import URLError
 from .base import Backend
-from .url import StoreURL, redact
+from .url import StoreURL, command_line_password_warning, redact
 
-__all__ = ["SCHEMES", "Backend", "StoreURL", "backend_class", "open_backend", "redact"]
+__all__ = ["SCHEMES", "Backend", "StoreURL", "backend_class", "command_line_password_warning", "open_backend", "redact"]
 
 #: URL scheme -> ``module:class`` of its backend
 SCHEMES: dict[str, str] = {
     "file": "recipecache.backends.filesystem:FilesystemBackend",
     "redis": "recipecache.backends.redis:RedisBackend",
     "rediss": "recipecache.backends.redis:RedisBackend",
+    "redis+cluster": "recipecache.backends.redis_cluster:RedisClusterBackend",
+    "rediss+cluster": "recipecache.backends.redis_cluster:RedisClusterBackend",
+    "redis+sentinel": "recipecache.backends.redis_cluster:RedisSentinelBackend",
+    "rediss+sentinel": "recipecache.backends.redis_cluster:RedisSentinelBackend",
     "memory": "recipecache.backends.memory:MemoryBackend",
 }
 

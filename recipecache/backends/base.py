@@ -31,7 +31,9 @@ too. A backend must
   ``put`` published meanwhile;
 * implement leases as an atomic *add-with-expiry* (the one lock primitive, as in
   python-diskcache) plus compare-and-renew and compare-and-delete on the owner token.
-  An expired lease counts as absent, so a dead holder's lease is taken over.
+  An expired lease counts as absent, so a dead holder's lease is taken over. Waiters
+  read who holds a lease (:meth:`~Backend.lease_holder`) and, where the backend can,
+  block until its holder releases it (:meth:`~Backend.lease_wait`) instead of polling.
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ class EntryInfo:
     size: int
     #: last access (filesystem) or 0.0 where the backend does not track it
     atime: float
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """Who holds a lease (its owner token) and for how much longer."""
+
+    token: str
+    #: seconds until the lease expires; <= 0 for an expired lease the backend still keeps
+    remaining_s: float
 
 
 def is_key(key: str) -> bool:
@@ -140,7 +151,26 @@ class Backend(ABC):
 
     @abstractmethod
     def lease_release(self, name: str, token: str) -> None:
-        """Drop the lease if ``token`` still holds it."""
+        """Drop the lease if ``token`` still holds it, and wake the processes waiting on it (:meth:`lease_wait`)."""
+
+    @abstractmethod
+    def lease_holder(self, name: str) -> LeaseState | None:
+        """The lease's holder and time left, or None when nobody holds it.
+
+        Backends that keep an expired lease until it is taken over (filesystem, memory)
+        report it with ``remaining_s <= 0``, so a waiter can tell a holder that released
+        the lease (None) from one that died (expired); Redis drops expired keys, so there
+        a dead holder looks like one that released.
+        """
+
+    def lease_wait(self, name: str, token: str, timeout: float) -> bool | None:
+        """Block until holder ``token`` releases lease ``name``, at most ``timeout`` seconds.
+
+        True: woken (the holder released it, or it changed hands); False: the timeout
+        passed, or the backend ended the wait early (the caller looks again either way).
+        None: this backend cannot wake waiters and returned at once; the caller polls.
+        """
+        return None
 
     def evict(self, max_bytes: int) -> int:
         """Delete least-recently-used entries until at most ``max_bytes`` remain; returns bytes freed.
@@ -164,6 +194,11 @@ class Backend(ABC):
         Backends whose leftovers expire by themselves (Redis keys with a TTL) have none.
         """
         return 0
+
+    def discover(self) -> None:
+        """Raise ConfigError if the URL names no usable service at all: a cluster none of whose seed
+        nodes answers, sentinels that know no primary for the service. A URL that names one
+        server does nothing here: that server being down is a backend failure, not bad input."""
 
     def ping(self) -> None:
         """Raise BackendError unless the service answers; a local backend always does."""

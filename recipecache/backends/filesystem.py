@@ -20,6 +20,8 @@ release (within ``LEASE_LOCK_TIMEOUT_S``) that cannot get it is a ``backend_slow
 the leader then stops renewing, and the lease expires by itself. Expiry
 uses the wall clock, so hosts sharing a mount need synchronised clocks (NTP) within a
 fraction of the lease TTL.
+Nothing wakes a waiting process here (no ``lease_wait``): waiters poll the lease file
+with backoff, which costs a local read, not a network round trip.
 
 The root must not be writable by group or others (anyone who can write the cache can
 run code on every rank), and no path under it is followed through a symlink.
@@ -57,7 +59,7 @@ from ..errors import BackendError
 from ..fsutil import TEMP_PREFIX, private_directory, regular_files, subdirectories, write_atomic, write_temp
 from ..health import FAIL, PASS, HealthCheck, free_space, private
 from ..reasons import Reason
-from .base import Backend, Clock, EntryInfo, check_key, is_key, value_matches
+from .base import Backend, Clock, EntryInfo, LeaseState, check_key, is_key, value_matches
 from .url import StoreURL
 
 log = logging.getLogger(__name__)
@@ -394,6 +396,11 @@ class FilesystemBackend(Backend):
             raise _lock_stuck(name, LEASE_LOCK_TIMEOUT_S) from None
         except OSError as exc:
             raise BackendError(_reason(exc), f"lease {name}: {exc.strerror}") from None
+
+    def lease_holder(self, name: str) -> LeaseState | None:
+        """Read without the lock: the lease file is replaced whole (link or rename), never rewritten in place."""
+        held = self._read_lease(self._lease_path(name))
+        return None if held is None else LeaseState(held[0], held[1] - self._clock())
 
     # -- doctor --------------------------------------------------------------------
     def health_checks(self, probe_key: str) -> list[HealthCheck]:

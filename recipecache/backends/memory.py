@@ -1,7 +1,8 @@
 """An in-process backend: for unit tests of the logic above backends, and ``memory://``.
 
 It obeys the full backend contract (including lease expiry against an injectable
-clock), so the conformance suite runs on it like on the real backends.
+clock, and waking the waiters of a released lease), so the conformance suite runs on it
+like on the real backends.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 from ..buffers import Buffer
-from .base import Backend, Clock, EntryInfo, check_key, value_matches
+from .base import Backend, Clock, EntryInfo, LeaseState, check_key, value_matches
 from .url import StoreURL
 
 
@@ -30,6 +31,8 @@ class MemoryBackend(Backend):
         self.url = "memory://"
         self._clock = clock
         self._lock = threading.Lock()
+        #: notified whenever a lease is released or changes hands
+        self._lease_changed = threading.Condition(self._lock)
         self._values: dict[str, bytes] = {}
         self._atimes: dict[str, float] = {}
         self._leases: dict[str, tuple[str, float]] = {}
@@ -86,6 +89,7 @@ class MemoryBackend(Backend):
             if held is not None and held[1] > now:
                 return False
             self._leases[name] = (token, now + ttl)
+            self._lease_changed.notify_all()
             return True
 
     def lease_renew(self, name: str, token: str, ttl: float) -> bool:
@@ -102,3 +106,14 @@ class MemoryBackend(Backend):
             held = self._leases.get(name)
             if held is not None and held[0] == token:
                 del self._leases[name]
+                self._lease_changed.notify_all()
+
+    def lease_holder(self, name: str) -> LeaseState | None:
+        with self._lock:
+            held = self._leases.get(check_key(name))
+            return None if held is None else LeaseState(held[0], held[1] - self._clock())
+
+    def lease_wait(self, name: str, token: str, timeout: float) -> bool:
+        with self._lock:
+            return self._lease_changed.wait_for(
+                lambda: self._leases.get(name, ("", 0.0))[0] != token, timeout=max(timeout, 0.0))

@@ -5,6 +5,10 @@ Keys (all under ``rc:`` so an ACL can confine the user to ``~rc:*``)::
     rc:e:<key>                   the value, or a chunk manifest for values above 64 KiB
     rc:c:<key>:<gen>:<i>         chunk i of generation gen
     rc:l:<key>                   a lease: the owner token, with a PX expiry
+    rc:w:<key>:<digest>          the wake list of the lease holder whose token hashes to digest
+
+Every name is made by one method (``RedisBackend._name``), so that Redis Cluster
+(:mod:`.redis_cluster`) can give all the keys of one entry one hash tag and one slot.
 
 Small values are stored inline. Larger ones are split into chunks of ``chunk_size``
 bytes, written with plain ``SET`` (slices of the caller's buffers, never joined, except a
@@ -30,6 +34,14 @@ Conditional writes (``put_if``, ``delete_if``) read and compare the value in Pyt
 then let a script apply the write only if the entry's stored form is still what was
 read. Leases are ``SET NX PX`` plus Lua compare-and-renew / compare-and-delete.
 
+Waiting for a lease holder does not poll: a waiter blocks in ``BLMOVE`` on the holder's
+wake list ``rc:w:<key>:<token digest>``, and the holder's release (after it published)
+pushes one element there, with an expiry, in the same script that deletes the lease.
+``BLMOVE`` from a list to itself rotates the element instead of taking it, so every
+waiter blocked on that list, and any that arrives later, wakes at once; the list expires
+by itself. Blocking calls go through a second connection pool whose socket timeout
+exceeds the longest block (:data:`MAX_BLOCK_S`), so a long wait is not a timeout.
+
 Every Redis failure becomes a :class:`BackendError`: ``backend_down`` (connection),
 ``backend_slow`` (socket timeout), ``backend_full`` (OOM under ``maxmemory``) or
 ``backend_error``.
@@ -37,10 +49,12 @@ Every Redis failure becomes a :class:`BackendError`: ``backend_down`` (connectio
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import secrets
 import struct
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -56,7 +70,7 @@ from ..buffers import Buffer
 from ..errors import BackendError, VerificationError
 from ..health import FAIL, PASS, WARN, HealthCheck
 from ..reasons import Reason
-from .base import Backend, EntryInfo, check_key, value_matches
+from .base import Backend, EntryInfo, LeaseState, check_key, value_matches
 from .url import StoreURL
 
 #: Every command this backend sends, as ACL names; deploy/ builds its ACL user from this
@@ -64,8 +78,8 @@ from .url import StoreURL
 #: refusal, so the user needs no ``client`` rights. Lua scripts run with the caller's
 #: rights, so their commands are listed too.
 ACL_COMMANDS = (
-    "get", "getrange", "strlen", "set", "del", "mget", "scan", "pexpire", "evalsha", "script|load", "ping", "auth",
-    "hello",
+    "get", "getrange", "strlen", "set", "del", "mget", "scan", "pexpire", "pttl", "rpush", "blmove", "evalsha",
+    "script|load", "ping", "auth", "hello",
 )
 
 #: Clock difference to the server above which event timelines of several hosts no longer line up
@@ -131,9 +145,10 @@ class Manifest:
 
 # The Lua twin of Manifest.parse: the chunk keys a stored value names if it is a valid
 # manifest (either format), else none. Shared by every script that replaces or removes an
-# entry, so the chunks of what it replaces go in the same atomic step.
+# entry, so the chunks of what it replaces go in the same atomic step. Every such script
+# gets the entry as KEYS[1] and its chunk prefix (``_name("c", key)``, same hash slot) as KEYS[2].
 _LUA_CHUNKS = f"""
-local function chunk_keys(entry, value)
+local function chunk_keys(prefix, value)
   if type(value) ~= 'string' then return {{}} end
   local gen, count, total, size
   if string.sub(value, 1, 5) == 'RCM2:' then
@@ -151,7 +166,7 @@ local function chunk_keys(entry, value)
   end
   if count < 1 or count > {MAX_CHUNKS} then return {{}} end
   local keys = {{}}
-  local base = 'rc:c:' .. string.sub(entry, 6) .. ':' .. gen .. ':'
+  local base = prefix .. ':' .. gen .. ':'
   for i = 0, count - 1 do keys[#keys + 1] = base .. i end
   return keys
 end
@@ -169,13 +184,13 @@ end
 _SWAP = _LUA_CHUNKS + f"""
 local old = redis.pcall('getrange', KEYS[1], 0, {_MANIFEST_PEEK - 1})
 store(KEYS[1], ARGV[1], ARGV[2])
-delete_keys(chunk_keys(KEYS[1], old))
+delete_keys(chunk_keys(KEYS[2], old))
 return 1
 """
 _DELETE = _LUA_CHUNKS + f"""
 local old = redis.pcall('getrange', KEYS[1], 0, {_MANIFEST_PEEK - 1})
 redis.call('del', KEYS[1])
-delete_keys(chunk_keys(KEYS[1], old))
+delete_keys(chunk_keys(KEYS[2], old))
 return 1
 """
 # Apply a write only if the entry is still as the caller read it: ARGV[1] is 'absent',
@@ -187,7 +202,7 @@ local state = 'value'
 if cur == false then state = 'absent' elseif type(cur) == 'table' then state = 'wrongtype' end
 if state ~= ARGV[1] or (state == 'value' and cur ~= ARGV[2]) then return 0 end
 if ARGV[3] == 'set' then store(KEYS[1], ARGV[4], ARGV[5]) else redis.call('del', KEYS[1]) end
-delete_keys(chunk_keys(KEYS[1], cur))
+delete_keys(chunk_keys(KEYS[2], cur))
 return 1
 """
 _RENEW = """
@@ -196,9 +211,14 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# Delete the lease if ARGV[1] holds it, and wake its waiters: one element on its wake
+# list KEYS[2], which expires after ARGV[2] ms (waiters rotate it, never empty it).
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
+  redis.call('del', KEYS[1])
+  redis.call('rpush', KEYS[2], '1')
+  redis.call('pexpire', KEYS[2], ARGV[2])
+  return 1
 end
 return 0
 """
@@ -234,6 +254,22 @@ def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
 TLS_OPTIONS = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"})
 DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 5.0
+#: The longest one ``lease_wait`` blocks in Redis; a caller waiting longer calls again.
+MAX_BLOCK_S = 30.0
+#: How long a released lease's wake list outlives the release: waiters that read the
+#: holder just before it released still find the element when they block.
+WAKE_TTL_MS = 60_000
+
+
+def client_options(timeout: float) -> dict[str, Any]:
+    """redis-py connection settings of every client this backend makes (plain, cluster, sentinel)."""
+    return {
+        "socket_connect_timeout": timeout,
+        "health_check_interval": 30,
+        # one quick retry for a dropped connection; redis-py's default retries turn a
+        # wrong password or a dead server into seconds of stall per call
+        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
+    }
 
 
 class RedisBackend(Backend):
@@ -268,19 +304,17 @@ class RedisBackend(Backend):
         ttl: float | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         timeout: float = DEFAULT_TIMEOUT_S,
+        connect: Callable[..., Any] | None = None,
     ) -> None:
+        """``connect(socket_timeout=S)`` makes a redis-py client (default: one server at ``url``)."""
         self.url = redacted_url
         self.ttl_ms = int(ttl * 1000) if ttl else None
         self.chunk_size = chunk_size
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            health_check_interval=30,
-            # one quick retry for a dropped connection; redis-py's default retries turn a
-            # wrong password or a dead server into seconds of stall per call
-            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
-        )
+        self._timeout = timeout
+        self._connect = connect or functools.partial(redis.Redis.from_url, url, **client_options(timeout))
+        self._client = self._connect(socket_timeout=timeout)
+        self._blocking_client: Any = None
+        self._blocking_lock = threading.Lock()
         self._swap = self._client.register_script(_SWAP)
         self._delete = self._client.register_script(_DELETE)
         self._cas = self._client.register_script(_COMPARE_AND_WRITE)
@@ -305,15 +339,19 @@ class RedisBackend(Backend):
         return loaded.value
 
     def _load(self, key: str) -> _Loaded:
-        entry = "rc:e:" + check_key(key)
-        try:
-            raw = self._client.get(entry)
-        except redis.exceptions.ResponseError as exc:
-            if str(exc).startswith("WRONGTYPE"):
-                return _Loaded("wrongtype", problem=VerificationError(Reason.CORRUPT, f"{entry} is not a string"))
-            raise _error(exc, "get") from None
-        except redis.exceptions.RedisError as exc:
-            raise _error(exc, "get") from None
+        entry = self._name("e", key)
+
+        def read() -> bytes | None | _Loaded:
+            try:
+                return self._client.get(entry)  # type: ignore[no-any-return]
+            except redis.exceptions.ResponseError as exc:
+                if str(exc).startswith("WRONGTYPE"):
+                    return _Loaded("wrongtype", problem=VerificationError(Reason.CORRUPT, f"{entry} is not a string"))
+                raise
+
+        raw = self._call("get", read)
+        if isinstance(raw, _Loaded):
+            return raw
         if raw is None:
             return _Loaded("absent")
         if not raw.startswith(_FRAMING):
@@ -362,7 +400,7 @@ class RedisBackend(Backend):
 
     def put(self, key: str, value: Buffer, *more: Buffer) -> None:
         stored, _chunk_names = self._stored_form(check_key(key), (value, *more))
-        self._call("set", self._swap, keys=["rc:e:" + key], args=[stored, self.ttl_ms or ""])
+        self._call("set", self._swap, keys=self._entry_keys(key), args=[stored, self.ttl_ms or ""])
 
     def put_if(self, key: str, expected: Buffer | None, value: Buffer, *more: Buffer) -> bool:
         current = self._load(check_key(key))
@@ -376,7 +414,7 @@ class RedisBackend(Backend):
         return False
 
     def delete(self, key: str) -> None:
-        self._call("del", self._delete, keys=["rc:e:" + check_key(key)], args=[])
+        self._call("del", self._delete, keys=self._entry_keys(key), args=[])
 
     def delete_if(self, key: str, expected: Buffer) -> bool:
         current = self._load(check_key(key))
@@ -384,13 +422,10 @@ class RedisBackend(Backend):
 
     def _compare_and_write(self, key: str, current: _Loaded, action: str, stored: bytes = b"") -> bool:
         args = [current.state, current.raw or b"", action, stored, self.ttl_ms or ""]
-        return bool(self._call("compare and write", self._cas, keys=["rc:e:" + key], args=args))
+        return bool(self._call("compare and write", self._cas, keys=self._entry_keys(key), args=args))
 
     def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
-        pattern = f"rc:e:{namespace}/*" if namespace else "rc:e:*"
-        cursor = 0
-        while True:
-            cursor, keys = self._call("scan", self._client.scan, cursor, match=pattern, count=500)
+        for keys in self._scan_batches(self._pattern(namespace)):
             if keys:
                 # sizes without the values: a plain value's length, or the total a manifest names
                 pipe = self._client.pipeline(transaction=False)
@@ -400,62 +435,136 @@ class RedisBackend(Backend):
                 answers = self._call("scan sizes", pipe.execute, raise_on_error=False)
                 for k, length, head in zip(keys, answers[::2], answers[1::2], strict=True):
                     if isinstance(length, redis.exceptions.ResponseError):  # another type: listed, so verify removes it
-                        yield EntryInfo(k.decode()[len("rc:e:"):], 0, 0.0)
+                        yield EntryInfo(self._key_of(k.decode()), 0, 0.0)
                     elif isinstance(length, Exception):
                         raise _error(length, "scan sizes")
                     elif length:
-                        yield EntryInfo(k.decode()[len("rc:e:"):], _stored_size(head, length), 0.0)
+                        yield EntryInfo(self._key_of(k.decode()), _stored_size(head, length), 0.0)
+
+    def _scan_batches(self, pattern: str) -> Iterator[list[bytes]]:
+        """The names matching ``pattern``, a batch per ``SCAN`` call."""
+        cursor = 0
+        while True:
+            cursor, keys = self._call("scan", self._client.scan, cursor, match=pattern, count=500)
+            yield keys
             if cursor == 0:
                 return
 
+    # -- key names -----------------------------------------------------------------
+    # The only place Redis key names are made, so that a cluster can keep every key of one
+    # entry (value, chunks, lease, wake list) in one hash slot (recipecache.backends.redis_cluster).
+    def _name(self, kind: str, key: str) -> str:
+        """The Redis key of ``kind`` (``e`` value, ``c`` chunk prefix, ``l`` lease, ``w`` wake list) for ``key``."""
+        return f"rc:{kind}:{check_key(key)}"
+
+    def _pattern(self, namespace: str | None) -> str:
+        """A ``SCAN`` pattern for the values of one namespace, or of every namespace."""
+        return f"rc:e:{namespace}/*" if namespace else "rc:e:*"
+
+    def _key_of(self, name: str) -> str:
+        """The backend key of a value's Redis key (the inverse of ``_name("e", key)``)."""
+        return name[len("rc:e:"):]
+
+    def _entry_keys(self, key: str) -> list[str]:
+        """KEYS of the scripts that write or delete an entry: its value and its chunk prefix."""
+        return [self._name("e", key), self._name("c", key)]
+
     # -- chunks --------------------------------------------------------------------
-    @staticmethod
-    def _chunk_key(key: str, gen: str, index: int) -> str:
-        return f"rc:c:{key}:{gen}:{index}"
+    def _chunk_key(self, key: str, gen: str, index: int) -> str:
+        return f"{self._name('c', key)}:{gen}:{index}"
 
     # -- leases --------------------------------------------------------------------
     def lease_add(self, name: str, token: str, ttl: float) -> bool:
-        return bool(self._call("lease", self._client.set, "rc:l:" + check_key(name), token, nx=True, px=int(ttl * 1000)))
+        return bool(self._call("lease", self._client.set, self._name("l", name), token, nx=True, px=int(ttl * 1000)))
 
     def lease_renew(self, name: str, token: str, ttl: float) -> bool:
-        return bool(self._call("lease renew", self._renew, keys=["rc:l:" + check_key(name)], args=[token, int(ttl * 1000)]))
+        return bool(self._call("lease renew", self._renew, keys=[self._name("l", name)], args=[token, int(ttl * 1000)]))
 
     def lease_release(self, name: str, token: str) -> None:
-        self._call("lease release", self._release, keys=["rc:l:" + check_key(name)], args=[token])
+        self._call("lease release", self._release, keys=[self._name("l", name), self._wake_key(name, token)],
+                   args=[token, WAKE_TTL_MS])
+
+    def lease_holder(self, name: str) -> LeaseState | None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.get(self._name("l", name))
+        pipe.pttl(self._name("l", name))
+        token, pttl = self._call("lease holder", pipe.execute)
+        if token is None or pttl == -2:  # -2: released or expired between the two commands
+            return None
+        # -1: a lease without expiry (not one of ours): look again after the longest block
+        return LeaseState(token.decode(errors="replace"), pttl / 1000 if pttl >= 0 else MAX_BLOCK_S)
+
+    def lease_wait(self, name: str, token: str, timeout: float) -> bool:
+        key = self._wake_key(name, token)
+        block = min(max(timeout, 0.01), MAX_BLOCK_S)
+        return self._call("lease wait", self._blocking().blmove, key, key, block, "RIGHT", "LEFT") is not None
+
+    def _wake_key(self, name: str, token: str) -> str:
+        return f"{self._name('w', name)}:{hashlib.sha256(token.encode()).hexdigest()[:16]}"
+
+    def _blocking(self) -> Any:
+        """The client for blocking calls, made on first use: most processes never wait."""
+        with self._blocking_lock:
+            if self._blocking_client is None:
+                self._blocking_client = self._connect(socket_timeout=MAX_BLOCK_S + self._timeout)
+            return self._blocking_client
 
     def close(self) -> None:
         self._client.close()
+        if self._blocking_client is not None:
+            self._blocking_client.close()
 
     # -- doctor --------------------------------------------------------------------
     def health_checks(self, probe_key: str) -> list[HealthCheck]:
         """Whether the user may run every command in :data:`ACL_COMMANDS`, and the clock against ``TIME``."""
-        return [self._acl_check("rc:e:" + check_key(probe_key)), self._clock_check()]
+        return [self._acl_check(self._name("e", probe_key)), self._clock_check()]
+
+    def _connection_kwargs(self) -> dict[str, Any]:
+        """The settings the client's connections are made with."""
+        return self._client.connection_pool.connection_kwargs  # type: ignore[no-any-return]
+
+    def _run_keyless(self, *args: Any) -> Any:
+        """Send a command that names no key (``PING``, ``TIME``...): a cluster sends it to one node."""
+        return self._client.execute_command(*args)
+
+    def _credentials(self) -> list[str]:
+        """The user name (if any) and password the client authenticates with; none without a password."""
+        auth = self._connection_kwargs()
+        return [auth[k] for k in ("username", "password") if auth.get(k)] if auth.get("password") else []
 
     def _acl_probes(self, key: str) -> dict[str, Callable[[], Any]]:
-        """One harmless call of each command in :data:`ACL_COMMANDS` on ``key``, in an order that works (``del`` last)."""
-        run = self._client.execute_command
-        auth = self._client.connection_pool.connection_kwargs
-        credentials = [auth[k] for k in ("username", "password") if auth.get(k)]
+        """One harmless call of each command in :data:`ACL_COMMANDS` on ``key``, in an order that works (``del`` last).
+
+        The list commands of waiting (``rpush``, ``blmove``) go to a list beside ``key``
+        (same hash tag on a cluster), which ``del`` removes with it.
+        """
+        run, keyless = self._client.execute_command, self._run_keyless
+        credentials = self._credentials()
+        wake = key + ":doctor-wake"
         return {
-            "ping": lambda: run("PING"),
-            "hello": lambda: run("HELLO", 2),
-            "auth": lambda: run("AUTH", *credentials) if auth.get("password") else None,
+            "ping": lambda: keyless("PING"),
+            "hello": lambda: keyless("HELLO", 2),
+            "auth": lambda: keyless("AUTH", *credentials) if credentials else None,
             "set": lambda: run("SET", key, b"recipecache doctor", "PX", 60_000),
             "get": lambda: run("GET", key),
             "getrange": lambda: run("GETRANGE", key, 0, 3),
             "strlen": lambda: run("STRLEN", key),
             "mget": lambda: run("MGET", key),
             "pexpire": lambda: run("PEXPIRE", key, 60_000),
-            "scan": lambda: run("SCAN", 0, "MATCH", key, "COUNT", 10),
-            "script|load": lambda: run("SCRIPT", "LOAD", _DOCTOR_SCRIPT),
+            "pttl": lambda: run("PTTL", key),
+            "rpush": lambda: run("RPUSH", wake, b"1"),
+            "blmove": lambda: run("BLMOVE", wake, wake, "RIGHT", "LEFT", 0.01),
+            "scan": lambda: keyless("SCAN", 0, "MATCH", key, "COUNT", 10),
+            "script|load": lambda: keyless("SCRIPT", "LOAD", _DOCTOR_SCRIPT),
             "evalsha": lambda: run("EVALSHA", hashlib.sha1(_DOCTOR_SCRIPT.encode()).hexdigest(), 1, key),
-            "del": lambda: run("DEL", key),
+            "del": lambda: run("DEL", key, wake),
         }
 
     def _acl_check(self, key: str) -> HealthCheck:
         """A real call per command: ``ACL DRYRUN`` needs rights a job user must not have."""
         refused = []
-        for command, probe in self._acl_probes(key).items():
+        probes = self._acl_probes(key)
+        for command, probe in probes.items():
             try:
                 probe()
             except redis.exceptions.NoPermissionError:
@@ -470,12 +579,12 @@ class RedisBackend(Backend):
             grants = " ".join(f"+{c}" for c in refused)
             return HealthCheck("acl", FAIL, f"the user may not run {', '.join(refused)}",
                                f"ACL SETUSER <user> {grants} (deploy/redis/users.acl.template grants what the backend sends)")
-        return HealthCheck("acl", PASS, f"the user may run all {len(ACL_COMMANDS)} commands the backend sends on rc:* keys")
+        return HealthCheck("acl", PASS, f"the user may run all {len(probes)} commands the backend sends on rc:* keys")
 
     def _clock_check(self) -> HealthCheck:
         before = time.time()
         try:
-            seconds, micros = self._client.execute_command("TIME")
+            seconds, micros = self._run_keyless("TIME")
         except redis.exceptions.NoPermissionError:
             return HealthCheck("clock", PASS, "not measured (the user may not run TIME); Redis leases expire on the "
                                               "server's clock, so client clocks do not affect them")

@@ -31,6 +31,25 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+def command_line_password_warning(url: str | None, option: str) -> str | None:
+    """The warning for a store URL given as ``option`` with a password in it, or None.
+
+    Process arguments are readable by every user of the machine (``ps``, ``/proc``), while
+    the environment is readable by its owner and root only: ``RECIPECACHE_URL`` is the
+    place for such a URL.
+    """
+    if not url:
+        return None
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except ValueError:  # malformed: the parse that follows reports it
+        return None
+    if not password:
+        return None
+    return (f"the password in {option} {redact(url)} is visible to every user of this machine (ps); "
+            "set RECIPECACHE_URL instead")
+
+
 @dataclass(frozen=True)
 class StoreURL:
     """One store URL as given (``raw``), split into its parts; ``options`` are the query's ``key=value`` pairs
@@ -45,7 +64,8 @@ class StoreURL:
     def parse(cls, url: str) -> StoreURL:
         try:
             parts = urllib.parse.urlsplit(url)
-            parts.port  # noqa: B018 - raises ValueError for a non-numeric or out-of-range port
+            if "," not in parts.netloc.rpartition("@")[2]:  # several hosts: hosts() checks each one
+                parts.port  # noqa: B018 - raises ValueError for a non-numeric or out-of-range port
             options = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
         except ValueError as exc:
             raise URLError(f"bad cache URL {redact(url)!r}: {exc}") from None
@@ -72,6 +92,21 @@ class StoreURL:
         added = {k: str(v) for k, v in defaults.items() if k in known and k not in self.options}
         # ``raw`` stays as the user wrote it: it is what errors and reports show
         return StoreURL(self.raw, self.scheme, self.parts, {**self.options, **added}) if added else self
+
+    def hosts(self, default_port: int) -> list[tuple[str, int]]:
+        """The ``host:port`` list of a location that names several (``h1:7000,h2:7000,[::1]:7001``),
+        as cluster seed nodes and sentinels are given; a host without a port gets ``default_port``."""
+        out = []
+        for item in self.parts.netloc.rpartition("@")[2].split(","):
+            if item.startswith("["):
+                host, _, rest = item[1:].partition("]")
+                port = rest.removeprefix(":") if rest.startswith(":") or not rest else "x"
+            else:
+                host, _, port = item.partition(":")
+            if not host or not (port.isdigit() and 0 < int(port) < 65536 or not port):
+                raise self.error(f"bad host {item!r}: use host:port")
+            out.append((host, int(port) if port else default_port))
+        return out
 
     # -- typed options -------------------------------------------------------------
     def size(self, name: str, default: int | None) -> int | None:

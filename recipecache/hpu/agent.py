@@ -131,7 +131,7 @@ class HpuSyncAgent:
     # -- one cycle -----------------------------------------------------------------
     def sync_once(self) -> None:
         """One pass: read the index, publish, repair the index, skip foreign recipes, install."""
-        found = self.store.lookup(INDEX_KEY)
+        found = self.store.lookup(INDEX_KEY, node=False)  # rewritten by every node's agent: never a node copy
         if found.refused:  # forged or damaged; agents rebuild it below
             self._counts["refused"] += 1
             self._record("hpu_refuse", INDEX_KEY, reason=found.reason)
@@ -165,7 +165,7 @@ class HpuSyncAgent:
                    if (self.fingerprint_id, name) not in index and (name not in self._confirmed or len(index) < INDEX_CAP)]
         if missing:
             self.store.put(INDEX_KEY, index.merged(missing, self.fingerprint_id, self.fingerprint).encode(),
-                           meta={"kind": "hpu_index"})
+                           meta={"kind": "hpu_index"}, node=False)  # rewritten by every node's agent
 
     def _count_foreign(self, index: Index) -> None:
         for key, entry in index.entries.items():

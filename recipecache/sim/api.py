@@ -7,10 +7,11 @@ from typing import Any
 
 from .engine import run_policy
 from .model import POLICIES, Report, Scenario, Workload
-from .schedules import adversarial_workload, iid_workload
+from .schedules import adversarial_workload, iid_workload, startup_workload
 from .trace import trace_workload
 
-_BUILDERS = {"iid": iid_workload, "adversarial": adversarial_workload, "trace": trace_workload}
+_BUILDERS = {"iid": iid_workload, "adversarial": adversarial_workload, "trace": trace_workload,
+             "startup": startup_workload}
 
 
 def build_workload(scenario: Scenario) -> Workload:

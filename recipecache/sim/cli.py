@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .api import compare, simulate
-from .model import DISTRIBUTIONS, POLICIES, SCHEDULES, Costs, Report, Scenario
+from .model import DEFAULT_RANKS_PER_NODE, DISTRIBUTIONS, POLICIES, SCHEDULES, Costs, Report, Scenario
 
 _COSTS = Costs()
 
@@ -27,6 +27,7 @@ _COLUMNS = (
     ("wasted_s", "wasted_compile_s", "{:.1f}"),
     ("prewarm_s", "prewarm_s", "{:.1f}"),
     ("wall_s", "wall_s", "{:.1f}"),
+    ("remote_mb", "remote_mb", "{:.0f}"),
 )
 #: figures compared against policy none with --compare
 _RATIOS = ("stall_s", "compile_delays", "compile_events", "wall_s")
@@ -54,10 +55,23 @@ def add_parser(subparsers: Any) -> None:
                    help="lognormal sigma of compile times (0: all equal)")
     p.add_argument("--compute-s", type=float, default=_COSTS.compute_s, help="compute seconds per step")
     p.add_argument("--fetch-latency-s", type=float, default=_COSTS.fetch_latency_s)
-    p.add_argument("--bandwidth", type=float, default=_COSTS.bandwidth_mb_s, help="store bandwidth, MB/s")
+    p.add_argument("--bandwidth", type=float, default=_COSTS.bandwidth_mb_s,
+                   help="one fetch's top rate (what one client takes in and verifies), MB/s")
+    p.add_argument("--store-bandwidth", type=float, default=_COSTS.store_mb_s,
+                   help="the store's bandwidth, shared by every fetch in flight, MB/s")
+    p.add_argument("--local-bandwidth", type=float, default=_COSTS.local_mb_s,
+                   help="reading a node directory's copy, MB/s")
     p.add_argument("--artifact-mb", type=float, default=_COSTS.artifact_mb, help="artifact size, MB")
+    p.add_argument("--ranks-per-node", type=int, default=DEFAULT_RANKS_PER_NODE, help="ranks sharing a node")
+    p.add_argument("--node-tier", action="store_true",
+                   help="one rank per node fetches each artifact; the node's others read its copy")
+    p.add_argument("--colocated", action="store_true",
+                   help="the store and every node share one host (as load_bench.py on 127.0.0.1)")
+    p.add_argument("--warm", action="store_true", help="the store holds every shape when the job starts")
     p.add_argument("--compare", action="store_true", help="every policy on the same schedule, with ratios vs none")
-    p.add_argument("--plot", metavar="FILE.png", help="also plot stall vs ranks and vs shapes per policy")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also plot stall vs ranks and vs shapes per policy, and the job-start herd vs ranks "
+                        "(8 to 8,192) with and without the node tier")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -73,10 +87,13 @@ def _weights(text: str | None) -> tuple[float, ...] | None:
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     costs = Costs(compile_s=args.compile_s, compile_spread=args.compile_spread, compute_s=args.compute_s,
-                  fetch_latency_s=args.fetch_latency_s, bandwidth_mb_s=args.bandwidth, artifact_mb=args.artifact_mb)
+                  fetch_latency_s=args.fetch_latency_s, bandwidth_mb_s=args.bandwidth, artifact_mb=args.artifact_mb,
+                  store_mb_s=args.store_bandwidth, local_mb_s=args.local_bandwidth)
     return Scenario(schedule=args.schedule, ranks=args.ranks, shapes=args.shapes, steps=args.steps, seed=args.seed,
                     costs=costs, distribution=args.distribution, zipf_exponent=args.zipf_exponent,
-                    weights=_weights(args.weights), trace=Path(args.trace) if args.trace else None)
+                    weights=_weights(args.weights), trace=Path(args.trace) if args.trace else None,
+                    ranks_per_node=args.ranks_per_node, node_tier=args.node_tier, colocated=args.colocated,
+                    warm=args.warm)
 
 
 def ratios(reports: dict[str, Report]) -> dict[str, dict[str, float | None]]:

@@ -24,12 +24,13 @@ from ..errors import ConfigError
 #: (fetch what some rank has finished, else compile too); singleflight: wait for the rank
 #: already compiling; prewarm: the shape set compiled up front across ranks, then singleflight.
 POLICIES = ("none", "shared", "singleflight", "prewarm")
-SCHEDULES = ("iid", "adversarial", "trace")
+SCHEDULES = ("iid", "adversarial", "trace", "startup")
 DISTRIBUTIONS = ("zipf", "uniform")
 
 DEFAULT_RANKS = 8
 DEFAULT_SHAPES = 16
 DEFAULT_IID_STEPS = 1000
+DEFAULT_RANKS_PER_NODE = 8
 
 
 def worst_case_delays(ranks: int, shapes: int) -> int:
@@ -43,6 +44,12 @@ class Costs:
 
     ``compile_spread`` is the sigma of a lognormal around ``compile_s`` (its median), drawn
     once per shape: real compile times vary by graph, not by which rank compiles it.
+
+    A fetch moves ``artifact_mb`` from the store at ``bandwidth_mb_s`` at most (what one
+    client can take in and verify), and concurrent fetches share the store's own
+    ``store_mb_s`` (its network and CPU): a thousand ranks fetching at job start each get a
+    thousandth of it. A rank that reads its node directory's copy instead (node tier)
+    does so at ``local_mb_s``.
     """
 
     compile_s: float = 20.0
@@ -51,14 +58,18 @@ class Costs:
     fetch_latency_s: float = 0.005
     bandwidth_mb_s: float = 500.0
     artifact_mb: float = 20.0
+    store_mb_s: float = 2500.0
+    local_mb_s: float = 2000.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{f.name.replace('_', '-')} must be a finite number >= 0, not {value}")
-        if self.bandwidth_mb_s == 0:
-            raise ConfigError("bandwidth must be > 0 MB/s")
+        for name, what in (("bandwidth_mb_s", "bandwidth"), ("store_mb_s", "store bandwidth"),
+                           ("local_mb_s", "local bandwidth")):
+            if getattr(self, name) == 0:
+                raise ConfigError(f"{what} must be > 0 MB/s")
 
     @property
     def fetch_s(self) -> float:
@@ -77,8 +88,17 @@ class Scenario:
     serves every policy of a comparison.
 
     ``ranks``/``shapes``/``steps`` left None take the schedule's natural value: the trace's
-    own, the adversarial schedule's full length ``1 + N*(S-1)``, or the module defaults.
-    ``weights`` (iid only) overrides ``distribution`` and fixes the number of shapes.
+    own, the adversarial schedule's full length ``1 + N*(S-1)``, the startup schedule's one
+    step, or the module defaults. ``weights`` (iid only) overrides ``distribution`` and
+    fixes the number of shapes.
+
+    Deployment: ranks ``r`` with equal ``r // ranks_per_node`` share a node; with
+    ``node_tier`` one rank per node fetches each artifact from the store and the node's
+    others read its copy. ``colocated``: every node and the store run on one host (as
+    ``benchmarks/load_bench.py`` does on 127.0.0.1), so reading a node copy takes its share
+    of the same bandwidth as the store's fetches (at ``local_mb_s``/``store_mb_s`` of the
+    cost), and one fetch's own cap does not apply. ``warm``: the store already holds every
+    shape when the job starts.
     """
 
     schedule: str = "iid"
@@ -91,13 +111,17 @@ class Scenario:
     zipf_exponent: float = 1.0
     weights: tuple[float, ...] | None = None
     trace: Path | None = None
+    ranks_per_node: int = DEFAULT_RANKS_PER_NODE
+    node_tier: bool = False
+    colocated: bool = False
+    warm: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"unknown schedule {self.schedule!r} (choose from {', '.join(SCHEDULES)})")
         if self.distribution not in DISTRIBUTIONS:
             raise ConfigError(f"unknown distribution {self.distribution!r} (choose from {', '.join(DISTRIBUTIONS)})")
-        for name, least in (("ranks", 1), ("shapes", 1), ("steps", 0)):
+        for name, least in (("ranks", 1), ("shapes", 1), ("steps", 0), ("ranks_per_node", 1)):
             value = getattr(self, name)
             if value is not None and value < least:
                 raise ConfigError(f"{name} must be >= {least}, not {value}")
@@ -139,7 +163,11 @@ class Workload:
     shape: np.ndarray
     compute_s: np.ndarray
     compile_s: np.ndarray
+    #: one fetch with the store to itself: latency plus ``fetch_mb`` at one client's rate
     fetch_s: float
+    #: megabytes a fetch moves through the store, shared with concurrent fetches (0: a
+    #: replayed trace, whose measured fetch time is all there is)
+    fetch_mb: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -164,6 +192,8 @@ class Report:
     counts steps in which at least one rank compiled (prewarm compiles are not in a step).
     ``wasted_compile_s`` is compile work beyond the first compile of each shape.
     ``first_meetings`` counts the (rank, shape) pairs met: the events the engine played.
+    ``remote_fetches``/``remote_mb`` are what crossed the store (with a node tier at most
+    one fetch per node and shape), ``node_reads`` the fetches served by a node's copy.
     """
 
     policy: str
@@ -187,6 +217,9 @@ class Report:
     stall_s: float
     rank_stall_s: float
     per_rank: list[RankFigures]
+    remote_fetches: int = 0
+    remote_mb: float = 0.0
+    node_reads: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

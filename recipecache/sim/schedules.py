@@ -9,6 +9,9 @@
   shape s at step ``1 + r*(S-1) + s-1``) while the others meet shape 0 again. Without a
   shared cache every such step is a compile: ``N*(S-1)+1`` delays. Steps past that are
   all known shapes; ``steps`` below it cuts the schedule short.
+* ``startup``: every rank meets every shape in the first step, in the same order: a job's
+  start, where the whole job wants the same artifacts at once (on a ``warm`` store, the
+  herd of fetches the node tier exists for). ``steps`` beyond the first are compute only.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def iid_workload(scenario: Scenario) -> Workload:
         step=cell // ranks, rank=code // shapes, shape=code % shapes,
         compute_s=np.full(steps, scenario.costs.compute_s),
         compile_s=scenario.costs.compile_times(shapes, cost_rng),
-        fetch_s=scenario.costs.fetch_s,
+        fetch_s=scenario.costs.fetch_s, fetch_mb=scenario.costs.artifact_mb,
     )
 
 
@@ -89,5 +92,22 @@ def adversarial_workload(scenario: Scenario) -> Workload:
         step=step[keep], rank=rank[keep], shape=shape[keep],
         compute_s=np.full(steps, scenario.costs.compute_s),
         compile_s=scenario.costs.compile_times(shapes, cost_rng),
-        fetch_s=scenario.costs.fetch_s,
+        fetch_s=scenario.costs.fetch_s, fetch_mb=scenario.costs.artifact_mb,
+    )
+
+
+def startup_workload(scenario: Scenario) -> Workload:
+    ranks = scenario.ranks or DEFAULT_RANKS
+    shapes = scenario.shapes or DEFAULT_SHAPES
+    steps = 1 if scenario.steps is None else scenario.steps
+    cells = ranks * shapes if steps else 0
+    cost_rng, _ = _rngs(scenario.seed)
+    return Workload(
+        scenario=scenario, ranks=ranks, shapes=shapes, steps=steps,
+        step=np.zeros(cells, dtype=np.int64),
+        rank=np.repeat(np.arange(ranks, dtype=np.int64), shapes)[:cells],
+        shape=np.tile(np.arange(shapes, dtype=np.int64), ranks)[:cells],
+        compute_s=np.full(steps, scenario.costs.compute_s),
+        compile_s=scenario.costs.compile_times(shapes, cost_rng),
+        fetch_s=scenario.costs.fetch_s, fetch_mb=scenario.costs.artifact_mb,
     )

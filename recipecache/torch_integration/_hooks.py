@@ -166,8 +166,11 @@ class Integration:
 
     # -- lookups ---------------------------------------------------------------------
     def fetch(self, kind: str, key: str) -> Artifact | None:
-        """The (non-graph) artifact under ``key`` with its kernels installed, or None (counted by reason)."""
-        found = self.store.lookup(key, trace=False)
+        """The (non-graph) artifact under ``key`` with its kernels installed, or None (counted by reason).
+
+        PGO state is rewritten in place (:meth:`Store.update`), so it is never read from a node copy.
+        """
+        found = self.store.lookup(key, trace=False, node=kind != "pgo")
         if found.failed:
             self.metrics.fallback(found.reason, f"store {self.store.url} did not answer; compiling locally")
         artifact = None if found.data is None else self._unpack(key, found.data, kind)
@@ -321,7 +324,8 @@ class Integration:
                     pass  # replaced: the new variant is the only one we can vouch for
             return base.with_variant(variant, files).pack()
 
-        if self.store.update(key, merged, trace=True, meta=meta).data is not None:
+        # node=True: a node copy missing this variant is safe, since begin(stale=...) reads past it
+        if self.store.update(key, merged, trace=True, meta=meta, node=True).data is not None:
             self.metrics.put("fx")
         if ours and attempt.flight is not None:
             flight, attempt.flight = attempt.flight, None

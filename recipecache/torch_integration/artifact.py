@@ -45,6 +45,7 @@ from typing import Any
 import msgpack
 
 from ..buffers import Buffer
+from ..errors import ConfigError
 from ..fsutil import open_private_directory, private_directory, write_atomic_at
 
 log = logging.getLogger(__name__)
@@ -253,21 +254,70 @@ def _regular_file_at(dir_fd: int, name: str) -> bool:
 
 
 def collect(paths: Iterable[str], root: Path) -> tuple[list[KernelFile], list[str]]:
-    """Read the built kernels at ``paths`` (absolute) as artifact files; also returns the missing ones.
+    """Read the built kernels at ``paths`` (absolute) as artifact files; also returns the ones not read.
 
-    Paths that are not kernels of ``root`` in torch's layout are skipped with a warning:
-    a receiver would refuse them anyway.
+    What this returns is shipped to every rank, so kernels are read as :func:`install`
+    writes them: only from a ``root`` and ``<xx>`` directories that are ours alone, through
+    descriptors that follow no symlink, and only regular files we own that group and others
+    cannot write. A kernel that fails this (or is not there) is returned as not read, with a
+    warning: the entry is published without it and a receiver compiles it. Paths that are
+    not kernels of ``root`` in torch's layout are skipped with a warning: a receiver would
+    refuse them anyway.
     """
     real_root = os.path.realpath(root)
-    files: list[KernelFile] = []
-    missing: list[str] = []
+    by_dir: dict[str, list[tuple[str, str]]] = {}
     for path in sorted(set(paths)):
         rel = os.path.relpath(os.path.realpath(path), real_root)
         if not KERNEL_PATH.match(rel):
             log.warning("recipecache: kernel %s is outside torch's cache layout; not shipped", path)
             continue
-        try:
-            files.append(KernelFile(rel, Path(path).read_bytes()))
-        except FileNotFoundError:
-            missing.append(path)
+        sub, name = rel.split("/")
+        by_dir.setdefault(sub, []).append((name, path))
+    files: list[KernelFile] = []
+    missing: list[str] = []
+    if not by_dir:
+        return files, missing
+    what = "torch's kernel cache directory"
+    try:
+        private_directory(root, what)
+        root_fd = open_private_directory(root, what)
+    except ConfigError as exc:
+        log.warning("recipecache: kernels not shipped: %s", exc)
+        return files, [path for group in by_dir.values() for _name, path in group]
+    try:
+        for sub, group in by_dir.items():
+            try:
+                dir_fd = open_private_directory(sub, f"the kernel directory in {root}:", dir_fd=root_fd)
+            except ConfigError as exc:
+                log.warning("recipecache: kernels not shipped: %s", exc)
+                missing.extend(path for _name, path in group)
+                continue
+            try:
+                for name, path in group:
+                    data = _read_own_file_at(dir_fd, name, path)
+                    if data is None:
+                        missing.append(path)
+                    else:
+                        files.append(KernelFile(f"{sub}/{name}", data))
+            finally:
+                os.close(dir_fd)
+    finally:
+        os.close(root_fd)
     return files, missing
+
+
+def _read_own_file_at(dir_fd: int, name: str, path: str) -> bytes | None:
+    """The bytes of ``name`` in ``dir_fd`` if it is a regular file we own that only we can write, else None."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("recipecache: kernel %s not shipped: %s", path, exc.strerror)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            log.warning("recipecache: kernel %s not shipped: not a regular file of ours that only we can write", path)
+            return None
+        return f.read()

@@ -1,0 +1,232 @@
+"""Redis Cluster and Redis Sentinel: the Redis backend (:mod:`.redis`) through another client.
+
+* ``redis+cluster://[user:password@]host:port[,host:port...][/0][?options]`` (TLS:
+  ``rediss+cluster://``): redis-py's ``RedisCluster``, which learns the cluster's slots
+  from the first seed node that answers and follows them as they move. Every Redis key
+  of one entry (value, chunks, lease, wake list) carries the entry's key as its hash tag
+  (``rc:e:{ns/hex}``, ``rc:c:{ns/hex}:<gen>:<i>``, ``rc:l:{ns/hex}``, ...), so they live in
+  one hash slot, and the Lua scripts (which touch several of them) and the atomic publish
+  run on one primary, unchanged. A cluster has one database: any other than 0 is bad input.
+  The client is made on first use, not when the store opens: its constructor contacts the
+  seed nodes, and a cluster that is down must degrade a job, not fail it. ``SCAN`` walks
+  every primary.
+* ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db][?options]``
+  (TLS: ``rediss+sentinel://``): one primary with failover; redis-py's ``Sentinel`` asks the
+  sentinels for the primary of ``service`` and follows a failover. The sentinels are asked
+  without a password (they usually have none); the user and password are the primary's.
+
+The options are the Redis backend's (``ttl``, ``chunk_size``, ``timeout``, TLS). The ACL
+user is the same as for one server (``deploy/README.md``), plus what the cluster client
+sends to learn the topology (:data:`CLUSTER_ACL_COMMANDS`).
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import redis.exceptions
+from redis.cluster import ClusterNode, RedisCluster
+from redis.commands.core import Script
+from redis.connection import Encoder
+from redis.exceptions import RedisClusterException
+from redis.sentinel import Sentinel
+
+from ..errors import BackendError, ConfigError
+from ..reasons import Reason
+from .base import check_key
+from .redis import DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT_S, TLS_OPTIONS, RedisBackend, client_options
+from .url import StoreURL
+
+DEFAULT_PORT = 6379
+DEFAULT_SENTINEL_PORT = 26379
+#: What RedisCluster sends besides the backend's own commands: the slot map when it starts or
+#: a slot moves, the command table it routes by, and ASKING while a slot migrates. deploy/
+#: grants them to the job user of a cluster (render-acl.sh with REDIS_CLUSTER=1).
+CLUSTER_ACL_COMMANDS = ("cluster|slots", "command", "asking")
+
+
+def _credentials(url: StoreURL) -> dict[str, Any]:
+    """The user, password and TLS settings in ``url``, as redis-py connection arguments."""
+    out: dict[str, Any] = {}
+    if url.parts.username:
+        out["username"] = urllib.parse.unquote(url.parts.username)
+    if url.parts.password is not None:
+        out["password"] = urllib.parse.unquote(url.parts.password)
+    tls = {k: v for k, v in url.options.items() if k in TLS_OPTIONS}
+    if url.scheme.startswith("rediss"):
+        out["ssl"] = True
+        out.update(tls)
+        if "ssl_check_hostname" in out:
+            out["ssl_check_hostname"] = out["ssl_check_hostname"].lower() in ("1", "true", "yes")
+    elif tls:
+        raise url.error(f"option {sorted(tls)[0]!r} needs TLS: use {url.scheme.replace('redis', 'rediss', 1)}://")
+    return out
+
+
+def _settings(url: StoreURL) -> dict[str, Any]:
+    url.check_options(RedisBackend.URL_OPTIONS)
+    return {
+        "redacted_url": url.redacted,
+        "ttl": url.seconds("ttl", None),
+        "chunk_size": url.size("chunk_size", DEFAULT_CHUNK_SIZE) or DEFAULT_CHUNK_SIZE,
+        "timeout": url.seconds("timeout", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S,
+    }
+
+
+class _FailedPipeline:
+    """A pipeline of a cluster that could not be reached: it queues nothing and fails on execute."""
+
+    def __init__(self, error: redis.exceptions.RedisError) -> None:
+        self._error = error
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._error
+
+
+class _LazyCluster:
+    """A ``RedisCluster`` made on first use (and again after a failed try), behind the calls the backend makes."""
+
+    def __init__(self, make: Any) -> None:
+        self._make = make
+        self._client: RedisCluster | None = None
+        self._lock = threading.Lock()
+
+    def connect(self) -> RedisCluster:
+        with self._lock:
+            if self._client is None:
+                try:
+                    self._client = self._make()
+                except (RedisClusterException, redis.exceptions.RedisError, OSError) as exc:
+                    raise redis.exceptions.ConnectionError(f"no seed node of the cluster answered ({exc})") from None
+            return self._client
+
+    def get_encoder(self) -> Encoder:
+        """What a registered script hashes itself with: redis-py's defaults, without connecting."""
+        return Encoder(encoding="utf-8", encoding_errors="strict", decode_responses=False)
+
+    def register_script(self, script: str) -> Script:
+        return Script(self, script)
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.connect().pipeline(*args, **kwargs)
+        except redis.exceptions.ConnectionError as exc:
+            return _FailedPipeline(exc)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __getattr__(self, name: str) -> Any:
+        """A method of the cluster client that connects when called (inside the backend's error handling)."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return getattr(self.connect(), name)(*args, **kwargs)
+
+        return call
+
+
+class RedisClusterBackend(RedisBackend):
+    @classmethod
+    def from_url(cls, url: StoreURL) -> RedisClusterBackend:
+        """``redis[s]+cluster://[user:password@]host:port[,host:port...][/0][?options]``."""
+        settings = _settings(url)
+        seeds = url.hosts(DEFAULT_PORT)
+        if url.parts.path.strip("/") not in ("", "0"):
+            raise url.error(f"a Redis Cluster has only database 0, not {url.parts.path.strip('/')!r}")
+        credentials = _credentials(url)
+
+        def connect(socket_timeout: float) -> _LazyCluster:
+            return _LazyCluster(lambda: RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in seeds],
+                require_full_coverage=False,  # a primary that is down takes its slots along, not the cluster
+                socket_timeout=socket_timeout, **client_options(settings["timeout"]), **credentials,
+            ))
+
+        return cls(url.raw, connect=connect, **settings)
+
+    def discover(self) -> None:
+        try:
+            self._client.connect()
+        except redis.exceptions.ConnectionError as exc:
+            raise ConfigError(f"cache {self.url} is unreachable: {exc}") from None
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super()._call(what, fn, *args, **kwargs)
+        except RedisClusterException as exc:  # e.g. a slot whose primary is down
+            raise BackendError(Reason.BACKEND_DOWN, f"redis cluster {what}: {exc}") from None
+
+    def _name(self, kind: str, key: str) -> str:
+        return f"rc:{kind}:{{{check_key(key)}}}"
+
+    def _pattern(self, namespace: str | None) -> str:
+        return f"rc:e:{{{namespace}/*" if namespace else "rc:e:*"
+
+    def _key_of(self, name: str) -> str:
+        return name[len("rc:e:{"):-1]
+
+    def _connection_kwargs(self) -> dict[str, Any]:
+        return self._client.connect().get_default_node().redis_connection.connection_pool.connection_kwargs  # type: ignore[no-any-return]
+
+    def _run_keyless(self, *args: Any) -> Any:
+        cluster = self._client.connect()
+        return cluster.execute_command(*args, target_nodes=cluster.get_default_node())
+
+    def _acl_probes(self, key: str) -> dict[str, Callable[[], Any]]:
+        """The one-server probes, and the commands the cluster client sends to follow the slots."""
+        run = self._client.execute_command
+        return {
+            "cluster|slots": lambda: run("CLUSTER", "SLOTS"),
+            "command": lambda: run("COMMAND", "INFO", "get"),
+            "asking": lambda: self._run_keyless("ASKING"),
+            **super()._acl_probes(key),
+        }
+
+    def _scan_batches(self, pattern: str) -> Any:
+        batch: list[bytes] = []
+        for name in self._call("scan", lambda: list(self._client.scan_iter(match=pattern, count=500))):
+            batch.append(name)
+            if len(batch) == 500:
+                yield batch
+                batch = []
+        yield batch
+
+
+class RedisSentinelBackend(RedisBackend):
+    @classmethod
+    def from_url(cls, url: StoreURL) -> RedisSentinelBackend:
+        """``redis[s]+sentinel://[user:password@]host:port[,host:port...]/service[/db][?options]``."""
+        settings = _settings(url)
+        sentinels = url.hosts(DEFAULT_SENTINEL_PORT)
+        service, _, db = url.parts.path.strip("/").partition("/")
+        if not service:
+            raise url.error(f"name the service: {url.scheme}://host:port[,host:port...]/service")
+        if db and not db.isdigit():
+            raise url.error(f"bad database {db!r}: use a number such as /{service}/0")
+        credentials = _credentials(url)
+        timeout = settings["timeout"]
+        sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": timeout})
+
+        def connect(socket_timeout: float) -> redis.Redis:
+            return sentinel.master_for(service, db=int(db or 0), socket_timeout=socket_timeout,
+                                       **client_options(timeout), **credentials)
+
+        return cls(url.raw, sentinel=sentinel, service=service, connect=connect, **settings)
+
+    def __init__(self, url: str, *, sentinel: Sentinel, service: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self._sentinel, self._service = sentinel, service
+
+    def discover(self) -> None:
+        try:
+            self._sentinel.discover_master(self._service)
+        except redis.exceptions.RedisError as exc:
+            raise ConfigError(f"cache {self.url}: no sentinel knows a primary for {self._service!r} ({exc})") from None

@@ -1,0 +1,18 @@
+"""Helpers for tests that start real processes and crash them mid-work."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def kill_once_ready(proc: subprocess.Popen[bytes], ready: Path, what: str, timeout: float = 60.0) -> None:
+    """Wait until ``proc`` writes ``ready`` (it is in the middle of its work), then SIGKILL it, as a crash."""
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, f"{what} never started"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()

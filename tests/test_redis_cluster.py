@@ -1,0 +1,98 @@
+"""Redis Cluster specifics on real servers: a primary killed mid-race, and bad cluster URLs.
+
+The backend conformance suite and the single-flight race also run on a cluster
+(test_backend_conformance.py, test_singleflight.py); the ACL user on a cluster is in
+test_deploy_cluster.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from redis_cluster import RedisCluster
+from redis_server import free_port
+
+import recipecache
+from recipecache.events import read_events
+from launcher.main import main as launcher_main
+
+WORKERS = Path(__file__).parent / "workers"
+PROCESSES, KEYS = 8, 40
+
+
+def expected(key: str) -> str:
+    """What race_worker.py's compile of ``key`` returns, hashed as it reports it."""
+    return hashlib.sha256(hashlib.sha256(key.encode()).digest() * 1000).hexdigest()
+
+
+@pytest.mark.redis
+def test_a_primary_killed_mid_race_raises_nothing_and_loses_no_entry(tmp_path: Path) -> None:
+    with RedisCluster(tmp_path / "cluster", replicas=1) as cluster:
+        namespace = "fault" + secrets.token_hex(4)
+        counts, events = tmp_path / "compiles.log", tmp_path / "events"
+        env = {**os.environ, "RECIPECACHE_EVENT_LOG": str(events), "RECIPECACHE_LEASE_TTL": "2"}
+        procs = [subprocess.Popen([sys.executable, str(WORKERS / "race_worker.py"), cluster.url + "?timeout=1",
+                                   namespace, str(counts), str(KEYS), str(tmp_path / f"out{i}.json")], env=env)
+                 for i in range(PROCESSES)]
+        try:
+            deadline = time.monotonic() + 120
+            while not counts.exists() or len(counts.read_text().split()) < 5:
+                assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "the race never started"
+                time.sleep(0.01)
+            victim = cluster.primary_nodes()[0]
+            cluster.kill(victim)
+            still_racing = sum(p.poll() is None for p in procs)
+            codes = [p.wait(timeout=240) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        assert still_racing > 0, "the primary died mid-race"
+        assert codes == [0] * PROCESSES, "no process raised"
+        outs = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(PROCESSES)]
+        want = {f"graph-{i}": expected(f"graph-{i}") for i in range(KEYS)}
+        assert all(o["results"] == want for o in outs), "every process got every artifact, whole"
+
+        cluster.wait_ok()  # a replica has taken the dead primary's slots
+        published = {e["key"] for e in read_events(events) if e["event"] == "put"}
+        assert published, "artifacts were published"
+        store = recipecache.open_store(cluster.url, namespace=namespace)
+        for key in published:
+            data = store.get(key)
+            assert data is not None and hashlib.sha256(data).hexdigest() == want[key], f"{key} was lost"
+
+
+def _bad_cluster_urls() -> dict[str, tuple[str, str]]:
+    dead = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+    return {
+        "unknown scheme": ("redis+shard://127.0.0.1:7000", "unsupported cache URL"),
+        "cluster db 1": ("redis+cluster://127.0.0.1:7000/1", "only database 0"),
+        "bad seed port": ("redis+cluster://127.0.0.1:7000,127.0.0.1:x", "bad host"),
+        "unreachable seeds": (f"redis+cluster://{dead}?timeout=0.5", "unreachable"),
+        "sentinel without service": ("redis+sentinel://127.0.0.1:26379", "name the service"),
+        "tls option without tls": ("redis+cluster://127.0.0.1:7000?ssl_ca_certs=/ca.pem", "rediss+cluster://"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_cluster_urls()))
+def test_bad_cluster_urls_are_one_line_and_exit_2(case: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    url, message = _bad_cluster_urls()[case]
+    cli = subprocess.run([sys.executable, "-m", "recipecache.cli", "stats", "--url", url], capture_output=True,
+                         text=True, check=False, timeout=60)
+    assert cli.returncode == 2, cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1 and message in cli.stderr and "Traceback" not in cli.stderr
+
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n")
+    assert launcher_main(["--cache", url, "--run-dir", str(tmp_path / "run"), str(script)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("recipecache-run: error: ") and message in err
+    assert not (tmp_path / "run").exists()
