@@ -1,26 +1,41 @@
-"""First training step of a fresh process: recipecache hit vs torch's own warm local cache.
+"""First training step of a fresh process: recipecache hits vs torch's own warm local cache.
 
-The claim under test: a process on a fresh node (empty ``TORCHINDUCTOR_CACHE_DIR`` and
-``TMPDIR``) whose graphs another process already published starts as fast as a process
-that finds everything in its own warm local inductor cache (target: within 1.3x), and
-far faster than compiling.
+Two claims under test, for a process on a fresh node (empty ``TORCHINDUCTOR_CACHE_DIR``
+and ``TMPDIR``) whose work another process already published:
 
-Scenarios, each a fresh process running one forward+backward+SGD step of a small pre-LN
-block (LayerNorm, Linear 64->256, GELU, Linear 256->64, residual) under torch.compile:
+* graph store (``enable()``): its first step is no slower than a process that finds
+  everything in its own warm local inductor cache (target: <= 1.0x);
+* precompiled tier (``enable(precompile=True)``): it skips dynamo's tracing and
+  AOTAutograd altogether, so its first step takes at most 0.3x of the warm local one.
 
-* ``cold+publish``: empty dirs, empty store; compiles and publishes (reference);
-* ``cold local``: empty dirs, torch alone; fills the local cache used by ``warm local``;
-* ``hit``: empty dirs, the store ``cold+publish`` filled;
+Models (``--models``): ``mlp``, a pre-LN block (LayerNorm, Linear 64->256, GELU, Linear
+256->64, residual) on 8x16x64, and ``lm``, a small causal transformer LM (2 layers, 4
+heads, width 64, vocab 256, sequence 32, batch 4, cross-entropy). Each run is a fresh
+process doing one forward+backward+SGD step under torch.compile:
+
+* ``cold+publish``, ``cold+precompile``: empty dirs and store; compile and publish
+  (references, and they fill the two stores);
+* ``cold local``: empty dirs, torch alone; fills the local cache ``warm local`` uses;
+* ``hit`` (graph store), ``precompiled`` (precompiled store): empty dirs;
 * ``warm local``: torch alone in ``cold local``'s dirs.
 
-``hit`` and ``warm local`` alternate (``--pairs`` pairs, default 3) so each pair runs
-under similar load; the ratio is of their medians. The step time starts before
-``recipecache.enable()`` (right after ``import torch``), so the hook setup and the store
-round trips are inside it. Every run must produce the same loss and parameter digest.
-torch alone runs with ``TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0``, as
-``recipecache-run`` sets it, so the FX keys are comparable.
+``hit``, ``precompiled`` and ``warm local`` alternate (``--pairs`` rounds, default 3) so
+each round runs under similar load; ratios are of medians. Two times per run:
+``step``, from just before the compiled call to after ``opt.step()`` (the first
+training step; the targets), and ``process``, from right after ``import torch``
+(``enable()``, model construction and ``torch.compile``'s own imports included). Every
+run must produce the same loss and gradient digest: the precompiled path is bitwise
+the normal path. Every side runs with torch's default precompiled headers
+(``recipecache-run`` and ``enable()`` pin the same), so the FX keys are comparable; the
+warm local runs keep ``cold local``'s ``TMPDIR``, which holds the header.
 
-    python benchmarks/first_step_bench.py [--pairs N] [--workdir DIR]
+``--ranks`` adds the multi-rank target: ``examples/train.py`` (2 ranks, DDP over gloo)
+as a job of fresh ranks (``recipecache-run --precompile --rank-dirs``, empty local
+dirs) on a store a cold precompile job filled, against plain torchrun whose ranks share
+a local inductor cache a cold plain job warmed; the job's first step is its slowest
+rank's step 0 (DDP makes every rank wait for it). Target: <= 0.3x.
+
+    python benchmarks/first_step_bench.py [--pairs N] [--models mlp,lm] [--ranks] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -35,109 +50,193 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TARGET_RATIO = 1.3
+import torch
+import torch.nn.functional as F
+from tiny_gpt import TinyGPT  # beside this script
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train.py"
+HIT_TARGET = 1.0
+PRECOMPILED_TARGET = 0.3
 
 
-def child(mode: str) -> None:
-    """One fresh process's first step; prints {"first_step_s", "digest", "compiles"} as JSON."""
+class PreLNBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+def build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The model and its example inputs (seeded: every process builds the same)."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        return PreLNBlock(64), (torch.randn(8, 16, 64),)
+    vocab, seq = 256, 32
+    tokens = torch.randint(0, vocab, (4, seq + 1))
+    return TinyGPT(vocab, seq), (tokens[:, :-1], tokens[:, 1:])
+
+
+def child(mode: str, model_name: str) -> None:
+    """One fresh process's first step; prints its times, digest and counters as JSON."""
     import hashlib
     import time
 
-    import torch
-
-    start = time.perf_counter()
-    if mode == "rc":
+    start = time.perf_counter()  # torch is imported: process start-up is not what this compares
+    if mode != "plain":
         import recipecache
 
-        recipecache.enable()
-    torch.manual_seed(0)
-    dim = 64
-
-    class Block(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln = torch.nn.LayerNorm(dim)
-            self.fc1 = torch.nn.Linear(dim, 4 * dim)
-            self.fc2 = torch.nn.Linear(4 * dim, dim)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
-
-    model = Block()
+        recipecache.enable(precompile=mode == "pc")
+    model, inputs = build(model_name)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     compiled = torch.compile(model)
-    x = torch.randn(8, 16, dim)
     step_start = time.perf_counter()
-    loss = compiled(x).pow(2).mean()
+    out = compiled(*inputs)
+    loss = out if out.dim() == 0 else out.pow(2).mean()
     loss.backward()
     opt.step()
     end = time.perf_counter()
     digest = hashlib.sha256(loss.detach().numpy().tobytes())
     for p in model.parameters():
         digest.update(p.detach().numpy().tobytes())
-    out: dict[str, Any] = {"first_step_s": end - start, "step_only_s": end - step_start,
-                           "digest": digest.hexdigest()[:16]}
-    if mode == "rc":
+    from torch._dynamo.utils import counters
+
+    result: dict[str, Any] = {"process_s": end - start, "step_s": end - step_start, "digest": digest.hexdigest()[:16],
+                              "frames": int(counters["frames"]["total"])}
+    if mode != "plain":
         from recipecache.torch_integration import metrics
 
-        out["compiles"] = metrics()["graph_compilation"]["TotalNumber"]
-    print(json.dumps(out))
+        m = metrics()
+        result.update(compiles=m["graph_compilation"]["TotalNumber"], precompiled=m["lookups"]["precompiled"],
+                      fallbacks=m["fallbacks"])
+    print(json.dumps(result))
 
 
-def run(workdir: Path, name: str, mode: str, store: Path, dirs: Path | None = None) -> dict[str, Any]:
-    """Run one child in ``dirs`` (fresh ones under ``workdir`` when None)."""
-    dirs = dirs or Path(tempfile.mkdtemp(prefix=f"{name.replace(' ', '-')}-", dir=workdir))
-    (dirs / "tmp").mkdir(exist_ok=True)
+def clean_env(dirs: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
+    (dirs / "tmp").mkdir(parents=True, exist_ok=True)
     env.update(TORCHINDUCTOR_CACHE_DIR=str(dirs / "inductor"), TMPDIR=str(dirs / "tmp"),
-               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
-    if mode == "rc":
-        env["RECIPECACHE_URL"] = f"file://{store}"
-    else:
-        env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
-    proc = subprocess.run([sys.executable, __file__, "--child", mode], env=env, capture_output=True, text=True,
-                          check=False)
+               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+               PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH")))))
+    return env
+
+
+def run(workdir: Path, name: str, mode: str, model: str, dirs: Path | None = None) -> dict[str, Any]:
+    """Run one child in ``dirs`` (fresh ones under ``workdir`` when None)."""
+    dirs = dirs or Path(tempfile.mkdtemp(prefix=f"{model}-{name.replace(' ', '-')}-", dir=workdir))
+    env = clean_env(dirs)
+    if mode != "plain":
+        env["RECIPECACHE_URL"] = f"file://{workdir / f'store-{mode}'}"
+    proc = subprocess.run([sys.executable, __file__, "--child", mode, model], env=env, capture_output=True,
+                          text=True, check=False)
     if proc.returncode != 0:
-        sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
+        sys.exit(f"{model} {name} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["dirs"] = dirs
     extra = f", {result['compiles']} graph compiles" if "compiles" in result else ""
-    print(f"  {name:<13} {result['first_step_s']:7.2f} s{extra}", flush=True)
+    extra += f", {result['frames']} frames traced"
+    print(f"  {model} {name:<16} step {result['step_s']:7.2f} s  process {result['process_s']:7.2f} s{extra}",
+          flush=True)
     return result
+
+
+def ratio(rows: list[dict[str, Any]], base: list[dict[str, Any]], field: str) -> tuple[float, float, float]:
+    a, b = statistics.median(r[field] for r in rows), statistics.median(r[field] for r in base)
+    return a, b, a / b
+
+
+def single_process(workdir: Path, model: str, pairs: int) -> dict[str, Any]:
+    results = [run(workdir, "cold+publish", "rc", model), run(workdir, "cold+precompile", "pc", model),
+               run(workdir, "cold local", "plain", model)]
+    warm_dirs = results[2]["dirs"]
+    rounds: dict[str, list[dict[str, Any]]] = {"hit": [], "precompiled": [], "warm local": []}
+    for _ in range(pairs):
+        rounds["hit"].append(run(workdir, "hit", "rc", model))
+        rounds["precompiled"].append(run(workdir, "precompiled", "pc", model))
+        rounds["warm local"].append(run(workdir, "warm local", "plain", model, dirs=warm_dirs))
+    digests = {r["digest"] for r in results + [r for rows in rounds.values() for r in rows]}
+    if len(digests) != 1:
+        sys.exit(f"{model}: runs disagree on the results: {sorted(digests)}")
+    if any(r["compiles"] for r in rounds["hit"] + rounds["precompiled"]):
+        print(f"WARNING: {model}: a hit compiled graphs; the store did not serve everything")
+    if any(r["frames"] for r in rounds["precompiled"]):
+        print(f"WARNING: {model}: a precompiled run traced frames")
+    summary: dict[str, Any] = {"digest": digests.pop(), "cold_s": {r_name: r["process_s"] for r_name, r in
+                                                                   zip(("publish", "precompile", "torch"), results)}}
+    for field in ("step_s", "process_s"):
+        summary[field] = {name: [r[field] for r in rows] for name, rows in rounds.items()}
+    print(f"\n{model}: medians of {pairs} rounds (step = first compiled fwd+bwd+SGD step; process = since import torch)")
+    for name, target in (("hit", HIT_TARGET), ("precompiled", PRECOMPILED_TARGET)):
+        for field in ("step_s", "process_s"):
+            mine, warm, r = ratio(rounds[name], rounds["warm local"], field)
+            summary[f"{name}_{field}_ratio"] = r
+            verdict = f"target <= {target}: {'met' if r <= target else 'MISSED'}" if field == "step_s" else "info"
+            print(f"  {name:<12} {field[:-2]:<8} {mine:6.2f} s vs warm local {warm:6.2f} s: {r:5.2f}x ({verdict})")
+    print(f"  cold (reference, process): graph store {results[0]['process_s']:.1f} s, precompile "
+          f"{results[1]['process_s']:.1f} s, torch alone {results[2]['process_s']:.1f} s; digest {summary['digest']}\n")
+    return summary
+
+
+def job(workdir: Path, name: str, *, precompile: bool, dirs: Path) -> list[float]:
+    """One 2-rank run of examples/train.py; returns every rank's first-step seconds."""
+    losses = workdir / f"{name}.json"
+    args = [str(EXAMPLE), "--buckets", "16,32", "--steps", "2", "--losses", str(losses)]
+    env = clean_env(dirs)
+    if precompile:
+        cmd = [sys.executable, "-m", "launcher.main", "--nproc", "2", "--precompile", "--cache",
+               f"file://{workdir / 'store-ranks'}", "--namespace", "bench", "--run-dir", str(workdir / name),
+               "--rank-dirs", str(dirs), *args]
+    else:  # plain torchrun: both ranks share one local inductor cache (warm after the cold job)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=ROOT)
+    if proc.returncode != 0:
+        sys.exit(f"job {name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    first = json.loads(losses.read_text())["step_s"][0]
+    print(f"  ranks {name:<22} first step per rank {' '.join(f'{t:6.2f}' for t in first)} s", flush=True)
+    return first
+
+
+def multi_rank(workdir: Path, pairs: int) -> dict[str, Any]:
+    print("2-rank job (examples/train.py, DDP over gloo): cold jobs fill the store and the local cache")
+    job(workdir, "cold precompile", precompile=True, dirs=workdir / "ranks-cold")
+    job(workdir, "cold torchrun", precompile=False, dirs=workdir / "ranks-local")
+    fresh, warm = [], []
+    for i in range(pairs):
+        fresh.append(max(job(workdir, f"fresh ranks precompiled {i}", precompile=True,
+                             dirs=workdir / f"ranks-fresh-{i}")))
+        warm.append(max(job(workdir, f"torchrun warm local {i}", precompile=False, dirs=workdir / "ranks-local")))
+    r = statistics.median(fresh) / statistics.median(warm)
+    print(f"\nranks: job first step (slowest rank), medians of {pairs}: fresh ranks on the precompiled store "
+          f"{statistics.median(fresh):.2f} s vs plain torchrun warm local {statistics.median(warm):.2f} s: {r:.2f}x "
+          f"(target <= {PRECOMPILED_TARGET}: {'met' if r <= PRECOMPILED_TARGET else 'MISSED'})")
+    return {"fresh_precompiled_s": fresh, "torchrun_warm_local_s": warm, "ratio": r}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pairs", type=int, default=3, help="interleaved hit/warm pairs (default 3)")
+    p.add_argument("--pairs", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--models", default="mlp,lm", help="comma-separated: mlp, lm (default both)")
+    p.add_argument("--ranks", action="store_true", help="also the 2-rank job target")
     p.add_argument("--workdir", type=Path, help="where stores and cache dirs go (default: a new temp dir)")
-    p.add_argument("--child", choices=("rc", "plain"), help=argparse.SUPPRESS)
+    p.add_argument("--json", type=Path, help="also write the figures as JSON")
+    p.add_argument("--child", nargs=2, metavar=("MODE", "MODEL"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.child)
+        child(*args.child)
         return
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="first-step-bench-"))
+    workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="first-step-bench-"))).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    store = workdir / "store"
     print(f"first step of a fresh process (threads: {os.environ.get('OMP_NUM_THREADS', '1')}, workdir {workdir})")
-    results = [run(workdir, "cold+publish", "rc", store), run(workdir, "cold local", "plain", store)]
-    warm_dirs = results[1]["dirs"]
-    hits, warms = [], []
-    for _ in range(args.pairs):
-        hits.append(run(workdir, "hit", "rc", store))
-        warms.append(run(workdir, "warm local", "plain", store, dirs=warm_dirs))
-    results += hits + warms
-    digests = {r["digest"] for r in results}
-    if len(digests) != 1:
-        sys.exit(f"runs disagree on the results: {sorted(digests)}")
-    if any(r["compiles"] for r in hits):
-        print("WARNING: a hit compiled graphs; the store did not serve everything")
-    hit_s = statistics.median(r["first_step_s"] for r in hits)
-    warm_s = statistics.median(r["first_step_s"] for r in warms)
-    ratio = hit_s / warm_s
-    print(f"\nmedian of {args.pairs}: hit {hit_s:.2f} s, warm local {warm_s:.2f} s, "
-          f"ratio {ratio:.2f} (target <= {TARGET_RATIO}: {'met' if ratio <= TARGET_RATIO else 'MISSED'})")
-    print(f"cold (reference): with recipecache {results[0]['first_step_s']:.2f} s, "
-          f"torch alone {results[1]['first_step_s']:.2f} s; all runs digest {digests.pop()}")
+    figures: dict[str, Any] = {m: single_process(workdir, m, args.pairs) for m in args.models.split(",") if m}
+    if args.ranks:
+        figures["ranks"] = multi_rank(workdir, args.pairs)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

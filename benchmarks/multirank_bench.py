@@ -9,7 +9,7 @@ ran on its own node:
 (c) recipecache on the same Redis.
 
 All three run through ``recipecache-run`` (``--no-enable`` for a and b), so the thread
-count and the precompiled-header flag (off) are the same and only the sharing differs.
+count and the precompiled-header flag (torch's default, on) are the same and only the sharing differs.
 Printed per scenario: the job's wall time, its stall (per rank, the step seconds above
 that rank's fastest step, summed over ranks: what compiles and the waits for them cost),
 the graphs compiled (inductor's ``fxgraph_cache_miss``), and the ratios (c)/(a), (c)/(b);

@@ -58,6 +58,8 @@ class LaunchConfig:
     node_dir: str | None = None
     #: run the shapes the script declares (recipecache.declare_shapes) before training
     prewarm: bool = False
+    #: the precompiled tier: ranks load whole compiled functions instead of tracing
+    precompile: bool = False
     #: Gaudi: the node-local recipe directory every rank's bridge uses, synced by an agent
     hpu_dir: Path | None = None
     hpu_max_size_mb: int = 1024
@@ -116,9 +118,9 @@ class LaunchConfig:
             env.NAMESPACE: self.namespace,
             env.METRICS_FILE: str(self.run_dir / METRICS_NAME),
             env.EVENT_LOG: str(self.events_dir),
-            # The precompiled header is rebuilt on every fresh node and costs more than it
-            # saves once artifacts are shared; it is part of torch's key, so it is pinned.
-            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+            # Part of torch's key, so pinned for every rank: torch's default (on), whose
+            # precompiled header makes cold kernel compiles fast; a hit does not build it.
+            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1",
         })
         if self.threads is not None:
             environ["OMP_NUM_THREADS"] = str(self.threads)
@@ -137,6 +139,8 @@ class LaunchConfig:
             environ.pop(env.NODE_DIR, None)
         if self.prewarm:
             environ[env.PREWARM] = "1"
+        if self.precompile:
+            environ[env.PRECOMPILE] = "1"
         if self.hpu_dir is not None:
             from recipecache.hpu import rank_environment
 
@@ -189,6 +193,7 @@ class LaunchConfig:
             rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
             node_dir=_node_dir(args),
             prewarm=args.prewarm,
+            precompile=args.precompile,
             hpu_dir=_hpu_dir(args, namespace),
             hpu_max_size_mb=_positive("--hpu-max-size-mb", args.hpu_max_size_mb),
             hpu_clear=args.hpu_clear,

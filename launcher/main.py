@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--prewarm", action="store_true",
                       help="compile the shapes the script declares (recipecache.declare_shapes) before training, "
                            "spread over the ranks")
+    ours.add_argument("--precompile", action="store_true",
+                      help="precompiled tier: ranks load whole compiled functions (bytecode, guards, AOTInductor "
+                           "libraries) from the store instead of tracing; one rank precompiles each, the others load")
     hpu = parser.add_argument_group("Intel Gaudi recipes")
     hpu.add_argument("--hpu", action="store_true",
                      help="point every rank's PT_HPU_RECIPE_CACHE_CONFIG at a node-local directory and sync it "

@@ -52,6 +52,8 @@ FINISHED_DIR = "RECIPECACHE_FINISHED_DIR"
 #: replaces the host-CPU fingerprint in torch artifact keys: the operator's statement that the
 #: nodes setting it to one value run each other's compiled kernels safely (and the tests' hook)
 CPU_FINGERPRINT = "RECIPECACHE_CPU_FINGERPRINT"
+#: set by recipecache-run --precompile (or by hand): enable() also turns on the precompiled tier
+PRECOMPILE = "RECIPECACHE_PRECOMPILE"
 
 
 def process_rank(environ: Mapping[str, str] | None = None) -> int:
@@ -61,6 +63,15 @@ def process_rank(environ: Mapping[str, str] | None = None) -> int:
         return int(text)
     except ValueError:
         return 0
+
+
+def process_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """How many processes the job has as torchrun sets it (``WORLD_SIZE``), else 1."""
+    text = (os.environ if environ is None else environ).get("WORLD_SIZE", "1")
+    try:
+        return max(1, int(text))
+    except ValueError:
+        return 1
 
 
 def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:

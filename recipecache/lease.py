@@ -149,7 +149,9 @@ class SingleFlight:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         poll_initial: float = 0.02,
-        poll_max: float = 0.5,
+        # a waiter's lag behind the publish is added to every rank's step (DDP waits for the
+        # slowest rank), so it is kept small; a poll is one small read
+        poll_max: float = 0.1,
         activity: str | None = "compiled",
         takeover_on_release: bool = True,
     ) -> None:

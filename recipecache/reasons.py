@@ -66,6 +66,9 @@ class Reason(StrEnum):
     PGO_MERGE_FAILED = "pgo_merge_failed"
     #: torch's guards rejected an entry the store served, so it compiled
     GUARD_REJECTED = "guard_rejected"
+    #: the precompiled tier could not serve a call (graph break, guards, load error, other toolchain...):
+    #: it ran on the normal path; the metrics name the detail (``precompile_fallbacks``)
+    PRECOMPILE_FALLBACK = "precompile_fallback"
 
 
 #: the entry is simply not there: a cold cache

@@ -106,7 +106,7 @@ def test_rank_env_wiring(script: Path, tmp_path: Path) -> None:
         "RECIPECACHE_NAMESPACE": "train",
         "RECIPECACHE_METRICS_FILE": f"{tmp_path}/run/metrics-rank{{rank}}.json",
         "RECIPECACHE_EVENT_LOG": f"{tmp_path}/run/events",
-        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1",
         "OMP_NUM_THREADS": "1",
         "RECIPECACHE_AUTO_ENABLE": "1",
         "RECIPECACHE_RANK_DIRS": f"{tmp_path}/dirs",
@@ -480,7 +480,7 @@ def test_ranks_see_the_wiring(probe_script: Path, tmp_path: Path) -> None:
             "RECIPECACHE_NAMESPACE": "wired",
             "RECIPECACHE_METRICS_FILE": str(tmp_path / "run" / "metrics-rank{rank}.json"),
             "RECIPECACHE_EVENT_LOG": str(tmp_path / "run" / "events"),
-            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1",
             "RECIPECACHE_AUTO_ENABLE": None,
         }
     # --no-enable and a script that never enables: no rank writes metrics, and the report says so

@@ -58,6 +58,8 @@ class Job:
     output: dict[str, Any]
     report: dict[str, Any] | None = None
     events: list[dict[str, Any]] | None = None
+    #: each rank's metrics file, by rank
+    metrics: list[dict[str, Any]] | None = None
     #: each rank's store counters, from its metrics file
     store_stats: list[dict[str, Any]] | None = None
 
@@ -83,12 +85,14 @@ def run_cached(tmp: Path, name: str, store_url: str, *launcher_args: str) -> Job
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     output = json.loads((run_dir / "losses.json").read_text())
+    metrics = [json.loads((run_dir / f"metrics-rank{rank}.json").read_text()) for rank in range(RANKS)]
     return Job(
         losses=output["losses"],
         output=output,
         report=json.loads((run_dir / "report.json").read_text()),
         events=list(read_events(run_dir / "events")),
-        store_stats=[json.loads((run_dir / f"metrics-rank{r}.json").read_text())["store"] for r in range(RANKS)],
+        metrics=metrics,
+        store_stats=[m["store"] for m in metrics],
     )
 
 
@@ -154,6 +158,15 @@ def test_fresh_rank_hits_the_other_ranks_artifact(jobs: dict[str, Job]) -> None:
         row = ranks(cold)[rank]
         assert row["hits"] >= len(borrowed)
         assert row["saved_s"] > 0  # the producer's compile time, carried with the artifact
+
+
+def test_cold_ranks_share_the_cpu_probes(jobs: dict[str, Job]) -> None:
+    """Both ranks compile their first graph at once, so both probe the CPU: each starts at its own share
+    of torch's probes and installs the probe libraries the other rank built instead of building them too."""
+    cold = jobs["cold"]
+    assert cold.metrics is not None
+    assert sum(m["lookups"]["isa"]["hit"] for m in cold.metrics) >= 1, [m["lookups"]["isa"] for m in cold.metrics]
+    assert all(m["fallbacks"] == {} for m in cold.metrics)
 
 
 def test_warm_job_compiles_nothing(jobs: dict[str, Job]) -> None:

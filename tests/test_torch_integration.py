@@ -128,8 +128,6 @@ def _start(base: Path, name: str, mode: str, *args: str, url: str | None = None,
             RECIPECACHE_EVENT_LOG=str(run_dir / "events"),
             RECIPECACHE_METRICS_FILE=str(run_dir / "metrics-rank{rank}.json"),
         )
-    else:  # what recipecache-run exports; it does not change results and spares a 150 MB header build
-        env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
     env.update(env_extra or {})
     proc = subprocess.Popen(
         [sys.executable, str(WORKER), str(run_dir / "out.json"), mode, *args],
@@ -258,6 +256,20 @@ def test_fresh_process_hits_everything_and_compiles_nothing(runs: ColdRuns, foll
     assert m["saved_s"] > 0 and m["stall_s"] == 0
     assert hit.report["digest"] == runs.cold.report["digest"] == runs.plain.report["digest"]
     assert hit.report["metrics_file_before_exit"]["cache"] == {"TotalHit": 3, "TotalMiss": 0}, "flushed on change"
+
+
+def _header_builds(run: Run) -> int:
+    """g++ runs for torch's precompiled header: the preprocess of header.hpp and the .gch build."""
+    log = run.dir / "gxx.log"
+    return sum("header.hpp" in line or ".gch" in line for line in log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_compiles_keep_precompiled_headers_and_a_hit_never_builds_one(runs: ColdRuns, followups: Followups) -> None:
+    """Issue 14: torch's fast compile setting stays on (pinned, so keys match), and a hit needs no header."""
+    assert _header_builds(runs.cold) >= 2, "a cold compile preprocesses and precompiles the header"
+    assert _header_builds(runs.down) >= 2, "headers turned off before enable() are pinned back on"
+    assert _header_builds(followups.hit) == 0
+    assert not list((followups.hit.dir / "tmp").rglob("*.gch")), "nothing of the 150 MB header in a hit's TMPDIR"
 
 
 def test_recipecache_gives_torch_alone_results(runs: ColdRuns) -> None:
@@ -688,6 +700,41 @@ def test_an_unsafe_cache_dir_means_no_install_and_a_counted_fallback(
     assert "install_failed" in caplog.text and "symlink" in caplog.text
     assert list(elsewhere.iterdir()) == []
     assert integration.attempt.flight is None, "compiled here without the lease: the stored variant is fine for others"
+
+
+def test_the_header_is_skipped_only_for_a_kernel_already_built(integration: Any, tmp_path: Path) -> None:
+    source = tmp_path / "ab" / "kernel.main.cpp"
+    integration.record_write("main.cpp", str(source))
+    assert not integration.kernel_is_built(), "no library yet: torch compiles it, with the header"
+    source.parent.mkdir()
+    (tmp_path / "ab" / "kernel.main.so").write_bytes(b"lib")
+    assert integration.kernel_is_built()
+    integration.record_write("h", str(tmp_path / "header.h"))  # torch's header stub: still the same kernel
+    assert integration.kernel_is_built()
+    integration.record_write("py", str(tmp_path / "wrapper.py"))  # something else: no kernel being loaded
+    assert not integration.kernel_is_built()
+
+
+def _join_header_builds() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "recipecache-header":
+            thread.join()
+
+
+def test_a_rank_that_waited_builds_the_skipped_header_once_in_the_background(integration: Any) -> None:
+    built: list[str] = []
+    integration.warm_header(lambda: built.append("fresh"), ("cpp_prefix.h", "cmd"))
+    _join_header_builds()
+    assert built == [], "a process that never waited (a fresh rank that only hits) builds no header"
+
+    with integration.store.begin(integration.cpu_key(FX_KEY)) as other_rank:  # another rank compiles the graph
+        assert other_rank.role == "leader"
+        assert _lookup(integration, lambda graph: True) is None  # waited 0.5 s for it, then compiles itself
+    integration.end_attempt()
+    for _ in range(2):
+        integration.warm_header(lambda: built.append("waited"), ("cpp_prefix.h", "cmd"))
+    _join_header_builds()
+    assert built == ["waited"]
 
 
 def test_a_torch_without_the_hook_points_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:

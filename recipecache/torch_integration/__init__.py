@@ -6,17 +6,21 @@
   backward graphs, AOTAutograd entries, the CPU-feature probe libraries and the
   automatic-dynamic (PGO) decisions (shared across ranks, merged on put) all travel.
 * Results are those of a local compile: a hit loads the very code the producer built.
+* With ``precompile=True`` (:mod:`.precompile`) a fresh process also skips dynamo: every
+  ``torch.compile``'d function or module loads a precompiled artifact (bytecode, guards
+  and AOTInductor libraries) that one process compiled and published.
 * Nothing here raises into training. A backend that is down, a refused or malformed
   artifact, or a torch that lacks a hook point makes torch compile locally; the reason
   is warned about once and counted (:func:`metrics`).
 
 Keys match across ranks as long as ranks agree on what torch puts in them: the rank is
-not in them (PGO's is removed), the precompiled-header flag is pinned off here, the
-thread count is (so launch every rank with the same ``OMP_NUM_THREADS``, as
-``recipecache-run`` does), and on GPUs so is the device ordinal (launch each rank with
-``CUDA_VISIBLE_DEVICES=<local rank>`` so every rank compiles for ``cuda:0``). Artifacts
-holding compiled CPU code are also keyed by the host's CPU (:mod:`.host_cpu`), so nodes
-of different CPU kinds never load each other's kernels.
+not in them (PGO's is removed), the precompiled-header flag is pinned here (to torch's
+default, on: fast cold compiles; a hit skips the header), the thread count is (so
+launch every rank with the same ``OMP_NUM_THREADS``, as ``recipecache-run`` does), and
+on GPUs so is the device ordinal (launch each rank with ``CUDA_VISIBLE_DEVICES=<local
+rank>`` so every rank compiles for ``cuda:0``). Artifacts holding compiled CPU code are
+also keyed by the host's CPU (:mod:`.host_cpu`), so nodes of different CPU kinds never
+load each other's kernels.
 
 This package imports torch only when :func:`enable` runs.
 """
@@ -48,6 +52,8 @@ class _Session:
         self.store: Store | None = None
         self.metrics: Metrics | None = None
         self.hooked = False
+        #: the precompiled tier, when enable(precompile=True)
+        self.tier: Any = None
         self.next_step = 0
         self.exit_hook = False
 
@@ -62,13 +68,15 @@ def enable(
     secret: str | bytes | None = None,
     wait_timeout: float | None = None,
     metrics_file: str | None = None,
+    precompile: bool | None = None,
 ) -> Store:
     """Route this process's torch.compile caches to the store ``url`` names and return that store.
 
     ``url``, ``namespace`` and ``secret`` default to the environment as in
     :func:`recipecache.open_store`; ``wait_timeout`` (seconds a process waits for another
     one's compile) to ``RECIPECACHE_WAIT_TIMEOUT``; ``metrics_file`` to
-    ``RECIPECACHE_METRICS_FILE``. A malformed URL raises ConfigError (bad input); an
+    ``RECIPECACHE_METRICS_FILE``; ``precompile`` (the precompiled tier) to
+    ``RECIPECACHE_PRECOMPILE=1``. A malformed URL raises ConfigError (bad input); an
     unreachable store does not (it degrades at use). Calling it again while enabled
     returns the current store.
     """
@@ -83,12 +91,19 @@ def enable(
         try:
             from . import _hooks
 
-            _hooks.attach(store, metrics, wait_timeout)
+            integration = _hooks.attach(store, metrics, wait_timeout)
         except (ImportError, AttributeError) as exc:
             # a torch without the hook points this integration was written against
             metrics.fallback(Reason.TORCH_INTERNALS, f"cannot hook this torch ({exc!r}); it compiles without the cache")
         else:
             _session.hooked = True
+        if _session.hooked and (precompile if precompile is not None else env.flag(env.PRECOMPILE)):
+            try:
+                from . import precompile as tier
+
+                _session.tier = tier.attach(store, metrics, wait_timeout, integration.cpu_key)
+            except (ImportError, AttributeError) as exc:
+                metrics.fallback(Reason.TORCH_INTERNALS, f"no precompiled tier on this torch ({exc!r})")
         _session.store, _session.metrics, _session.next_step = store, metrics, 0
         if not _session.exit_hook:
             atexit.register(_at_exit)
@@ -100,6 +115,9 @@ def enable(
 def disable() -> None:
     """Give torch back every setting and function enable() changed; the metrics stay readable."""
     with _session.lock:
+        if _session.tier is not None:
+            _session.tier.uninstall()
+            _session.tier = None
         if _session.hooked:
             from . import _hooks
 

@@ -18,7 +18,15 @@ In short:
   ``-march=native`` kernels need.
 * ``codecache.write`` is wrapped to learn which ``<hash>.main.so`` kernels the current
   graph loads (they are not in torch's entry), and ``VecISA.check_build`` to learn the
-  CPU-feature probe libraries every fresh process would otherwise build with g++.
+  CPU-feature probe libraries every fresh process would otherwise build with g++ (and,
+  on a cold job, to share them between ranks as they are built; ``valid_vec_isa_list``
+  to let each rank start probing at its own share of the list).
+* ``codecache._precompile_header`` is skipped for a kernel whose ``.so`` is already
+  there (a hit installed it): torch builds the precompiled header (a ``g++ -E`` of the
+  ATen headers, then a 150 MB ``.gch`` in ``$TMPDIR``) before it looks for the kernel's
+  library, so without this a hit on a fresh node would pay seconds for a header nothing
+  compiles against. The kernel's key was computed before the header is attached, so
+  the skip changes no key; a compile still gets torch's fast precompiled-header build.
 * ``codecache.compiled_fx_graph_hash`` is wrapped to record what each FX key is made of
   (:mod:`recipecache.keyinfo`, for ``recipecache explain``) and what the graph is (its
   function and input shapes, the ``meta`` of the artifact it publishes).
@@ -42,7 +50,7 @@ import pickle
 import platform
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,10 +59,11 @@ import torch._dynamo.config as dynamo_config
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
-from torch._inductor import codecache, compile_fx, remote_cache
+from torch._inductor import codecache, compile_fx, cpu_vec_isa, remote_cache
 from torch._inductor.cpu_vec_isa import VecISA
 from torch._inductor.runtime.runtime_utils import cache_dir
 
+from ..env import process_rank, process_world_size
 from ..errors import ConfigError
 from ..keyinfo import KeyLog
 from ..reasons import Reason
@@ -79,6 +88,10 @@ R = TypeVar("R")
 #: stands for "the class had no attribute of its own" among the originals install() saves
 _INHERITED = object()
 
+#: what torch writes between a kernel's source and its header build (the optional
+#: optimized source, the header stub itself): still the same kernel
+_SAME_KERNEL_WRITES = frozenset({"optimized.cpp", "h"})
+
 _active: Integration | None = None
 
 
@@ -94,6 +107,11 @@ class _Attempt(threading.local):
         self.compile_s = 0.0
         #: kernel libraries the graph loaded since the lookup (absolute paths)
         self.kernels: set[str] = set()
+        #: the library of the CPU probe running on this thread
+        self.probe_library: str | None = None
+        #: the library of the kernel torch is loading on this thread (its source was the last
+        #: one written): what a precompiled header would be built for
+        self.loading_kernel: str | None = None
         self.in_isa_probe = False
         #: torch's FX key this thread computed last, its hash-detail lines, function name and
         #: input shapes; outlives end_attempt(), which runs between the key's computation
@@ -120,8 +138,15 @@ class Integration:
         self._lock = threading.Lock()
         self._flights: dict[int, Flight] = {}
         self._isa_files: set[str] = set()
+        #: the probe libraries of this host kind are here (installed, or published by us)
         self._isa_done = False
-        self._isa_key: str | None = None
+        self._isa_fingerprint: str | None = None
+        self._isa_probing_ordered = False
+        #: this process has waited for another one's compile: a cold job, in which it may
+        #: compile a later graph itself (see :meth:`warm_header`)
+        self._followed = False
+        #: precompiled headers being built (or built) in the background, by their arguments
+        self._warm_headers: set[tuple[Any, ...]] = set()
         self._originals: list[tuple[Any, str, Any]] = []
         self.keys = KeyLog.beside(store.events)
 
@@ -246,6 +271,7 @@ class Integration:
         flight = self.store.begin(key, wait_timeout=self.wait_timeout)
         for waits in itertools.count():
             if flight.waited_s:
+                self._followed = True
                 self.metrics.changed()
             if flight.data is None:  # we compile it (leader, or unleased after a failure or timeout)
                 self._hold(flight)
@@ -379,29 +405,147 @@ class Integration:
         self.metrics.changed()
 
     def record_write(self, extension: str, path: str) -> None:
+        attempt = self.attempt
         if extension == "main.cpp":
-            self.attempt.kernels.add(path[: -len("cpp")] + "so")
-        elif extension == "cpp" and self.attempt.in_isa_probe:
+            attempt.loading_kernel = path[: -len("cpp")] + "so"
+            attempt.kernels.add(attempt.loading_kernel)
+            return
+        if extension not in _SAME_KERNEL_WRITES:
+            attempt.loading_kernel = None
+        if extension == "cpp" and attempt.in_isa_probe:
+            attempt.probe_library = path[: -len("cpp")] + "so"
             with self._lock:
-                self._isa_files.add(path[: -len("cpp")] + "so")
+                self._isa_files.add(attempt.probe_library)
+
+    def kernel_is_built(self) -> bool:
+        """Whether the library of the kernel torch is loading on this thread is already on disk."""
+        library = self.attempt.loading_kernel
+        return library is not None and Path(library).exists()
+
+    def warm_header(self, build: Callable[[], object], arguments: tuple[Any, ...]) -> None:
+        """Build a precompiled header this process skipped, in the background, if it is likely to need it.
+
+        Only after this process waited for another one's compile (a cold job): it loaded
+        that graph without the header, and if it compiles a later graph itself it would pay
+        the header build (seconds of g++) on the job's critical path, while the rank that
+        already has one waits for it. Built now, off the critical path, the later compile
+        finds it (torch caches the result in-process; its build is file-locked, so a
+        compile that asks meanwhile waits for this build instead of repeating it). A fresh
+        process that only hits never waits, so it never builds one.
+        """
+        if not self._followed:
+            return
+        with self._lock:
+            if arguments in self._warm_headers:
+                return
+            self._warm_headers.add(arguments)
+
+        def run() -> None:
+            try:
+                build()
+            except Exception:  # noqa: BLE001 - torch builds it itself when a compile needs it
+                log.debug("recipecache: background header build failed", exc_info=True)
+
+        threading.Thread(target=run, name="recipecache-header", daemon=True).start()
 
     # -- the CPU-feature probe libraries ---------------------------------------------
-    def isa_key(self) -> str:
-        """Key of this host kind's probe libraries: torch names them by compiler, ISA flags and version; which ones a host builds depends on its CPU."""
-        if self._isa_key is None:
+    def isa_fingerprint(self) -> str:
+        """What torch names this host kind's probe libraries by: torch version, machine, compiler."""
+        if self._isa_fingerprint is None:
             from torch._inductor.cpp_builder import (
                 get_compiler_version_info,
                 get_cpp_compiler,
             )
 
-            fingerprint = f"{torch.__version__}|{platform.machine()}|{get_compiler_version_info(get_cpp_compiler())}"
-            self._isa_key = self.cpu_key(f"isa-probe:{hashlib.sha256(fingerprint.encode()).hexdigest()}")
-        return self._isa_key
+            text = f"{torch.__version__}|{platform.machine()}|{get_compiler_version_info(get_cpp_compiler())}"
+            self._isa_fingerprint = hashlib.sha256(text.encode()).hexdigest()
+        return self._isa_fingerprint
+
+    def isa_key(self) -> str:
+        """Key of this host kind's complete set of probe libraries (what a fresh process installs).
+
+        torch names them by compiler, ISA flags and version; which ones a host builds
+        depends on its CPU, so the key carries the host-CPU fingerprint too.
+        """
+        return self.cpu_key(f"isa-probe:{self.isa_fingerprint()}")
+
+    def probe_key(self, isa: VecISA, code: str) -> str:
+        """Key of one probe's library, shared while the ranks of a cold job probe the CPU together.
+
+        Under the host-CPU fingerprint (computed once per process, :attr:`cpu`) like the
+        complete set: only ranks on the same kind of CPU share a probe's answer.
+        """
+        text = f"{self.isa_fingerprint()}|{isa.build_arch_flags()}|{code}"
+        return self.cpu_key(f"isa-probe1:{hashlib.sha256(text.encode()).hexdigest()}")
 
     def install_isa_probe(self) -> None:
-        """Before the first compile probes the CPU, install the libraries another process built."""
+        """Before torch probes the CPU, install the libraries another process built.
+
+        Tried in enable() and again before each probe until it succeeds: on a cold job a
+        rank that waited for another's first graph probes only when it loads that graph,
+        by which time the compiling rank has published its probe libraries.
+        """
+        if self._isa_done:
+            return
         if self.fetch("isa", self.isa_key()) is not None:
             self._isa_done = True
+
+    def probe_cpu_in_rank_order(self) -> None:
+        """On a cold start, probe the CPU's vector ISAs starting at a rank-dependent one.
+
+        torch probes every ISA the CPU claims (a g++ build of a test file per ISA and
+        feature, seconds each, ~10 builds on an AVX-512 machine) in one fixed order, the
+        first time a process compiles. Ranks that compile at the same moment on a cold job
+        would all build the same probes in the same order; starting each rank at its share
+        of the list, and sharing each probe as it is built (:meth:`probe`), they meet in the
+        middle and each builds about its share. Called when torch asks for the valid ISAs,
+        before its first probe, so no probe is running; the answers are torch's own (each
+        ISA caches its answer), only the order differs.
+        """
+        with self._lock:
+            if self._isa_probing_ordered:
+                return
+            self._isa_probing_ordered = True
+        world = process_world_size()
+        if world < 2 or platform.machine() not in ("x86_64", "AMD64"):
+            return
+        self.install_isa_probe()
+        if self._isa_done:
+            return
+        # the ISAs valid_vec_isa_list() probes on x86 (cpu_vec_isa.py): those whose flags the CPU claims
+        claimed = cpu_vec_isa.x86_isa_checker()
+        isas = [isa for isa in cpu_vec_isa.supported_vec_isa_list if all(f in claimed for f in str(isa).split())]
+        if not isas:
+            return
+        start = process_rank() * len(isas) // world % len(isas)
+        for isa in isas[start:] + isas[:start]:
+            bool(isa)
+
+    def probe(self, check_build: Callable[[VecISA, str], bool], isa: VecISA, code: str) -> bool:
+        """torch's probe build of ``code`` for ``isa``, with the library another rank built if there is one.
+
+        In a job of several processes, until this host kind's complete set is here, each
+        probe library this process builds is published on its own, so ranks probing at the
+        same time share them.
+        """
+        attempt = self.attempt
+        shared = not self._isa_done and process_world_size() > 1
+        key = self.guarded(self.probe_key, isa, code) if shared else None
+        built_here = key is not None and self.guarded(self.fetch, "isa", key) is None
+        attempt.in_isa_probe, attempt.probe_library = True, None
+        try:
+            return check_build(isa, code)
+        finally:
+            attempt.in_isa_probe = False
+            if built_here and attempt.probe_library is not None:
+                self.guarded(self.publish_probe, key, [attempt.probe_library])
+
+    def publish_probe(self, key: str, libraries: Iterable[str]) -> None:
+        """Publish the probe libraries among ``libraries`` that were built (an ISA the compiler lacks has none)."""
+        files, _missing = collect(libraries, Path(cache_dir()))
+        if files:
+            self._put("isa", key, Artifact.single("isa", b"", files).pack())
+            self.metrics.kernels(shipped=len(files))
 
     def publish_isa_probe(self) -> None:
         with self._lock:
@@ -409,10 +553,7 @@ class Integration:
                 return
             self._isa_done = True
             paths = set(self._isa_files)
-        files, _missing = collect(paths, Path(cache_dir()))  # an ISA the compiler lacks has no library
-        if files:
-            self._put("isa", self.isa_key(), Artifact.single("isa", b"", files).pack())
-            self.metrics.kernels(shipped=len(files))
+        self.publish_probe(self.isa_key(), paths)
 
     # -- install / uninstall ---------------------------------------------------------
     def patches(self) -> list[tuple[Any, str, Any]]:
@@ -424,6 +565,8 @@ class Integration:
         original_iterate = codecache.FxGraphCache.iterate_over_candidates.__func__
         remote_key = remote_cache.RemoteFxGraphCache._get_key  # how torch names a graph in a remote cache
         original_hash = codecache.compiled_fx_graph_hash
+        original_precompile_header = codecache._precompile_header
+        original_valid_isas = cpu_vec_isa.valid_vec_isa_list
 
         def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
             result = original_write(content, extension, *args, **kwargs)
@@ -431,11 +574,22 @@ class Integration:
             return result
 
         def check_build(isa: VecISA, code: str) -> bool:
-            self.attempt.in_isa_probe = True
-            try:
-                return original_check_build(isa, code)
-            finally:
-                self.attempt.in_isa_probe = False
+            self.guarded(self.install_isa_probe)
+            return self.probe(original_check_build, isa, code)
+
+        def valid_vec_isa_list() -> list[VecISA]:
+            self.guarded(self.probe_cpu_in_rank_order)
+            return original_valid_isas()
+
+        def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
+            if self.guarded(self.kernel_is_built):
+                # nothing is compiled against it: torch loads the library as it is. Should a
+                # build happen after all, -include of the plain header is still correct.
+                self.guarded(self.warm_header,
+                             lambda: original_precompile_header(header, hashable_cmd_line, **compile_command),
+                             (header, hashable_cmd_line, frozenset(compile_command.items())))
+                return header
+            return original_precompile_header(header, hashable_cmd_line, **compile_command)
 
         def fx_codegen_and_compile(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
@@ -466,15 +620,17 @@ class Integration:
             (inductor_config, "fx_graph_remote_cache", True),
             (functorch_config, "enable_remote_autograd_cache", True),
             (dynamo_config, "automatic_dynamic_remote_pgo", True),
-            # part of the FX key, so it must be equal on every rank; "off" also spares each
-            # fresh process a 150 MB precompiled header that a hit does not need
-            (inductor_config, "cpp_cache_precompile_headers", False),
+            # part of the FX key, so it must be equal on every rank: torch's default, whose
+            # precompiled header makes every cold kernel's g++ fast (a hit skips the header)
+            (inductor_config, "cpp_cache_precompile_headers", True),
             (remote_cache.RemoteFxGraphCache, "backend_override_cls", FxBackend),
             (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
             (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
             (codecache, "write", write),
             (codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash),
+            (codecache, "_precompile_header", _precompile_header),
             (VecISA, "check_build", check_build),
+            (cpu_vec_isa, "valid_vec_isa_list", valid_vec_isa_list),
             (compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile),
             (compile_fx, "_compile_fx_inner", _compile_fx_inner),
             # torch reads one remote entry per graph key; this offers its guards every stored variant

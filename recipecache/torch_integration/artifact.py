@@ -36,7 +36,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
@@ -144,12 +144,7 @@ class Artifact:
     @classmethod
     def unpack(cls, blob: Buffer, kind: str) -> Artifact:
         """Decode and check ``blob``; raises :class:`ArtifactError` for anything unexpected."""
-        try:
-            obj = msgpack.unpackb(blob, raw=False, strict_map_key=True)
-        except (ValueError, msgpack.UnpackException) as exc:
-            raise ArtifactError(f"undecodable artifact: {exc}") from None
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-            raise ArtifactError("not a recipecache torch artifact (or another format version)")
+        obj = decode(blob, FORMAT, "recipecache torch artifact")
         if obj.get("kind") != kind:
             raise ArtifactError(f"artifact kind {obj.get('kind')!r}, expected {kind!r}")
         entries, files = obj.get("entries"), obj.get("files")
@@ -178,6 +173,17 @@ def _checked_entry(item: Any, paths: set[str]) -> Entry:
     return Entry(data, compile_s, tuple(kernels), guards)
 
 
+def decode(blob: bytes | bytearray | memoryview, fmt: str, what: str) -> dict[str, Any]:
+    """The msgpack map in ``blob`` if it says it is format ``fmt``; :class:`ArtifactError` otherwise."""
+    try:
+        obj = msgpack.unpackb(blob, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ArtifactError(f"undecodable {what}: {exc}") from None
+    if not isinstance(obj, dict) or obj.get("format") != fmt:
+        raise ArtifactError(f"not a {what} (or another format version)")
+    return obj
+
+
 def _checked_file(item: Any) -> KernelFile:
     if not isinstance(item, dict) or set(item) != {"path", "data"}:
         raise ArtifactError("artifact file record malformed")
@@ -192,32 +198,49 @@ def install(files: Iterable[KernelFile], root: Path) -> int:
     Each write is atomic, so a concurrent reader never loads half a library.
 
     ``root`` (torch's ``cache_dir()``) and each ``<xx>`` directory written into must be
-    ours alone, as the store's own directory must (:func:`recipecache.fsutil.private_directory`):
-    a real directory, not a symlink, owned by us, not writable by group or others (kernels
-    placed there run on every rank that loads them). Directories are opened without
-    following symlinks and written through their descriptors, so a link planted or swapped
-    in is never written through. Anything else raises ConfigError before that directory
-    gets a byte.
+    ours alone (:func:`write_private`); anything else raises ConfigError before that
+    directory gets a byte.
     """
-    files = sorted(files, key=lambda f: f.path)
+    return write_private(root, ((f.path, f.data) for f in files), "torch's kernel cache directory",
+                         keep=lambda dir_fd, name, _data: _regular_file_at(dir_fd, name))
+
+
+def write_private(root: Path, files: Iterable[tuple[str, Buffer]], what: str, *,
+                  keep: Callable[[int, str, Buffer], bool]) -> int:
+    """Write ``(relative path, data)`` files under ``root`` through directories that are ours alone.
+
+    ``root`` and every directory on a file's path must be private, as the store's own
+    directory must (:func:`recipecache.fsutil.private_directory`): a real directory, not a
+    symlink, owned by us, not writable by group or others (what is written here is code
+    that runs on every rank that loads it). Directories are created if missing, opened
+    without following symlinks and written through their descriptors, so a link planted
+    or swapped in is never written through; each file is written atomically next to its
+    name unless ``keep(dir_fd, name, data)`` says the one there will do. Returns how many
+    were written; ConfigError (``what`` names ``root``) before a refused directory gets a
+    byte. Paths are the caller's checked relative paths (``a/b/name``, at least one
+    directory).
+    """
+    files = sorted(files, key=lambda f: f[0])
     if not files:
         return 0
-    what = "torch's kernel cache directory"
     private_directory(root, what)  # the parent check: nobody else can swap root
     written = 0
     root_fd = open_private_directory(root, what)
     try:
-        for sub, group in groupby(files, key=lambda f: f.path.split("/")[0]):
-            dir_fd = open_private_directory(sub, f"the kernel directory in {root}:", dir_fd=root_fd)
+        for directory, group in groupby(files, key=lambda f: f[0].rpartition("/")[0]):
+            fds: list[int] = []
             try:
-                for kernel in group:
-                    name = kernel.path.split("/")[1]
-                    if _regular_file_at(dir_fd, name):
-                        continue
-                    write_atomic_at(dir_fd, name, kernel.data)
-                    written += 1
+                for sub in directory.split("/"):
+                    fds.append(open_private_directory(sub, f"the directory {directory} in {root}:",
+                                                      dir_fd=fds[-1] if fds else root_fd))
+                for path, data in group:
+                    name = path.rpartition("/")[2]
+                    if not keep(fds[-1], name, data):
+                        write_atomic_at(fds[-1], name, data)
+                        written += 1
             finally:
-                os.close(dir_fd)
+                for fd in reversed(fds):
+                    os.close(fd)
     finally:
         os.close(root_fd)
     return written

@@ -32,7 +32,8 @@ from ..fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 
-LOOKUP_KINDS = ("fx", "aot", "pgo", "isa")
+#: artifact kinds looked up and published; ``precompiled`` is a whole function (the precompiled tier)
+LOOKUP_KINDS = ("fx", "aot", "pgo", "isa", "precompiled")
 
 
 def metrics_path(template: str | None, rank: int) -> Path | None:
@@ -59,6 +60,8 @@ class Metrics:
         self._fallbacks: Counter[str] = Counter()
         self._lookups = {kind: {"hit": 0, "miss": 0, "put": 0} for kind in LOOKUP_KINDS}
         self._kernels = {"installed": 0, "shipped": 0}
+        self._precompile_fallbacks: Counter[str] = Counter()
+        self._stale_sources = 0
         self._write_failed = False
         #: torch's own local-cache hits (``{"fx": n, "aot": m}``), set by the hooks: a graph
         #: torch found in its local cache never reaches the store, so the store's counters
@@ -104,6 +107,23 @@ class Metrics:
             log.warning("recipecache: %s: %s (counted as fallback %r; not warned again)", reason, detail, str(reason))
         self.changed()
 
+    def precompile_fallback(self, detail: str, message: str) -> None:
+        """The precompiled tier sent one call signature to the normal path; warned once per ``detail``."""
+        with self._lock:
+            first = detail not in self._precompile_fallbacks
+            self._precompile_fallbacks[detail] += 1
+            self._fallbacks[Reason.PRECOMPILE_FALLBACK] += 1
+        if first:
+            log.warning("recipecache: %s (counted as fallback %r, detail %r; not warned again)",
+                        message, str(Reason.PRECOMPILE_FALLBACK), detail)
+        self.changed()
+
+    def stale_sources(self) -> None:
+        """A precompiled artifact was found for another version of the traced sources (so not loaded)."""
+        with self._lock:
+            self._stale_sources += 1
+        self.changed()
+
     def kernels(self, *, installed: int = 0, shipped: int = 0) -> None:
         with self._lock:
             self._kernels["installed"] += installed
@@ -119,7 +139,8 @@ class Metrics:
         local = self.local_hits_source() if self.local_hits_source is not None else {}
         with self._lock:
             fallbacks.update({str(k): v for k, v in self._fallbacks.items()})
-            fx = self._lookups["fx"]
+            # graph lookups, and whole functions the precompiled tier looked up
+            graphs = {k: self._lookups["fx"][k] + self._lookups["precompiled"][k] for k in ("hit", "miss")}
             out: dict[str, Any] = {
                 "rank": process_rank(),
                 "host": socket.gethostname(),
@@ -130,7 +151,7 @@ class Metrics:
                     "TotalTime": round(compile_s, 6),
                     "AvgTime": round(compile_s / compiles, 6) if compiles else 0.0,
                 },
-                "cache": {"TotalHit": fx["hit"], "TotalMiss": fx["miss"]},
+                "cache": {"TotalHit": graphs["hit"], "TotalMiss": graphs["miss"]},
                 "local_hits": local,
                 "waits": store["waits"],
                 "wait_s": round(wait_s, 6),
@@ -140,6 +161,8 @@ class Metrics:
                 "fallbacks": dict(fallbacks),
                 "lookups": {kind: dict(counts) for kind, counts in self._lookups.items()},
                 "kernels": dict(self._kernels),
+                "precompile_fallbacks": dict(self._precompile_fallbacks),
+                "stale_sources": self._stale_sources,
                 "store": store,
             }
         return out

@@ -13,9 +13,10 @@ usage: torch_worker.py OUT_JSON {rc|plain} [--pgo-sizes 5,7] [--variants 8,5000]
   ``4097 <= s0``).
 * ``--dist FILE`` first joins a one-process gloo group, so torch's PGO key carries a
   rank (0) where a process without a group has none.
-* ``--check-disable`` then calls ``recipecache.disable()``, snapshots every setting
-  enable() changes, and compiles a new graph (a matmul: no C++ kernel, no g++) to show
-  the store is no longer asked.
+* ``--check-disable`` first turns torch's precompiled headers off, as a user may (so
+  enable() has a value of its own to pin and disable() one to give back); it then calls
+  ``recipecache.disable()``, snapshots every setting enable() changes, and compiles a
+  new graph (a matmul: no C++ kernel, no g++) to show the store is no longer asked.
 
 The digest covers every step's output, loss and gradients and the final parameters,
 byte for byte.
@@ -42,7 +43,7 @@ def settings() -> dict[str, str]:
     import torch._dynamo.config as dynamo_config
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
-    from torch._inductor import codecache, compile_fx, remote_cache
+    from torch._inductor import codecache, compile_fx, cpu_vec_isa, remote_cache
     from torch._inductor.cpu_vec_isa import VecISA
 
     def name(obj: Any) -> str:
@@ -58,7 +59,9 @@ def settings() -> dict[str, str]:
         "aot_backend": name(remote_cache.RemoteAOTAutogradCache.backend_override_cls),
         "pgo_backend": name(remote_cache.RemoteDynamoPGOCache.backend_override_cls),
         "codecache.write": name(codecache.write),
+        "codecache._precompile_header": name(codecache._precompile_header),
         "VecISA.check_build": name(VecISA.check_build),
+        "valid_vec_isa_list": name(cpu_vec_isa.valid_vec_isa_list),
         "fx_codegen_and_compile": name(compile_fx.fx_codegen_and_compile),
         "_compile_fx_inner": name(compile_fx._compile_fx_inner),
         "FxGraphCache.iterate_over_candidates": name(codecache.FxGraphCache.iterate_over_candidates),
@@ -102,6 +105,10 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
+    if args.check_disable:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp_cache_precompile_headers = False
     report: dict[str, Any] = {"settings_before": settings()}
     if args.dist is not None:
         torch.distributed.init_process_group("gloo", init_method=f"file://{args.dist}", rank=0, world_size=1)

@@ -1,0 +1,371 @@
+"""A user's first job: plain torchrun vs ``recipecache-run``, cold and warm, side by side.
+
+The job (``cold_bench.py job``, run by torchrun in every rank) is a small GPT language
+model (token + position embeddings, pre-LN blocks with causal attention and an MLP, a
+tied-free head) trained with DDP over gloo on CPU, compiled with torch's defaults
+(``torch.compile(model)``: automatic dynamic shapes). Every iteration trains one step
+per sequence length and then runs an eval pass (no grad) over the lengths, so the job
+meets training and inference graphs, static ones and the dynamic one torch recompiles
+when a second length appears. Each rank runs in its own empty ``TORCHINDUCTOR_CACHE_DIR``
+and ``TMPDIR``, as if on its own node.
+
+Cases (``--cases``):
+
+* ``rotated``: rank r meets the lengths rotated by r, so ranks meet shapes at different
+  steps (what the shared store is for; target cold ratio <= 0.9);
+* ``aligned``: every rank meets the same length at the same step (target <= 1.0).
+
+Per case and repetition, interleaved (the order alternates so no side always runs
+first; the short warm pair runs ``--warm-pairs`` times per repetition):
+
+* ``plain cold``: ``torchrun`` with torch's defaults, empty dirs;
+* ``rc cold``: ``recipecache-run --rank-dirs`` on an empty store;
+* ``rc fresh``: ``recipecache-run --rank-dirs`` with empty dirs on the store ``rc cold`` filled;
+* ``plain warm``: ``torchrun`` again in ``plain cold``'s dirs (torch's warm local caches);
+* with ``--compare-tree DIR``, also ``base cold`` and ``base fresh``: ``rc cold`` and
+  ``rc fresh`` run from another checkout (say the main branch), for a before/after.
+
+Printed: the job walls, iteration 0 (the slowest rank's), each rank's critical path
+(seconds inside steps, where compiles and waits happen; for recipecache also its compile
+and wait seconds from the event log), medians, spreads (min-max) and the target ratios:
+cold rc/plain wall, fresh-rank iter 0 / plain warm iter 0. Every run of a case must give
+bitwise-equal losses.
+
+    python benchmarks/cold_bench.py [--reps 3] [--warm-pairs 2] [--cases rotated,aligned] [--quick]
+                                    [--timeline] [--compare-tree /work/main] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ("plain cold", "rc cold", "rc fresh", "plain warm")
+#: with --compare-tree: recipecache-run from another checkout (e.g. before a change), cold and fresh
+BASE_SCENARIOS = ("base cold", "base fresh")
+TARGETS = {"rotated": 0.9, "aligned": 1.0}
+FRESH_TARGET = 1.0
+VOCAB = 64
+
+
+# -- the job (runs in every rank under torchrun) ------------------------------------------
+def job(args: argparse.Namespace) -> None:
+    """Train and evaluate the small GPT; rank 0 writes every rank's timings and losses to ``--out``."""
+    import torch
+    import torch.distributed as dist
+    from tiny_gpt import TinyGPT  # beside this script, on sys.path under torchrun and recipecache-run
+    from torch.nn.parallel import DistributedDataParallel
+
+    def batch(it: int, step: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(it * 1009 + step * 31 + rank)
+        start = torch.randint(0, VOCAB, (args.batch, 1), generator=gen)
+        stride = torch.randint(1, 4, (args.batch, 1), generator=gen)
+        seq = (start + stride * torch.arange(length + 1)) % VOCAB
+        return seq[:, :-1], seq[:, 1:]
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    lengths = [int(n) for n in args.lengths.split(",")]
+    shift = rank if args.order == "rotated" else 0
+    order = lengths[shift % len(lengths):] + lengths[:shift % len(lengths)]
+    torch.manual_seed(0)
+    model = TinyGPT(VOCAB, max(lengths), args.dim, args.heads, args.layers, head_bias=True)
+    ddp = DistributedDataParallel(model)
+    compiled = torch.compile(ddp)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mine: dict[str, Any] = {"iter_s": [], "steps": [], "losses": [], "start": time.time()}
+    for it in range(args.iters):
+        it_start = time.perf_counter()
+        for step, length in enumerate(order):
+            tokens, targets = batch(it, step, length)
+            start = time.perf_counter()
+            loss = compiled(tokens, targets)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            mine["steps"].append(["train", it, length, time.time() - mine["start"], time.perf_counter() - start])
+            mine["losses"].append(loss.item())
+        model.eval()
+        with torch.no_grad():
+            for step, length in enumerate(order):
+                tokens, targets = batch(it, 100 + step, length)
+                start = time.perf_counter()
+                loss = compiled(tokens, targets)
+                mine["steps"].append(["eval", it, length, time.time() - mine["start"], time.perf_counter() - start])
+                mine["losses"].append(loss.item())
+        model.train()
+        mine["iter_s"].append(time.perf_counter() - it_start)
+    ranks: list[Any] = [None] * world
+    dist.all_gather_object(ranks, mine)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps({"ranks": ranks, "threads": torch.get_num_threads()}))
+    del compiled, ddp
+    dist.destroy_process_group()
+
+
+
+# -- the driver ---------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One torchrun job: its wall time and what every rank reported."""
+
+    scenario: str
+    case: str
+    rep: str
+    wall_s: float
+    ranks: list[dict[str, Any]]
+    #: recipecache's event log (rc scenarios), for compile/wait seconds and the timeline
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def iter0_s(self) -> float:
+        """Iteration 0 of the slowest rank: where the compiles are."""
+        return max(r["iter_s"][0] for r in self.ranks)
+
+    @property
+    def critical_s(self) -> list[float]:
+        """Per rank, seconds inside training and eval steps (compiles and waits happen there)."""
+        return [sum(step[4] for step in r["steps"]) for r in self.ranks]
+
+    def seconds(self, event: str) -> list[float]:
+        """Per rank, the summed duration of ``event`` (compile, wait) in the event log."""
+        out = [0.0] * len(self.ranks)
+        for e in self.events:
+            if e["event"] == event:
+                out[e["rank"]] += e["duration"]
+        return out
+
+    @property
+    def losses(self) -> list[list[float]]:
+        return [r["losses"] for r in self.ranks]
+
+
+def free_port() -> int:
+    """A port for torchrun's rendezvous: others may run jobs on this machine at the same time."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str], *, dirs: Path,
+            store: Path | None, tree: Path = ROOT) -> Run:
+    """Start one job: plain torchrun (``store`` None) or recipecache-run on ``store``; every rank in ``dirs``/rankN.
+
+    ``tree`` is the checkout whose launcher and recipecache run (the job script is always this one).
+    """
+    from recipecache.events import read_events
+
+    name = f"{case}-{rep}-{scenario.replace(' ', '-')}"
+    out = work / f"{name}.json"
+    run_dir = work / f"{name}-run"
+    port = ["--master-port", str(free_port())]
+    script = [str(Path(__file__).resolve()), "job", *job_args, "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_", "OMP_"))}
+    env["PYTHONPATH"] = str(tree)
+    if store is None:
+        # torchrun as a user runs it; the launcher's bootstrap only points each rank at its own
+        # TORCHINDUCTOR_CACHE_DIR and TMPDIR before torch is imported (recipecache stays off)
+        env["RECIPECACHE_RANK_DIRS"] = str(dirs)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *port,
+               "-m", "launcher.bootstrap", *script]
+    else:
+        cmd = [sys.executable, "-m", "launcher.main", "--nproc", "2", *port, "--cache", f"file://{store}",
+               "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs), *script]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    events = list(read_events(run_dir / "events")) if store is not None else []
+    run = Run(scenario, case, rep, wall, json.loads(out.read_text())["ranks"], events)
+    extra = ""
+    if events:
+        extra = (f"  compile {' '.join(f'{s:5.1f}' for s in run.seconds('compile'))}"
+                 f"  wait {' '.join(f'{s:5.1f}' for s in run.seconds('wait'))}")
+    print(f"  {case:<8} rep {rep:<4} {scenario:<10}  wall {wall:6.1f} s  iter0 {run.iter0_s:6.2f} s  "
+          f"in steps {' '.join(f'{s:6.1f}' for s in run.critical_s)}{extra}", flush=True)
+    return run
+
+
+def timeline(run: Run) -> str:
+    """Per rank, the slow steps and the compile and wait events, in time order (seconds since the job's start)."""
+    t0 = min(r["start"] for r in run.ranks)
+    rows: list[tuple[float, float, int, str]] = []
+    for e in run.events:
+        if e["event"] in ("compile", "wait", "takeover", "fallback"):
+            key = e["key"].rsplit(":", 2)[-2][:10] if e["key"].count(":") >= 2 else e["key"][-10:]
+            rows.append((e["time"] - e["duration"] - t0, e["time"] - t0, e["rank"], f"{e['event']:<8} {key}"))
+    for rank, r in enumerate(run.ranks):
+        for kind, it, length, end, seconds in r["steps"]:
+            if seconds > 0.3:
+                rows.append((r["start"] + end - seconds - t0, r["start"] + end - t0, rank, f"STEP {kind} it{it} L{length}"))
+    lines = [f"timeline of {run.case} rep {run.rep} {run.scenario} (start, end, rank, what):"]
+    lines += [f"  {a:7.1f} {b:7.1f}  r{rank}  {what}" for a, b, rank, what in sorted(rows)]
+    return "\n".join(lines)
+
+
+def spread(values: Sequence[float], fmt: str = "{:.2f}") -> str:
+    """Median (min-max) of ``values``."""
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def ratios(numerator: list[Run], denominator: list[Run], measure: Callable[[Run], float]) -> list[float]:
+    """Per repetition (runs of one repetition ran back to back), ``measure`` of one side over the other."""
+    return [measure(a) / measure(b) for a, b in zip(numerator, denominator)]
+
+
+def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
+    """Print the case's table and target ratios; returns the figures."""
+    by = {scenario: [r for r in runs if r.scenario == scenario] for scenario in SCENARIOS + BASE_SCENARIOS}
+    by = {scenario: rs for scenario, rs in by.items() if rs}
+    reference = runs[0].losses
+    mismatched = [f"{r.scenario} rep {r.rep}" for r in runs if r.losses != reference]
+    print(f"\n== case {case}: {len(by['rc cold'])} repetition(s), medians (min-max)")
+    print(f"{'scenario':<11} {'wall s':>20} {'iter 0 s':>20} {'in steps s, per rank':>30}  compile / wait s per rank")
+    for scenario, rs in by.items():
+        per_rank = [spread([r.critical_s[k] for r in rs], "{:.1f}") for k in range(len(rs[0].ranks))]
+        cw = ""
+        if rs[0].events:
+            cw = " / ".join(" ".join(f"{statistics.median(r.seconds(ev)[k] for r in rs):.1f}" for k in range(len(rs[0].ranks)))
+                            for ev in ("compile", "wait"))
+        print(f"{scenario:<11} {spread([r.wall_s for r in rs], '{:.1f}'):>20} {spread([r.iter0_s for r in rs]):>20} "
+              f"{'  '.join(per_rank):>30}  {cw}")
+    slowest = lambda r: max(r.critical_s)  # noqa: E731
+    figures: dict[str, Any] = {
+        "cold_wall": ratios(by["rc cold"], by["plain cold"], lambda r: r.wall_s),
+        "cold_iter0": ratios(by["rc cold"], by["plain cold"], lambda r: r.iter0_s),
+        "cold_critical": ratios(by["rc cold"], by["plain cold"], slowest),
+        "fresh_iter0": ratios(by["rc fresh"], by["plain warm"], lambda r: r.iter0_s),
+    }
+    target = TARGETS[case]
+    met = lambda values, limit: "met" if statistics.median(values) <= limit else "MISSED"  # noqa: E731
+    print(f"cold wall, recipecache-run / plain torchrun (per repetition): {spread(figures['cold_wall'])}  "
+          f"target <= {target}: {met(figures['cold_wall'], target)}")
+    print(f"cold iter 0 ratio {spread(figures['cold_iter0'])}; slowest rank's time in steps (critical path) "
+          f"ratio {spread(figures['cold_critical'])}")
+    print(f"fresh ranks on the filled store iter 0 / plain warm iter 0 (per pair): {spread(figures['fresh_iter0'])}  "
+          f"target <= {FRESH_TARGET}: {met(figures['fresh_iter0'], FRESH_TARGET)}")
+    if "base cold" in by:
+        figures["base_cold_wall"] = ratios(by["base cold"], by["plain cold"], lambda r: r.wall_s)
+        figures["base_fresh_iter0"] = ratios(by["base fresh"], by["plain warm"], lambda r: r.iter0_s)
+        print(f"compare tree: cold wall / plain {spread(figures['base_cold_wall'])}, "
+              f"fresh iter 0 / plain warm {spread(figures['base_fresh_iter0'])}")
+    print("losses: " + ("bitwise equal in every run" if not mismatched else f"DIFFER in {', '.join(mismatched)}"))
+    figures["losses_equal"] = not mismatched
+    figures["scenarios"] = {
+        scenario: {"wall_s": [r.wall_s for r in rs], "iter0_s": [r.iter0_s for r in rs],
+                   "in_steps_s": [r.critical_s for r in rs],
+                   "compile_s": [r.seconds("compile") for r in rs], "wait_s": [r.seconds("wait") for r in rs]}
+        for scenario, rs in by.items()}
+    return figures
+
+
+def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[str], compare: Path | None,
+             show: Callable[[Run], None]) -> list[Run]:
+    """``reps`` interleaved repetitions of the scenarios; their order alternates between repetitions.
+
+    The cold runs of a repetition come first (the warm ones need their dirs and stores),
+    then ``warm_pairs`` rounds of the short warm runs (each fresh run in new empty dirs).
+    """
+    args = [*job_args, "--order", case]
+    runs: list[Run] = []
+    for rep in range(reps):
+        base = work / f"{case}-{rep}"
+
+        def job(scenario: str, dirs: str, store: str | None, tree: Path = ROOT, tag: str = "") -> Callable[[], Run]:
+            return lambda: run_job(work, scenario, case, f"{rep}{tag}", args, dirs=base / dirs,
+                                   store=None if store is None else base / store, tree=tree)
+
+        cold = [job("plain cold", "plain-dirs", None), job("rc cold", "rc-cold-dirs", "store")]
+        if compare is not None:
+            cold.append(job("base cold", "base-cold-dirs", "base-store", compare))
+        warm = []
+        for k in range(warm_pairs):
+            pair = [job("rc fresh", f"rc-fresh-dirs-{k}", "store", tag=f".{k}"),
+                    job("plain warm", "plain-dirs", None, tag=f".{k}")]
+            if compare is not None:
+                pair.append(job("base fresh", f"base-fresh-dirs-{k}", "base-store", compare, tag=f".{k}"))
+            warm += pair if (rep + k) % 2 == 0 else pair[::-1]
+        if rep % 2:
+            cold.reverse()
+        done = [start() for start in cold]
+        done += [start() for start in warm]
+        runs += done
+        for run in done:
+            if run.scenario in ("rc cold", "base cold"):
+                show(run)
+    return runs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, help="interleaved repetitions per case (default 3; 1 with --quick)")
+    p.add_argument("--cases", default="rotated,aligned", help="comma-separated: rotated, aligned (default both)")
+    p.add_argument("--warm-pairs", type=int, default=2,
+                   help="rounds of the short fresh-rank / plain-warm runs per repetition (default 2)")
+    p.add_argument("--quick", action="store_true", help="a smaller job (1 layer, 3 lengths, 2 iterations), 1 repetition")
+    p.add_argument("--lengths", help="sequence lengths (default 16,24,32,40; 16,24,32 with --quick)")
+    p.add_argument("--iters", type=int, help="iterations per job (default 3; 2 with --quick)")
+    p.add_argument("--timeline", action="store_true", help="print each recipecache cold job's per-rank timeline")
+    p.add_argument("--workdir", type=Path, help="keep every run's dirs, stores and outputs here (default: a temp dir)")
+    p.add_argument("--json", type=Path, help="also write the figures as JSON")
+    p.add_argument("--compare-tree", type=Path, metavar="DIR",
+                   help="also run recipecache-run cold and fresh from this checkout (e.g. /work/main), interleaved")
+    args = p.parse_args()
+    sys.path.insert(0, str(ROOT))  # recipecache.events, to read the runs' event logs
+    cases = [c for c in args.cases.split(",") if c]
+    if not cases or any(c not in TARGETS for c in cases):
+        p.error(f"--cases takes a comma-separated list of {', '.join(TARGETS)}")
+    reps = args.reps or (1 if args.quick else 3)
+    job_args = ["--lengths", args.lengths or ("16,24,32" if args.quick else "16,24,32,40"),
+                "--iters", str(args.iters or (2 if args.quick else 3)), "--layers", "1" if args.quick else "2"]
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="cold-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"cold_bench: 2 ranks (gloo, CPU, 1 thread each), each in its own empty TORCHINDUCTOR_CACHE_DIR and TMPDIR; "
+          f"job {' '.join(job_args)}; {reps} repetition(s); workdir {work}", flush=True)
+
+    def show(run: Run) -> None:
+        if args.timeline:
+            print(timeline(run), flush=True)
+
+    compare = args.compare_tree.resolve() if args.compare_tree else None
+    figures = {case: summarise(case, run_case(work, case, reps, args.warm_pairs, job_args, compare, show))
+               for case in cases}
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def job_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cold_bench.py job", description="the benchmark's training job (one rank)")
+    p.add_argument("--lengths", default="16,24,32,40")
+    p.add_argument("--order", choices=tuple(TARGETS), default="rotated")
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--out", required=True)
+    return p
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["job"]:
+        job(job_parser().parse_args(sys.argv[2:]))
+    else:
+        main()

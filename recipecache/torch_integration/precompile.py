@@ -1,0 +1,654 @@
+"""The precompiled tier: fresh processes load whole compiled functions from the store instead of tracing.
+
+With ``enable(precompile=True)``, every ``torch.compile``'d function or module answers its
+calls through a :class:`Dispatcher`. For each new input signature it looks up a
+precompiled artifact (:mod:`.precompiled`): torch's ``aot_compile`` of the function with
+AOTInductor, i.e. dynamo's bytecode and guards plus one ``.so`` per graph (forward and
+backward). A hit loads it (no dynamo trace, no AOTAutograd, no compiler) and runs it; a
+miss is single-flighted like every artifact (:meth:`Store.begin`): one process traces
+and compiles it with ``aot_compile_fullgraph`` and publishes it, the others wait and
+load it. Why this mechanism and not torch's ``caching_precompile`` or a default-inductor
+``aot_compile`` is measured in docs/torch-integration-notes.md ("The precompiled tier").
+
+Never wrong, never stuck: whatever the tier cannot serve runs on the normal path
+(dynamo, with the FX/AOT/PGO store hooks), counted as ``precompile_fallback`` with a
+detail: code dynamo cannot trace whole (``graph_break``) or a graph with size inputs,
+which torch 2.13's AOTInductor cannot compile (``dynamic_shapes``), both published as
+verdicts so other ranks do not try again; guards that reject the inputs
+(``guard_failed``); an artifact that does not load here (``load_failed``,
+``incompatible``); a refused or malformed artifact; a backend other than inductor. Each
+signature's decision is remembered, so a fallback is counted once, not per step.
+
+Keys (:meth:`Dispatcher.key`): the traced function (file, qualified name, line), the
+guards' inputs (every argument's dtype, device, sizes and strides, ``requires_grad``;
+sizes omitted where the compile is dynamic; scalars by value; the module's parameters,
+buffers and training flags; grad/inference/autocast modes), the compile settings
+(backend, mode, options, dynamic; dynamo, inductor and functorch config without their
+cache plumbing) and the toolchain (Python, torch build, libc, GPU name when inputs live
+there). Keys are CPU keys like every artifact holding compiled CPU code
+(``torch3:cpu-<host-CPU fingerprint>:precompiled:<digest>``, :meth:`Integration.cpu_key
+<._hooks.Integration.cpu_key>`): the fingerprint (:mod:`.host_cpu`, computed once per
+process) covers the compiler's view of ``-march=native`` with its version, the CPU
+features torch reads and the machine. The source files dynamo traced are
+known only after tracing, so, as vLLM does, the artifact lists them with digests and a
+loader checks them before torch unpickles anything: a changed source never loads; the
+lookup moves on to the key that names the current sources (published next to the
+latest one), and a miss there is precompiled afresh.
+
+``torch.compile`` is wrapped only while enabled, so compile after ``enable()``. A
+``DistributedDataParallel`` model runs DDP's forward eagerly around a precompiled inner
+module, as dynamo itself does (it skips DDP's frames and compiles the inner forward).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils import _pytree as pytree
+
+from ..keys import make_key
+from ..reasons import REFUSED, Reason
+from ..store import Flight, Store
+from . import aoti_files, describe
+from .artifact import ArtifactError
+from .metrics import Metrics
+from .precompiled import FORMAT, Precompiled, SourceDigests, sources_digest
+
+log = logging.getLogger(__name__)
+
+#: what follows the integration's CPU-key prefix in the tier's store keys
+KEY_KIND = "precompiled:"
+#: what ``recipecache ls`` calls a precompiled artifact (the ``kind`` of its envelope meta)
+KIND_NAME = "precompiled"
+#: config names that only steer caching (recipecache sets some of them), never the generated code
+_PLUMBING = ("cache", "pgo")
+#: config torch itself changes while compiling: AOTInductor fills its metadata into the global dict in place
+_MUTATED_BY_TORCH = frozenset({"aot_inductor.metadata"})
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+class Fallback:
+    """A signature the tier does not serve: it runs on dynamo's normal path."""
+
+    __slots__ = ("detail",)
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+@dataclass
+class Variant:
+    """A loaded (or just compiled) precompiled function; ``prefix`` is its bound ``self``, if any."""
+
+    fn: Any
+    prefix: tuple[Any, ...]
+
+    def accepts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        return bool(self.fn.guard_check(*self.prefix, *args, **kwargs))
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self.fn(*self.prefix, *args, **kwargs)
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """What ``torch.compile`` was asked for (the parts that shape the compiled code)."""
+
+    backend: Any
+    mode: str | None
+    options: dict[str, Any] | None
+    dynamic: bool | None
+
+    @classmethod
+    def from_call(cls, kwargs: dict[str, Any]) -> CompileSettings:
+        options = kwargs.get("options")
+        return cls(kwargs.get("backend", "inductor"), kwargs.get("mode"),
+                   dict(options) if isinstance(options, dict) else None, kwargs.get("dynamic"))
+
+    def unsupported(self) -> str | None:
+        """Why these settings cannot be precompiled (AOTInductor needs the inductor backend), or None."""
+        if self.backend != "inductor":
+            return "backend"
+        if self.options and ("use_aoti" in self.options or "guard_filter_fn" in self.options):
+            return "options"
+        return None
+
+    def aoti_backend(self) -> Any:
+        return TensorInputsAOTInductor(self.mode or "default", self.options, self.dynamic)
+
+    def fingerprint(self) -> dict[str, str]:
+        import torch._dynamo.config as dynamo_config
+        import torch._functorch.config as functorch_config
+        import torch._inductor.config as inductor_config
+
+        def portable(config: Any) -> str:
+            items = config.save_config_portable()
+            return stable_repr({k: v for k, v in items.items()
+                                if k not in _MUTATED_BY_TORCH and not any(p in k for p in _PLUMBING)})
+
+        return {
+            "compile": stable_repr((self.mode, self.options or {}, self.dynamic)),
+            "dynamo_config": portable(dynamo_config),
+            "inductor_config": portable(inductor_config),
+            "functorch_config": portable(functorch_config),
+            "threads": str(torch.get_num_threads()),
+        }
+
+
+def stable_repr(value: Any) -> str:
+    """``repr`` with sets and dicts in sorted order, so equal settings read the same in every process."""
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(stable_repr(v) for v in value)) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(sorted(f"{stable_repr(k)}: {stable_repr(v)}" for k, v in value.items())) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(stable_repr(v) for v in value) + "]"
+    return repr(value)
+
+
+class DynamicShapes(Exception):
+    """The graph takes sizes as inputs: torch 2.13's AOTInductor compiles graphs of tensor inputs only."""
+
+
+class TensorInputsAOTInductor(torch._TorchCompileAOTInductorWrapper):
+    """AOTInductor that refuses, before compiling, the graphs it cannot compile.
+
+    A dynamic-shape graph from dynamo takes its symbolic sizes as inputs; AOTInductor's
+    C++ wrapper then fails in codegen (cpp_wrapper_cpu.py:703, a SymInt has no dtype),
+    after the whole lowering. Refusing up front costs the leader a trace, not a compile,
+    and becomes a verdict other processes read instead of trying.
+    """
+
+    def __call__(self, model_: Any, inputs_: Any, **kwargs: Any) -> Any:
+        sizes = [type(x).__name__ for x in inputs_ if not isinstance(x, torch.Tensor)]
+        if sizes:
+            raise DynamicShapes(f"the graph takes {len(sizes)} non-tensor input(s) ({', '.join(sorted(set(sizes)))})")
+        return super().__call__(model_, inputs_, **kwargs)
+
+
+@functools.cache
+def toolchain() -> dict[str, str]:
+    """What a loaded ``.so`` and its bytecode depend on besides the settings and the CPU: fixed per process.
+
+    The CPU (and the compiler's view of it, with its version) is the host-CPU fingerprint
+    in the key's prefix, the graph store's: a CPU kind that may not run another's graphs
+    may not run its precompiled functions either.
+    """
+    return {
+        "format": FORMAT,
+        "torch": f"{torch.__version__}+{torch.version.git_version}",
+        "libc": " ".join(platform.libc_ver()),
+    }
+
+
+def devices_fingerprint(devices: set[str]) -> str:
+    """GPU name and toolkit version of every accelerator device the inputs live on."""
+    parts = []
+    for device in sorted(devices):
+        kind = device.split(":")[0]
+        if kind in ("cuda", "xpu"):
+            module = getattr(torch, kind)
+            parts.append(f"{device}={module.get_device_name(device)}|{getattr(torch.version, kind, None)}")
+    return ";".join(parts)
+
+
+def global_state() -> tuple[Any, ...]:
+    """The global modes dynamo guards on (each changes the compiled graph)."""
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.are_deterministic_algorithms_enabled(),
+            str(torch.get_default_dtype()), torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+
+
+def _leaf(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        marked = tuple(sorted(getattr(value, "_dynamo_dynamic_indices", None) or ()))
+        return ("tensor", type(value).__qualname__, str(value.dtype), str(value.device), str(value.layout),
+                tuple(value.shape), value.stride(), value.requires_grad, marked)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return (type(value).__name__, value)
+    return ("object", type(value).__module__, type(value).__qualname__)
+
+
+def signature(owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """This call's guard inputs that are cheap to read (hashable): what the dispatcher memoizes on."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    mode = owner.training if isinstance(owner, torch.nn.Module) else None
+    return (str(spec), tuple(_leaf(x) for x in leaves), mode, global_state())
+
+
+def key_signature(sig: tuple[Any, ...], dynamic: bool) -> tuple[Any, ...]:
+    """``sig`` as it enters the store key: sizes and strides of dynamic dimensions left out (guards check them)."""
+    spec, leaves, mode, state = sig
+    projected = []
+    for leaf in leaves:
+        if leaf[0] == "tensor":
+            sizes, strides, marked = leaf[5], leaf[6], leaf[8]
+            free = {i for i in range(len(sizes)) if dynamic or i in marked}
+            leaf = (*leaf[:5], tuple(None if i in free else n for i, n in enumerate(sizes)),
+                    tuple(None if i in free else n for i, n in enumerate(strides)), leaf[7])
+        projected.append(leaf)
+    return (spec, tuple(projected), mode, state)
+
+
+def module_state(module: torch.nn.Module) -> list[Any]:
+    """Parameters, buffers and training flags: what guards check on the module besides the inputs."""
+    return [
+        [(name, str(p.dtype), str(p.device), tuple(p.shape), p.requires_grad) for name, p in module.named_parameters()],
+        [(name, str(b.dtype), str(b.device), tuple(b.shape)) for name, b in module.named_buffers()],
+        [(name, m.training) for name, m in module.named_modules()],
+    ]
+
+
+# -- traced files ------------------------------------------------------------------------
+_tracing = threading.local()
+_trace_lock = threading.Lock()
+_trace_users = 0
+_trace_original: Any = None
+
+
+@contextmanager
+def traced_files(first: str) -> Iterator[set[str]]:
+    """The files of every function dynamo inlines in this thread while in the block (plus ``first``).
+
+    Files of torch itself are left out: the torch build is in the key already.
+    """
+    from torch._dynamo.symbolic_convert import InliningInstructionTranslator
+
+    global _trace_users, _trace_original
+    files: set[str] = {first}
+    with _trace_lock:
+        if _trace_users == 0:
+            _trace_original = InliningInstructionTranslator.inline_call_
+            original = _trace_original
+
+            def inline_call_(self: Any) -> Any:
+                collecting = getattr(_tracing, "files", None)
+                if collecting is not None:
+                    collecting.add(self.f_code.co_filename)
+                return original(self)
+
+            InliningInstructionTranslator.inline_call_ = inline_call_  # type: ignore[method-assign]
+        _trace_users += 1
+    previous = getattr(_tracing, "files", None)
+    _tracing.files = files
+    try:
+        yield files
+    finally:
+        _tracing.files = previous
+        with _trace_lock:
+            _trace_users -= 1
+            if _trace_users == 0:
+                InliningInstructionTranslator.inline_call_ = _trace_original  # type: ignore[method-assign]
+                _trace_original = None
+        files.difference_update({f for f in files if f.startswith(_TORCH_DIR) or not os.path.isfile(f)})
+
+
+# -- the tier ------------------------------------------------------------------------------
+@dataclass
+class Tier:
+    """One enabled precompiled tier: the store, the counters, and what it changed in torch."""
+
+    store: Store
+    metrics: Metrics
+    wait_timeout: float | None
+    #: the store key of an artifact holding compiled CPU code, from the rest of its key (the
+    #: graph hooks' :meth:`~._hooks.Integration.cpu_key`: one prefix and CPU fingerprint for all)
+    cpu_key: Callable[[str], str]
+    active: bool = True
+    digests: SourceDigests = field(default_factory=SourceDigests)
+    _original_compile: Any = None
+
+    # -- torch.compile -------------------------------------------------------------------
+    def install(self) -> None:
+        original_compile = self._original_compile = torch.compile
+        tier = self
+
+        @functools.wraps(original_compile)
+        def compile(model: Any = None, **kwargs: Any) -> Any:
+            if isinstance(kwargs.get("options"), dict):
+                kwargs["options"] = dict(kwargs["options"])  # torch pops keys off the caller's dict
+            settings = CompileSettings.from_call(kwargs)
+            result = original_compile(model, **kwargs)
+            return result if model is None or not tier.active else tier.wrap(result, model, settings, kwargs)
+
+        torch.compile = compile
+
+    def uninstall(self) -> None:
+        """Give torch its ``torch.compile`` back; dispatchers already handed out go to the normal path."""
+        self.active = False
+        if self._original_compile is not None:
+            torch.compile, self._original_compile = self._original_compile, None
+        aoti_files.uninstall()
+
+    def wrap(self, compiled: Any, model: Any, settings: CompileSettings, compile_kwargs: dict[str, Any]) -> Any:
+        """Route ``compiled``'s calls through a Dispatcher (modules: its ``forward``; functions: a wrapper)."""
+        from torch._dynamo.eval_frame import OptimizedModule
+
+        if compile_kwargs.get("disable"):
+            return compiled
+        reason = settings.unsupported()
+        if reason is not None:
+            self.metrics.precompile_fallback(reason, f"torch.compile({reason} settings) cannot be precompiled; "
+                                             "it runs on the normal path")
+            return compiled
+        if isinstance(compiled, OptimizedModule):
+            if hasattr(compiled._orig_mod, "_initialize_hook"):  # lazy modules swap their forward themselves
+                self.metrics.precompile_fallback("lazy_module", "lazy modules are not precompiled")
+                return compiled
+            compiled.forward = Dispatcher(self, compiled.forward, compiled._orig_mod, settings, compiled.dynamo_ctx)
+            return compiled
+        if not callable(compiled):
+            return compiled
+        dispatcher = Dispatcher(self, compiled, model, settings, None)
+
+        @functools.wraps(compiled)
+        def precompiled(*args: Any, **kwargs: Any) -> Any:
+            return dispatcher(*args, **kwargs)
+
+        # dynamo's innermost_fn follows this chain back to the user's function
+        precompiled._torchdynamo_orig_callable = compiled  # type: ignore[attr-defined]
+        precompiled._torchdynamo_wrapper_id = id(precompiled)  # type: ignore[attr-defined]
+        return precompiled
+
+    # -- store round trips ------------------------------------------------------------------
+    def resolve(self, target: Target, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Variant | Fallback:
+        """The precompiled function for ``key`` (loaded, or compiled here as the leader), or why not."""
+        found = self._fetch(target, key, key, args, kwargs)
+        if not isinstance(found, Precompiled):
+            return found
+        changed = self.digests.stale(found.sources)
+        if not changed:
+            return self._load(target, key, found, args, kwargs)
+        # another version of the code: look under the key naming this process's sources
+        self.metrics.stale_sources()
+        log.info("recipecache: %s was precompiled from other sources (%s); looking for this version",
+                 key, ", ".join(changed))
+        versioned = f"{key}:{sources_digest(self.digests.current(s.path for s in found.sources))}"
+        found = self._fetch(target, key, versioned, args, kwargs)
+        if not isinstance(found, Precompiled):
+            return found
+        if self.digests.stale(found.sources):
+            return self.fallback("source_changed", f"{versioned} does not match this process's sources")
+        return self._load(target, versioned, found, args, kwargs)
+
+    def _fetch(self, target: Target, key: str, lookup: str, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Precompiled | Variant | Fallback:
+        """The artifact under ``lookup``, or (a miss: this process leads) the result of compiling it."""
+        flight = self.store.begin(lookup, wait_timeout=self.wait_timeout)
+        if flight.waited_s:
+            self.metrics.changed()
+        if flight.data is None:
+            return self._lead(target, key, flight, args, kwargs)
+        try:
+            return Precompiled.unpack(flight.data)
+        except ArtifactError as exc:
+            return self.fallback("bad_artifact", f"{lookup}: {exc}")
+
+    def _load(self, target: Target, key: str, stored: Precompiled, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Variant | Fallback:
+        if stored.unsupported is not None:
+            self.metrics.miss("precompiled")
+            return self.fallback(stored.unsupported, f"{target.name} cannot be precompiled ({stored.unsupported}, "
+                                  "found by the process that tried)")
+        start = time.perf_counter()
+        try:
+            fn = self._deserialize(stored.entry, target)
+        except Exception as exc:  # noqa: BLE001 - whatever torch raises while loading, training goes on
+            self.metrics.miss("precompiled")
+            detail = "incompatible" if "was created with a different" in str(exc) else "load_failed"
+            return self.fallback(detail, f"{key}: {type(exc).__name__}: {exc}")
+        log.info("recipecache: loaded precompiled %s in %.3f s", target.name, time.perf_counter() - start)
+        variant = Variant(fn, target.prefix)
+        if not variant.accepts(args, kwargs):
+            self.metrics.miss("precompiled")
+            return self.fallback("guard_failed", f"the guards of {target.name}'s precompiled artifact reject these inputs")
+        self.metrics.hit("precompiled", stored.compile_s)
+        return variant
+
+    def _deserialize(self, entry: bytes, target: Target) -> Any:
+        """torch's AOTCompiledFunction from verified bytes, its libraries written where this node loads them."""
+        from torch._dynamo.aot_compile import AOTCompiledFunction
+        from torch._inductor.runtime.runtime_utils import cache_dir
+
+        with aoti_files.relocating(Path(cache_dir())):
+            fn = AOTCompiledFunction.deserialize(bytes(entry), target.globals)
+        fn.disable_guard_check()  # the dispatcher checks them once per call
+        return fn
+
+    def _lead(self, target: Target, key: str, flight: Flight, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Variant | Fallback:
+        """This process compiles ``key`` (``flight`` holds its lease) and publishes it, or falls back."""
+        self.metrics.miss("precompiled")
+        if flight.miss_reason in REFUSED:
+            flight.release()
+            return self.fallback(str(flight.miss_reason), f"{key}: the stored artifact was refused")
+        if flight.reason is not None:  # the store could not coordinate: no lease, nowhere to publish
+            return self.fallback(str(flight.reason), f"{key}: the store did not answer")
+        with flight:
+            return self._precompile(target, key, flight, args, kwargs)
+
+    def _precompile(self, target: Target, key: str, flight: Flight, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Variant | Fallback:
+        from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph
+        from torch._dynamo.exc import UncapturedHigherOrderOpError, Unsupported, UserError
+        from torch._dynamo.hooks import Hooks
+
+        start = time.perf_counter()
+        verdict: str | None = None
+        why = ""
+        with traced_files(target.code.co_filename) as files:
+            try:
+                fn = aot_compile_fullgraph(target.traced, (args, kwargs), hooks=Hooks(),
+                                           backend=target.settings.aoti_backend(), dynamic=target.settings.dynamic)
+                entry = AOTCompiledFunction.serialize(fn).serialized_data
+            except (Unsupported, UserError, UncapturedHigherOrderOpError) as exc:
+                verdict, why = "graph_break", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            except DynamicShapes as exc:
+                verdict, why = "dynamic_shapes", str(exc)
+            except Exception as exc:  # noqa: BLE001 - a failed precompile is a fallback, never an error
+                return self.fallback("precompile_failed", f"{target.name}: {type(exc).__name__}: {exc}")
+        seconds = time.perf_counter() - start
+        # the trace (the simulator's input) sees the precompile as this key's compile; the store's
+        # compile counters already count the graphs inductor compiled for it
+        self.store.events.record("compile", flight.key, seconds)
+        try:
+            sources = self.digests.describe(files)
+        except OSError as exc:
+            return self.fallback("precompile_failed", f"{target.name}: cannot read a traced file: {exc}")
+        meta = {**describe.graph_meta(target.name, describe.input_shapes(pytree.tree_leaves((args, kwargs))), seconds),
+                "kind": KIND_NAME}
+        if verdict is not None:  # the same sources trace the same way everywhere: tell the other processes
+            self._publish(flight, key, Precompiled(b"", sources, seconds, verdict), meta)
+            return self.fallback(verdict, f"{target.name} cannot be precompiled: {why}")
+        self._publish(flight, key, Precompiled(entry, sources, seconds), meta)
+        fn.disable_guard_check()
+        log.info("recipecache: precompiled %s in %.1f s (%d traced files)", target.name, seconds, len(sources))
+        variant = Variant(fn, target.prefix)
+        return variant if variant.accepts(args, kwargs) else self.fallback(
+            "guard_failed", f"{target.name}'s fresh precompile rejects its own inputs")
+
+    def _publish(self, flight: Flight, key: str, artifact: Precompiled, meta: dict[str, Any]) -> None:
+        """Under ``key`` (the latest version) through the flight, and under the key naming its sources."""
+        blob = artifact.pack()
+        versioned = f"{key}:{sources_digest(artifact.sources)}"
+        if flight.key != versioned:
+            self.store.put(versioned, blob, trace=False, meta=meta)
+        if flight.key != key:
+            self.store.put(key, blob, trace=False, meta=meta)
+        if flight.publish(blob, meta=meta):
+            self.metrics.put("precompiled")
+
+    def fallback(self, detail: str, message: str) -> Fallback:
+        """Count a call signature the tier sends to the normal path (warned once per ``detail``)."""
+        self.metrics.precompile_fallback(detail, f"{message}; it runs on the normal path")
+        return Fallback(detail)
+
+
+@dataclass
+class Target:
+    """What one precompiled function stands in for: the callable dynamo traces and how to call it."""
+
+    #: what ``aot_compile_fullgraph`` traces: a module (its forward, or __call__ with hooks), a function, a method
+    traced: Any
+    settings: CompileSettings
+    #: the traced function's code (its identity in the key) and globals (where its bytecode runs)
+    code: Any = None
+    globals: dict[str, Any] | None = None
+    #: the bound ``self`` the precompiled function takes first, if any
+    prefix: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        from torch._dynamo.convert_frame import get_traced_fn
+
+        fn, bound = get_traced_fn(self.traced)
+        self.code, self.globals = fn.__code__, fn.__globals__
+        self.prefix = () if bound is None else (bound,)
+
+    @property
+    def name(self) -> str:
+        return getattr(self.code, "co_qualname", self.code.co_name)
+
+
+class Dispatcher:
+    """Stands in for one ``torch.compile``'d callable: precompiled variants first, dynamo otherwise.
+
+    ``normal`` is what torch.compile returned (the dynamo path). Per call it reads the
+    guard inputs it can read cheaply (:func:`signature`); a signature seen before goes
+    straight to its variant (whose guards are still checked) or to the normal path. A
+    new one is resolved once, under a lock: a loaded variant whose guards accept it (a
+    dynamic compile serves many sizes), else the store.
+    """
+
+    def __init__(self, tier: Tier, normal: Callable[..., Any], subject: Any, settings: CompileSettings,
+                 dynamo_ctx: Any) -> None:
+        self.tier = tier
+        self.normal = normal
+        self.subject = subject
+        self.settings = settings
+        self.dynamo_ctx = dynamo_ctx
+        self._lock = threading.RLock()
+        self._decided: dict[tuple[Any, ...], Variant | Fallback] = {}
+        self._variants: list[Variant] = []
+        #: store keys of the variants
+        self._loaded: set[str] = set()
+        self._targets: dict[int, Target] = {}
+        self._inner_normal: Callable[..., Any] | None = None
+        self._ddp = isinstance(subject, DistributedDataParallel)
+        self.__wrapped__ = normal
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.tier.active or torch.compiler.is_compiling():
+            return self.normal(*args, **kwargs)
+        if self._ddp:
+            return self._call_ddp(self.subject, args, kwargs)
+        return self.run(self.subject, args, kwargs, self.normal)
+
+    def run(self, subject: Any, args: tuple[Any, ...], kwargs: dict[str, Any], normal: Callable[..., Any]) -> Any:
+        try:
+            sig = signature(subject, args, kwargs)
+            decided = self._decided.get(sig)
+            if decided is None:
+                decided = self._resolve(subject, sig, args, kwargs)
+            elif isinstance(decided, Variant) and not decided.accepts(args, kwargs):
+                decided = self._reject(sig)
+        except Exception as exc:  # noqa: BLE001 - a bug of ours must not stop training
+            log.debug("recipecache: precompiled dispatch failed", exc_info=True)
+            self.tier.metrics.fallback(Reason.HOOK_ERROR, f"precompiled dispatch: {exc!r}; torch goes on without it")
+            decided = Fallback("hook_error")
+        if isinstance(decided, Variant):
+            return decided(args, kwargs)
+        return normal(*args, **kwargs)
+
+    def _reject(self, sig: tuple[Any, ...]) -> Fallback:
+        """A variant's guards rejected a signature they had accepted (an input the key does not cover changed)."""
+        with self._lock:
+            decided = self._decided[sig] = self.tier.fallback(
+                "guard_failed", "a precompiled function's guards reject inputs they accepted before")
+        return decided
+
+    def _resolve(self, subject: Any, sig: tuple[Any, ...], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Variant | Fallback:
+        with self._lock:
+            decided = self._decided.get(sig)
+            if decided is None:
+                decided = next((v for v in self._variants if v.accepts(args, kwargs)), None)
+            if decided is None:
+                target = self.target(subject)
+                key = self.key(target, sig)
+                if key in self._loaded:  # that very artifact is here, and its guards just said no
+                    decided = self.tier.fallback(
+                        "guard_failed", f"the guards of {target.name}'s precompiled artifact reject these inputs")
+                else:
+                    decided = self.tier.resolve(target, key, args, kwargs)
+                    if isinstance(decided, Variant):
+                        self._variants.append(decided)
+                        self._loaded.add(key)
+            self._decided[sig] = decided
+            return decided
+
+    def target(self, subject: Any) -> Target:
+        target = self._targets.get(id(subject))
+        if target is None:
+            if subject is not self.subject and isinstance(subject, torch.nn.Module):
+                traced = type(subject).forward.__get__(subject)  # DDP's inner module: its own forward, not ours
+            elif getattr(subject, "__func__", None) is torch.nn.Module._call_impl:
+                traced = subject.__self__  # Module.compile(): the module itself
+            else:
+                traced = subject
+            target = self._targets[id(subject)] = Target(traced, self.settings)
+        return target
+
+    def key(self, target: Target, sig: tuple[Any, ...]) -> str:
+        """The store key of ``target`` called with signature ``sig`` (see the module docstring)."""
+        code = target.code
+        owner = target.prefix[0] if target.prefix else None
+        identity = [getattr(target.traced, "__module__", None), code.co_filename, target.name, code.co_firstlineno,
+                    type(owner).__module__ + "." + type(owner).__qualname__ if owner is not None else None]
+        state = module_state(owner) if isinstance(owner, torch.nn.Module) else []
+        devices = {leaf[3] for leaf in sig[1] if leaf[0] == "tensor"}
+        fingerprint = {**toolchain(), **self.settings.fingerprint(), "devices": devices_fingerprint(devices)}
+        shapes = [repr(key_signature(sig, self.settings.dynamic is True)), repr(state)]
+        return self.tier.cpu_key(KEY_KIND + make_key(repr(identity), shapes, fingerprint=fingerprint))
+
+    def _call_ddp(self, ddp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """DDP's forward eagerly, its inner module's forward through the tier (dynamo also compiles only that)."""
+        inner = ddp.module
+        if self._inner_normal is None:
+            self._inner_normal = self.dynamo_ctx(type(inner).forward.__get__(inner))
+        inner_normal = self._inner_normal
+
+        def forward(*a: Any, **k: Any) -> Any:
+            del inner.forward  # tracing, guards and the artifact must see the module as the user built it
+            try:
+                return self.run(inner, a, k, inner_normal)
+            finally:
+                inner.forward = forward
+
+        inner.forward = forward
+        try:
+            return ddp(*args, **kwargs)
+        finally:
+            del inner.forward
+
+
+def attach(store: Store, metrics: Metrics, wait_timeout: float | None, cpu_key: Callable[[str], str]) -> Tier:
+    """Wrap ``torch.compile`` (until :meth:`Tier.uninstall`); the graph hooks must be attached already.
+
+    ``cpu_key`` is theirs (:meth:`~._hooks.Integration.cpu_key`), so precompiled functions
+    are keyed by the same prefix and host-CPU fingerprint as the graphs.
+    """
+    tier = Tier(store, metrics, wait_timeout, cpu_key)
+    tier.install()
+    log.info("recipecache: precompiled tier on (torch.compile'd functions load from %s)", store.url)
+    return tier

@@ -1,0 +1,409 @@
+"""The precompiled tier (``enable(precompile=True)``) with real torch.compile on CPU.
+
+Every compile scenario is a fresh process (tests/workers/precompile_worker.py) with its
+own empty TORCHINDUCTOR_CACHE_DIR and TMPDIR and the g++ wrapper of the torch
+integration tests, so a "hit" means no tracing (dynamo's frame counter at 0) and no
+compiler run. The model lives in a source file the test writes, so one scenario can
+change it. Cold processes run side by side in one fixture, the processes that read
+their store side by side in another:
+
+* cold: empty store; precompiles the model and learns that ``broken`` has a graph
+  break; plain: torch alone, the reference results;
+* hit: fresh dirs on that store; loads the model; then the model's ``offset`` tensor
+  (guarded, not in the key) gets a new shape, outside the artifact's guards, and
+  ``broken`` (its verdict) runs: both fall back to the normal path;
+* changed: the model file changed (its output doubled): a miss, compiled afresh;
+* corrupt: the model's artifact has a flipped byte: refused, normal path.
+
+The last test runs two 2-rank torchrun jobs (gloo) of examples/train.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+import recipecache
+from recipecache.events import read_events
+from recipecache.keys import storage_key
+from recipecache.torch_integration.artifact import ArtifactError
+from recipecache.torch_integration.precompiled import Precompiled, SourceDigests, SourceFile, sources_digest
+
+from test_torch_integration import base  # noqa: F401 - the module's temp dir with the logging g++ first on PATH
+
+pytestmark = pytest.mark.torch
+
+WORKER = Path(__file__).parent / "workers" / "precompile_worker.py"
+NAMESPACE = "precompiletest"
+SECRET = "precompile-test-secret"
+MODEL_SOURCE = '''import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+        self.offset = torch.zeros(4)  # a plain attribute: its shape is guarded, not in the key
+
+    def forward(self, x):
+        return (self.fc2(torch.relu(self.fc1(x))) + self.offset){scale}
+
+
+def broken(x):
+    y = x + 1
+    torch._dynamo.graph_break()
+    return y * 2
+'''
+
+
+@dataclass
+class Run:
+    dir: Path
+    report: dict[str, Any]
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.report["metrics"]
+
+    @property
+    def precompiled(self) -> dict[str, int]:
+        return self.metrics["lookups"]["precompiled"]
+
+
+def _model_dir(base: Path, name: str, scale: str = "") -> Path:
+    directory = base / name
+    directory.mkdir()
+    (directory / "pc_model.py").write_text(MODEL_SOURCE.format(scale=scale))
+    return directory
+
+
+def _start(base: Path, name: str, mode: str, model_dir: Path, *args: str,
+           store: Path | None = None) -> tuple[subprocess.Popen[str], Path]:
+    run_dir = base / name
+    for sub in ("cache", "tmp"):
+        (run_dir / sub).mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
+    env.update(PATH=f"{base / 'bin'}{os.pathsep}{env['PATH']}", GXX_LOG=str(run_dir / "gxx.log"),
+               TORCHINDUCTOR_CACHE_DIR=str(run_dir / "cache"), TMPDIR=str(run_dir / "tmp"), OMP_NUM_THREADS="1",
+               TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="0")
+    if store is not None:
+        env.update(RECIPECACHE_URL=f"file://{store}", RECIPECACHE_NAMESPACE=NAMESPACE, RECIPECACHE_SECRET=SECRET,
+                   RECIPECACHE_EVENT_LOG=str(run_dir / "events"))
+    proc = subprocess.Popen([sys.executable, str(WORKER), str(run_dir / "out.json"), mode, str(model_dir), *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, run_dir
+
+
+def _finish(started: tuple[subprocess.Popen[str], Path]) -> Run:
+    proc, run_dir = started
+    output, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, output[-4000:]
+    return Run(run_dir, json.loads((run_dir / "out.json").read_text()))
+
+
+@dataclass
+class Cold:
+    store: Path
+    model_dir: Path
+    cold: Run
+    plain: Run
+
+
+@dataclass
+class Followups:
+    hit: Run
+    changed: Run
+    corrupt: Run
+
+
+@pytest.fixture(scope="module")
+def cold(base: Path) -> Cold:
+    model_dir = _model_dir(base, "model")
+    store = base / "store"
+    started = [_start(base, "cold", "rc", model_dir, "--broken", store=store),
+               _start(base, "plain", "plain", model_dir, "--offset-size", "1", "--broken")]
+    cold_run, plain = (_finish(s) for s in started)
+    return Cold(store, model_dir, cold_run, plain)
+
+
+def _corrupt_model_artifact(store: Path, cold_run: Run) -> None:
+    """Flip the last byte of the model's precompiled artifact (the first one the cold process published)."""
+    key = next(e["key"] for e in read_events(cold_run.dir / "events") if e["event"] == "put")
+    backend = recipecache.open_store(f"file://{store}", namespace=NAMESPACE, secret=SECRET).backend
+    blob = bytearray(backend.get(storage_key(NAMESPACE, key)))
+    blob[-1] ^= 1
+    backend.put(storage_key(NAMESPACE, key), bytes(blob))
+
+
+@pytest.fixture(scope="module")
+def followups(cold: Cold, base: Path) -> Followups:
+    changed_store, corrupt_store = base / "changed-store", base / "corrupt-store"
+    shutil.copytree(cold.store, changed_store)
+    shutil.copytree(cold.store, corrupt_store)
+    _corrupt_model_artifact(corrupt_store, cold.cold)
+    started = [
+        _start(base, "hit", "rc", cold.model_dir, "--offset-size", "1", "--broken", store=cold.store),
+        _start(base, "corrupt", "rc", cold.model_dir, store=corrupt_store),
+    ]
+    hit, corrupt = (_finish(s) for s in started)
+    # then the model file changes under the same path (the key names the path, the artifact its content)
+    (cold.model_dir / "pc_model.py").write_text(MODEL_SOURCE.format(scale=" * 2"))
+    changed = _finish(_start(base, "changed", "rc", cold.model_dir, store=changed_store))
+    return Followups(hit, changed, corrupt)
+
+
+# -- the hit path ---------------------------------------------------------------------------
+def test_cold_process_precompiles_and_matches_the_normal_path(cold: Cold) -> None:
+    run = cold.cold
+    assert run.precompiled == {"hit": 0, "miss": 2, "put": 2}, "the model, and broken's graph-break verdict"
+    assert run.metrics["precompile_fallbacks"] == {"graph_break": 1}
+    assert run.metrics["fallbacks"] == {"precompile_fallback": 1}
+    assert run.report["model_digest"] == cold.plain.report["model_digest"], "outputs and gradients bitwise equal"
+    assert run.report["broken"] == cold.plain.report["broken"]
+
+
+def test_fresh_process_loads_without_tracing_or_compiling(cold: Cold, followups: Followups) -> None:
+    hit = followups.hit
+    assert hit.report["model_frames"] == 0, "dynamo traced nothing for the model"
+    assert hit.report["model_compiler_runs"] == 0
+    assert cold.plain.report["model_frames"] > 0, "torch alone does trace: the counter means something"
+    assert hit.report["model_digest"] == cold.plain.report["model_digest"]
+    assert hit.metrics["saved_s"] > 0
+
+
+# -- fallbacks ----------------------------------------------------------------------------------
+def test_a_shape_outside_the_guards_falls_back_to_the_normal_path(cold: Cold, followups: Followups) -> None:
+    hit = followups.hit
+    assert hit.metrics["precompile_fallbacks"]["guard_failed"] == 1
+    assert hit.report["offset_digest"] == cold.plain.report["offset_digest"]
+
+
+def test_a_graph_break_falls_back_and_the_verdict_is_shared(cold: Cold, followups: Followups) -> None:
+    hit = followups.hit
+    assert hit.metrics["precompile_fallbacks"]["graph_break"] == 1
+    assert hit.metrics["fallbacks"]["precompile_fallback"] == 2
+    assert hit.precompiled == {"hit": 1, "miss": 1, "put": 0}, "the verdict was read, not relearned"
+    assert hit.report["broken"] == cold.plain.report["broken"]
+
+
+def test_a_changed_source_file_is_a_miss_not_a_stale_load(followups: Followups) -> None:
+    changed = followups.changed
+    assert changed.metrics["stale_sources"] == 1
+    assert changed.precompiled == {"hit": 0, "miss": 1, "put": 1}
+    # the new source doubles the output: loading the old artifact would be off by the output itself
+    assert changed.report["max_diff_vs_eager"] < 1e-5
+
+
+def test_a_corrupted_artifact_is_refused_and_falls_back(cold: Cold, followups: Followups) -> None:
+    corrupt = followups.corrupt
+    assert corrupt.metrics["store"]["misses_by_reason"]["corrupt"] == 1 and corrupt.metrics["refused"] == 1
+    assert corrupt.metrics["precompile_fallbacks"] == {"corrupt": 1}
+    assert corrupt.report["model_frames"] > 0, "the normal path traced it"
+    assert corrupt.report["model_digest"] == cold.plain.report["model_digest"]
+
+
+# -- two ranks --------------------------------------------------------------------------------
+@pytest.mark.multirank
+@pytest.mark.timeout(1500)
+def test_two_rank_job_one_rank_precompiles_and_the_other_loads(tmp_path: Path) -> None:
+    """examples/train.py: rank r meets bucket length r first, so each rank precompiles one length.
+
+    With --prewarm every rank then runs both lengths: the one the other rank compiled is
+    loaded, and training meets no compile. A second job of fresh ranks (empty local dirs)
+    on the filled store compiles nothing and gives the same losses.
+    """
+    from test_multirank import ranks, run_cached
+
+    store = f"file://{tmp_path / 'store'}"
+    cold = run_cached(tmp_path, "cold", store, "--precompile", "--prewarm")
+    warm = run_cached(tmp_path, "warm", store, "--precompile")
+    compiled = {rank: cold.keys("put", rank) for rank in (0, 1)}
+    assert all(len(keys) == 1 for keys in compiled.values()) and compiled[0] != compiled[1]
+    for rank in (0, 1):
+        assert compiled[1 - rank] <= cold.keys("hit", rank), f"rank {rank} loaded what the other precompiled"
+    assert all(r["compiles"] == 0 for r in cold.output["in_training"])
+    for row in ranks(warm):
+        assert (row["compiles"], row["hits"], row["fallbacks"]) == (0, 2, {}), row
+    assert warm.losses == cold.losses
+
+
+# -- in process, no compiles ------------------------------------------------------------------
+def test_precompiled_artifact_round_trip_and_refusals() -> None:
+    art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32),), 2.5)
+    assert Precompiled.unpack(art.pack()) == art
+    verdict = Precompiled(b"", (), 1.0, "Unsupported: graph break")
+    assert Precompiled.unpack(verdict.pack()).unsupported == "Unsupported: graph break"
+    good = msgpack.unpackb(art.pack())
+    for broken in ({**good, "format": "other/1"}, {**good, "sources": [["/m.py", b"short"]]},
+                   {**good, "compile_s": -1.0}, {**good, "entry": "text"}, {**good, "unsupported": 3}):
+        with pytest.raises(ArtifactError):
+            Precompiled.unpack(msgpack.packb(broken))
+    with pytest.raises(ArtifactError):
+        Precompiled.unpack(b"\x80\x04K\x01.")  # a pickle is not an artifact
+
+
+def test_source_digests_notice_changed_and_missing_files(tmp_path: Path) -> None:
+    digests = SourceDigests()
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("x = 1\n")
+    b.write_text("y = 2\n")
+    recorded = digests.describe([str(a), str(b)])
+    assert digests.stale(recorded) == []
+    a.write_text("x = 10\n")
+    b.unlink()
+    assert digests.stale(recorded) == [str(a), str(b)]
+    assert sources_digest(digests.current([str(a), str(b)])) != sources_digest(recorded)
+
+
+def test_keys_leave_dynamic_sizes_to_the_guards() -> None:
+    import torch
+
+    from recipecache.torch_integration.precompile import key_signature, signature, stable_repr
+
+    x = torch.zeros(8, 3)
+    torch._dynamo.mark_dynamic(x, 0)
+    sig = signature(None, (x, 2), {})
+    other = signature(None, (torch.zeros(5, 3), 2), {})
+    assert sig != other, "the dispatcher tells sizes apart"
+    assert key_signature(sig, False) != key_signature(signature(None, (torch.zeros(8, 4), 2), {}), False)
+    assert key_signature(sig, True) == key_signature(other, True), "dynamic: sizes are the guards' business"
+    assert key_signature(sig, False)[1][0][5] == (None, 3), "a dimension marked dynamic is not in the key"
+    assert stable_repr({"b": {3, 1, 2}, "a": [1]}) == stable_repr({"a": [1], "b": {2, 1, 3}})
+
+
+def test_aoti_files_are_written_here_before_torch_loads_them(tmp_path: Path) -> None:
+    from torch._inductor.output_code import CompiledAOTI
+
+    from recipecache.torch_integration.aoti_files import SUBDIR, RelocationError, relocate
+
+    def restored(files: dict[str, bytes], filename: Any) -> CompiledAOTI:
+        code = CompiledAOTI.__new__(CompiledAOTI)
+        code.filename, code._cached_files = filename, files
+        return code
+
+    producer = "/producer/cache/ab/cabc.wrapper"
+    code = restored({f"{producer}.so": b"ELF", f"{producer}.cpp": b"src"}, [f"{producer}.cpp", f"{producer}.so"])
+    relocate(code, tmp_path)
+    so = Path(code.filename[1])
+    assert so.parent.parent == tmp_path / SUBDIR and so.name == "cabc.wrapper.so" and so.read_bytes() == b"ELF"
+    assert set(code._cached_files) == set(code.filename)
+    for files, filename in (({"/p/..": b"x"}, "/p/.."), ({"/p/.hidden.so": b"x"}, "/p/.hidden.so"),
+                            ({"/p/a.cpp": b"x"}, ["/p/a.cpp", "/elsewhere/a.so"])):
+        with pytest.raises(RelocationError):
+            relocate(restored(files, filename), tmp_path)
+
+
+def test_aoti_files_go_only_into_private_directories(tmp_path: Path) -> None:
+    """As kernels are installed: no symlinked, foreign or group-writable directory, no write through a link."""
+    from torch._inductor.output_code import CompiledAOTI
+
+    from recipecache.errors import ConfigError
+    from recipecache.torch_integration.aoti_files import SUBDIR, relocate
+
+    def restored() -> CompiledAOTI:
+        code = CompiledAOTI.__new__(CompiledAOTI)
+        code.filename, code._cached_files = "/producer/cache/ab/w.so", {"/producer/cache/ab/w.so": b"ELF"}
+        return code
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / SUBDIR).symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match="symlink"):
+        relocate(restored(), linked)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    with pytest.raises(ConfigError, match="writable by group"):
+        relocate(restored(), shared)
+    assert list(elsewhere.iterdir()) == [] and list(shared.iterdir()) == [], "nothing written before the refusal"
+
+    root = tmp_path / "root"
+    code = restored()
+    relocate(code, root)
+    target = Path(code.filename)
+    target.unlink()
+    target.symlink_to(elsewhere / "victim")  # planted at the library's path
+    code = restored()
+    relocate(code, root)
+    assert not Path(code.filename).is_symlink() and Path(code.filename).read_bytes() == b"ELF"
+    assert not (elsewhere / "victim").exists(), "replaced, never written through"
+
+
+def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One prefix and host-CPU fingerprint for every CPU artifact: another CPU kind gets another key."""
+    import torch
+
+    from recipecache import env, torch_integration
+    from recipecache.torch_integration import _hooks
+    from recipecache.torch_integration.precompile import signature
+
+    keys = []
+    for cpu in ("avx512-amx-host", "avx2-host"):
+        monkeypatch.setenv(env.CPU_FINGERPRINT, cpu)
+        torch_integration.enable("memory://", namespace=NAMESPACE, precompile=True)
+        try:
+            module = torch.nn.Linear(2, 2)
+            dispatcher = torch.compile(module).forward
+            args = (torch.zeros(3, 2),)
+            keys.append(dispatcher.key(dispatcher.target(module), signature(module, args, {})))
+        finally:
+            torch_integration.disable()
+    assert keys[0].startswith(f"{_hooks.KEY_PREFIX}cpu-avx512-amx-host:precompiled:")
+    assert keys[1].startswith(f"{_hooks.KEY_PREFIX}cpu-avx2-host:precompiled:")
+    assert keys[0].split(":")[-1] == keys[1].split(":")[-1], "only the CPU part differs"
+
+
+def test_graphs_with_size_inputs_are_refused_before_compiling() -> None:
+    import torch
+
+    from recipecache.torch_integration.precompile import DynamicShapes, TensorInputsAOTInductor
+
+    with pytest.raises(DynamicShapes, match="non-tensor"):
+        TensorInputsAOTInductor("default", None, True)(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()),
+                                                       [torch.zeros(2), 2])
+
+
+def test_enable_with_precompile_wraps_torch_compile_and_disable_restores_it() -> None:
+    import torch
+    import torch._inductor.config as inductor_config
+
+    from recipecache import torch_integration
+
+    before = (torch.compile, inductor_config.fx_graph_remote_cache)
+    torch_integration.enable("memory://", namespace=NAMESPACE, precompile=True)
+    try:
+        assert torch.compile is not before[0]
+        assert inductor_config.fx_graph_remote_cache, "the normal path still uses the graph store"
+        compiled = torch.compile(torch.nn.Linear(2, 2))
+        assert type(compiled.forward).__name__ == "Dispatcher"
+        assert torch.compile(torch.nn.Linear(2, 2), backend="eager").forward is not None
+        assert torch_integration.metrics()["precompile_fallbacks"] == {"backend": 1}
+    finally:
+        torch_integration.disable()
+    assert (torch.compile, inductor_config.fx_graph_remote_cache) == before
+
+
+def test_launcher_precompile_flag_reaches_every_rank(tmp_path: Path) -> None:
+    from launcher.launch_config import LaunchConfig
+    from launcher.main import build_parser
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    args = build_parser().parse_args(["--precompile", "--cache", f"file://{tmp_path / 's'}", str(script)])
+    environ = LaunchConfig.from_args(args).rank_env({})
+    assert environ["RECIPECACHE_PRECOMPILE"] == "1"
+    args = build_parser().parse_args(["--cache", f"file://{tmp_path / 's'}", str(script)])
+    assert "RECIPECACHE_PRECOMPILE" not in LaunchConfig.from_args(args).rank_env({})
