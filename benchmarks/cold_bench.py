@@ -28,8 +28,8 @@ first; the short warm pair runs ``--warm-pairs`` times per repetition):
 Printed: the job walls, iteration 0 (the slowest rank's), each rank's critical path
 (seconds inside steps, where compiles and waits happen; for recipecache also its compile
 and wait seconds from the event log), medians, spreads (min-max) and the target ratios:
-cold rc/plain wall, fresh-rank iter 0 / plain warm iter 0. Every run of a case must give
-bitwise-equal losses.
+cold rc/plain wall, fresh-rank iter 0 / plain warm iter 0. The cold runs of a case must give
+bitwise-equal losses, and so must its second runs (fresh and warm; see ``SECOND_RUNS``).
 
     python benchmarks/cold_bench.py [--reps 3] [--warm-pairs 2] [--cases rotated,aligned] [--quick]
                                     [--timeline] [--compare-tree /work/main] [--json FILE]
@@ -55,6 +55,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("plain cold", "rc cold", "rc fresh", "plain warm")
 #: with --compare-tree: recipecache-run from another checkout (e.g. before a change), cold and fresh
 BASE_SCENARIOS = ("base cold", "base fresh")
+#: Losses are compared within each group. A second run meets the automatic-dynamic decisions
+#: of the first (torch's PGO state: local for plain torchrun, shared through the store for
+#: recipecache), so it compiles some lengths as dynamic graphs where the first run had static
+#: ones, and their float rounding may differ in the last bits: first runs must agree with first
+#: runs, second runs with second runs.
+FIRST_RUNS = ("plain cold", "rc cold", "base cold")
+SECOND_RUNS = ("rc fresh", "plain warm", "base fresh")
 TARGETS = {"rotated": 0.9, "aligned": 1.0}
 FRESH_TARGET = 1.0
 VOCAB = 64
@@ -232,8 +239,10 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
     """Print the case's table and target ratios; returns the figures."""
     by = {scenario: [r for r in runs if r.scenario == scenario] for scenario in SCENARIOS + BASE_SCENARIOS}
     by = {scenario: rs for scenario, rs in by.items() if rs}
-    reference = runs[0].losses
-    mismatched = [f"{r.scenario} rep {r.rep}" for r in runs if r.losses != reference]
+    mismatched = []
+    for group in (FIRST_RUNS, SECOND_RUNS):
+        members = [r for r in runs if r.scenario in group]
+        mismatched += [f"{r.scenario} rep {r.rep}" for r in members if r.losses != members[0].losses]
     print(f"\n== case {case}: {len(by['rc cold'])} repetition(s), medians (min-max)")
     print(f"{'scenario':<11} {'wall s':>20} {'iter 0 s':>20} {'in steps s, per rank':>30}  compile / wait s per rank")
     for scenario, rs in by.items():
@@ -264,7 +273,8 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
         figures["base_fresh_iter0"] = ratios(by["base fresh"], by["plain warm"], lambda r: r.iter0_s)
         print(f"compare tree: cold wall / plain {spread(figures['base_cold_wall'])}, "
               f"fresh iter 0 / plain warm {spread(figures['base_fresh_iter0'])}")
-    print("losses: " + ("bitwise equal in every run" if not mismatched else f"DIFFER in {', '.join(mismatched)}"))
+    print("losses: " + ("bitwise equal among cold runs and among second runs" if not mismatched
+                        else f"DIFFER in {', '.join(mismatched)}"))
     figures["losses_equal"] = not mismatched
     figures["scenarios"] = {
         scenario: {"wall_s": [r.wall_s for r in rs], "iter0_s": [r.iter0_s for r in rs],
