@@ -73,6 +73,9 @@ def job(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     from tiny_gpt import TinyGPT  # beside this script, on sys.path under torchrun and recipecache-run
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from train import gather_at_rank0
     from torch.nn.parallel import DistributedDataParallel
 
     def batch(it: int, step: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,9 +117,8 @@ def job(args: argparse.Namespace) -> None:
                 mine["losses"].append(loss.item())
         model.train()
         mine["iter_s"].append(time.perf_counter() - it_start)
-    ranks: list[Any] = [None] * world
-    dist.all_gather_object(ranks, mine)
-    if rank == 0:
+    ranks = gather_at_rank0(mine, Path(args.out), rank, world)  # not all_gather_object: see its docstring
+    if ranks is not None:
         Path(args.out).write_text(json.dumps({"ranks": ranks, "threads": torch.get_num_threads()}))
     del compiled, ddp
     dist.destroy_process_group()

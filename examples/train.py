@@ -160,16 +160,37 @@ def train(args: argparse.Namespace, rank: int) -> dict[str, Any]:
     return out
 
 
+def gather_at_rank0(mine: dict[str, Any], path: Path, rank: int, world: int) -> list[dict[str, Any]] | None:
+    """Every rank's ``mine`` on rank 0 (None elsewhere), through files beside ``path`` and a barrier.
+
+    Not ``dist.all_gather_object``: torch 2.13's gloo frees a finished collective's work on
+    its worker thread, and all_gather_object's work holds tensors Python made, so freeing
+    it needs the GIL. When that collective is the job's last, the worker can be freeing it
+    while the main thread already finalizes the interpreter; it cannot take the GIL and the
+    process aborts ("terminate called without an active exception", pytorch#179291). Seen
+    under plain torchrun and recipecache-run alike, a few times in some 150 jobs on
+    2 loaded cores. A barrier's work holds no tensors.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f"{path.name}.rank{rank}")
+    part.write_text(json.dumps(mine))
+    dist.barrier()
+    if rank != 0:
+        return None
+    parts = [path.with_name(f"{path.name}.rank{r}") for r in range(world)]
+    gathered = [json.loads(p.read_text()) for p in parts]
+    for p in parts:
+        p.unlink()
+    return gathered
+
+
 def main() -> None:
     args = parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mine: dict[str, Any] = {**train(args, rank), "inductor_counters": cache_counters()}
-    ranks: list[dict[str, Any] | None] = [None] * world
-    dist.all_gather_object(ranks, mine)
-    if rank == 0 and args.losses is not None:
-        per_rank = [r for r in ranks if r is not None]
-        args.losses.parent.mkdir(parents=True, exist_ok=True)
+    per_rank = gather_at_rank0(mine, args.losses, rank, world) if args.losses is not None else None
+    if per_rank is not None and args.losses is not None:
         args.losses.write_text(json.dumps({
             "world_size": world,
             "threads": torch.get_num_threads(),
