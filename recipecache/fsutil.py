@@ -43,11 +43,14 @@ def private_directory(path: str | os.PathLike[str], what: str) -> Path:
     return directory
 
 
-def _check_private(st: os.stat_result, what: str, directory: str | os.PathLike[str]) -> int:
-    """Refuse (ConfigError) a directory that is a symlink, not ours, or writable by group or others; our uid."""
+def _check_private(st: os.stat_result, what: str, directory: str | os.PathLike[str], *,
+                   kind: str = "directory") -> int:
+    """Refuse (ConfigError) a directory (or ``kind="file"``: a regular file) that is a symlink, not ours,
+    or writable by group or others; our uid."""
     uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{what} {directory} is a symlink or not a directory")
+    is_kind = stat.S_ISREG if kind == "file" else stat.S_ISDIR
+    if stat.S_ISLNK(st.st_mode) or not is_kind(st.st_mode):
+        raise ConfigError(f"{what} {directory} is a symlink or not a {kind}")
     if st.st_uid != uid:
         raise ConfigError(f"{what} {directory} belongs to another user (uid {st.st_uid})")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -107,6 +110,27 @@ def write_atomic_at(dir_fd: int, name: str, *parts: Buffer, prefix: str = TEMP_P
         except FileNotFoundError:
             pass
         raise
+
+
+def read_private_file_at(dir_fd: int, name: str, what: str) -> bytes | None:
+    """The bytes of ``name`` in the directory ``dir_fd``, or None if there is no such file.
+
+    The read twin of :func:`write_atomic_at`: the file is opened without following a
+    symlink and checked through its fd as :func:`private_directory` checks a directory (a
+    regular file, ours, not writable by group or others), so what is read is what only we
+    could have written. Raises ConfigError naming ``what`` otherwise.
+    """
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{what} {name} is a symlink or not a file") from None
+        raise ConfigError(f"{what} {name} is not usable: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        _check_private(os.fstat(f.fileno()), what, name, kind="file")
+        return f.read()
 
 
 #: ``writev`` takes at most this many buffers per call (POSIX guarantees 16; Linux allows 1024).

@@ -46,7 +46,7 @@ import msgpack
 
 from ..buffers import Buffer
 from ..errors import ConfigError
-from ..fsutil import open_private_directory, private_directory, write_atomic_at
+from ..fsutil import open_private_directory, private_directory, read_private_file_at, write_atomic_at
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,11 @@ def collect(paths: Iterable[str], root: Path) -> tuple[list[KernelFile], list[st
                 continue
             try:
                 for name, path in group:
-                    data = _read_own_file_at(dir_fd, name, path)
+                    try:
+                        data = read_private_file_at(dir_fd, name, f"the kernel in {root}/{sub}:")
+                    except ConfigError as exc:
+                        log.warning("recipecache: kernel not shipped: %s", exc)
+                        data = None
                     if data is None:
                         missing.append(path)
                     else:
@@ -304,20 +308,3 @@ def collect(paths: Iterable[str], root: Path) -> tuple[list[KernelFile], list[st
     finally:
         os.close(root_fd)
     return files, missing
-
-
-def _read_own_file_at(dir_fd: int, name: str, path: str) -> bytes | None:
-    """The bytes of ``name`` in ``dir_fd`` if it is a regular file we own that only we can write, else None."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        log.warning("recipecache: kernel %s not shipped: %s", path, exc.strerror)
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            log.warning("recipecache: kernel %s not shipped: not a regular file of ours that only we can write", path)
-            return None
-        return f.read()
