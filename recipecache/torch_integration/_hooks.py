@@ -41,10 +41,8 @@ failures (counted as fallback ``hook_error``): the cache may fail, training may 
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import itertools
-import json
 import logging
 import pickle
 import platform
@@ -69,7 +67,7 @@ from ..keyinfo import KeyLog
 from ..reasons import Reason
 from ..store import Flight, Store
 from . import describe, host_cpu, pgo
-from .artifact import Artifact, ArtifactError, Entry, collect, install
+from .artifact import Artifact, ArtifactError, Entry, collect, install, torch_pickle
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -278,15 +276,14 @@ class Integration:
                 return
             artifact = self._unpack(key, flight.data, "fx")
             for entry in artifact.entries if artifact is not None else ():
-                digest = hashlib.sha256(entry.data).digest()
-                if digest in offered:
+                if entry.data in offered:
                     continue
-                offered.add(digest)
+                offered.add(entry.data)
                 if not self._install(key, artifact, entry):
                     install_failed = True
                     continue
                 try:
-                    content = base64.b64decode(json.loads(entry.data)["data"])
+                    content = torch_pickle(entry.data)
                     graph = pickle.loads(content)  # verified bytes, unpickled as torch's own remote branch does
                 except Exception:  # noqa: BLE001 - torch skips an entry it cannot load, and so do we
                     log.warning("recipecache: cannot load a stored variant of %s; skipping it", key, exc_info=True)
@@ -390,8 +387,9 @@ class Integration:
             return
         _fx_key, details, name, shapes = described
         self.attempt.what = (name, shapes)
-        self.keys.record(self.cpu_key(torch_key), details, name=name, shapes=shapes,
-                         context={**describe.process_context(), "cpu_key": self.cpu})
+        if self.keys.enabled:  # parsing torch's hash details costs a few ms per lookup: only for a key log
+            self.keys.record(self.cpu_key(torch_key), details, name=name, shapes=shapes,
+                             context={**describe.process_context(), "cpu_key": self.cpu})
 
     def compiled(self, seconds: float) -> None:
         """inductor codegen of one graph ran here for ``seconds``."""
@@ -672,7 +670,7 @@ def _guards_of(entry: bytes) -> str | None:
     recompile of a stored variant (same guards) from a new variant.
     """
     try:
-        graph = pickle.loads(base64.b64decode(json.loads(entry)["data"]))
+        graph = pickle.loads(torch_pickle(entry))
         guards = graph.guards_expr
     except Exception:  # noqa: BLE001 - not knowing only costs a slot among the variants
         log.debug("recipecache: cannot read the guards of a graph being published", exc_info=True)

@@ -32,6 +32,8 @@ compiles and its new artifact replaces them. This module does not import torch.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 import re
@@ -158,6 +160,14 @@ class Artifact:
         if not isinstance(entries, list) or not 1 <= len(entries) <= limit:
             raise ArtifactError("artifact entry list malformed")
         return cls(kind, tuple(_checked_entry(e, paths) for e in entries), checked_files)
+
+
+def torch_pickle(value: bytes) -> bytes:
+    """The pickle inside torch's remote-cache value (JSON ``{"data": <base64 pickle>, ...}``), not unpickled.
+
+    Raises what ``json``/``base64`` raise (or KeyError/TypeError) for another shape.
+    """
+    return base64.b64decode(json.loads(value)["data"])
 
 
 def _checked_entry(item: Any, paths: set[str]) -> Entry:

@@ -26,6 +26,8 @@ import pickle
 import re
 from typing import Any
 
+from .artifact import torch_pickle
+
 _PGO_KEY = re.compile(r"^(?P<prefix>pt2:dynamo-pgo::)(?P<body>.*):c(?P<version>\d+)\Z")
 
 
@@ -42,7 +44,7 @@ def shared_key(torch_key: str) -> str:
 
 
 def _decode(entry: bytes) -> Any:
-    return pickle.loads(base64.b64decode(json.loads(entry)["data"]))
+    return pickle.loads(torch_pickle(entry))
 
 
 def merge(mine: bytes, stored: bytes) -> bytes:
