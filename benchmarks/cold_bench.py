@@ -215,12 +215,13 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
 
 def timeline(run: Run) -> str:
     """Per rank, the slow steps and the compile and wait events, in time order (seconds since the job's start)."""
+    from recipecache.keyinfo import short_key
+
     t0 = min(r["start"] for r in run.ranks)
     rows: list[tuple[float, float, int, str]] = []
     for e in run.events:
         if e["event"] in ("compile", "wait", "takeover", "fallback"):
-            key = e["key"].rsplit(":", 2)[-2][:10] if e["key"].count(":") >= 2 else e["key"][-10:]
-            rows.append((e["time"] - e["duration"] - t0, e["time"] - t0, e["rank"], f"{e['event']:<8} {key}"))
+            rows.append((e["time"] - e["duration"] - t0, e["time"] - t0, e["rank"], f"{e['event']:<8} {short_key(e['key'])}"))
     for rank, r in enumerate(run.ranks):
         for kind, it, length, end, seconds in r["steps"]:
             if seconds > 0.3:

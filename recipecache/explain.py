@@ -28,7 +28,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .events import read_events
-from .keyinfo import KeyInfo, differing, load_keys, short_key, torch_hash
+from .keyinfo import KeyInfo, differing, graph_label, load_keys, short_key, torch_hash
 from .reasons import REFUSED, Reason
 
 #: why a rank compiled a graph it could have loaded, by the reason its events name
@@ -133,8 +133,7 @@ class _Graphs:
         return infos[0].graph if infos else key
 
     def label(self, key: str) -> str:
-        infos = self.keys.get(key)
-        return infos[0].label if infos and infos[0].label else f"graph {short_key(key)}"
+        return graph_label(key, self.keys)
 
     def key_difference(self, key: str, other: str) -> str:
         """Why ``key`` is not ``other``: the names of the components that differ, if both were recorded."""

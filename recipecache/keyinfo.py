@@ -263,3 +263,9 @@ def short_key(key: str) -> str:
     """A store key as people read it: the first 10 characters of torch's hash."""
     return torch_hash(key)[:10]
 
+
+def graph_label(key: str, keys: Mapping[str, Sequence[KeyInfo]]) -> str:
+    """What people call the graph of ``key``: its recorded label (function and shapes), else ``graph <short key>``."""
+    infos = keys.get(key)
+    return infos[0].label if infos and infos[0].label else f"graph {short_key(key)}"
+

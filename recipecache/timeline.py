@@ -23,7 +23,7 @@ from typing import Any
 from .errors import ConfigError
 from .explain import load_events, with_follower_hits
 from .fsutil import write_atomic
-from .keyinfo import KeyInfo, load_keys, short_key
+from .keyinfo import KeyInfo, graph_label, load_keys
 
 #: event kind -> the verb of its duration event (hits are fetches: the store read and verify)
 SPANS = {"compile": "compile", "wait": "wait for", "hit": "fetch", "put": "publish"}
@@ -34,10 +34,7 @@ COLOURS = {"compile": "#d62728", "wait": "#ff7f0e", "hit": "#1f77b4", "put": "#2
 
 
 def _label(key: str, keys: Mapping[str, Sequence[KeyInfo]]) -> str:
-    infos = keys.get(key)
-    if infos and infos[0].label:
-        return infos[0].label
-    return f"graph {short_key(key)}" if key else ""
+    return graph_label(key, keys) if key else ""
 
 
 def _bar_text(rec: Mapping[str, Any], keys: Mapping[str, Sequence[KeyInfo]], fits: int) -> str:

@@ -64,7 +64,7 @@ from ..store import Flight, Store
 from . import aoti_files, describe
 from .artifact import ArtifactError
 from .metrics import Metrics
-from .precompiled import FORMAT, Precompiled, SourceDigests, sources_digest
+from .precompiled import FORMAT, Precompiled, SourceDigests, versioned_key
 
 log = logging.getLogger(__name__)
 
@@ -374,7 +374,7 @@ class Tier:
         self.metrics.stale_sources()
         log.info("recipecache: %s was precompiled from other sources (%s); looking for this version",
                  key, ", ".join(changed))
-        versioned = f"{key}:{sources_digest(self.digests.current(s.path for s in found.sources))}"
+        versioned = versioned_key(key, self.digests.current(s.path for s in found.sources))
         found = self._fetch(target, key, versioned, args, kwargs)
         if not isinstance(found, Precompiled):
             return found
@@ -481,7 +481,7 @@ class Tier:
     def _publish(self, flight: Flight, key: str, artifact: Precompiled, meta: dict[str, Any]) -> None:
         """Under ``key`` (the latest version) through the flight, and under the key naming its sources."""
         blob = artifact.pack()
-        versioned = f"{key}:{sources_digest(artifact.sources)}"
+        versioned = versioned_key(key, artifact.sources)
         if flight.key != versioned:
             self.store.put(versioned, blob, trace=False, meta=meta)
         if flight.key != key:

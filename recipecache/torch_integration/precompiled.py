@@ -131,6 +131,11 @@ class SourceDigests:
         return changed
 
 
+def versioned_key(key: str, sources: Iterable[SourceFile]) -> str:
+    """``key`` for one set of source versions: where a precompile of those sources is also published."""
+    return f"{key}:{sources_digest(sources)}"
+
+
 def sources_digest(sources: Iterable[SourceFile]) -> str:
     """One hex digest naming a set of source versions (for keys)."""
     h = hashlib.sha256()
