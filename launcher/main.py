@@ -238,9 +238,10 @@ def launch(config: LaunchConfig) -> int:
     """Run the job and report on it; returns the job's exit status."""
     config.run_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
+    since = start - MTIME_SLACK_S  # files older than this job are another run's
     watch = ExitWatch(Path(tempfile.mkdtemp(prefix=".finished-", dir=config.run_dir)), config.exit_grace_s)
     agent = start_hpu_agent(config)
-    progress = Progress(config.events_dir, since=start - MTIME_SLACK_S, quiet=config.quiet)
+    progress = Progress(config.events_dir, since=since, quiet=config.quiet)
     try:
         code, hung = run_torchrun(config, watch, started=progress.start)
     finally:
@@ -251,10 +252,10 @@ def launch(config: LaunchConfig) -> int:
     wall = time.time() - start
     hpu_file = config.hpu_metrics_file(os.environ)
     report = build_report(
-        load_metrics(config.run_dir, since=start - MTIME_SLACK_S),
+        load_metrics(config.run_dir, since=since),
         config.local_ranks,
-        hpu=hpu_metrics.load(hpu_file, since=start - MTIME_SLACK_S) if hpu_file else None,
-        graphs=load_graphs(config.events_dir, since=start - MTIME_SLACK_S),
+        hpu=hpu_metrics.load(hpu_file, since=since) if hpu_file else None,
+        graphs=load_graphs(config.events_dir, since=since),
         exit_code=code,
         wall_s=round(wall, 3),
         script=str(config.script),

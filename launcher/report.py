@@ -162,12 +162,11 @@ def build_report(
     total["fallbacks"] = dict(fallbacks)
     total["ranks_reported"] = len(ok)
     if hpu:
+        figures: Counter[str] = Counter()
         for r in ok:
             if r["rank"] in hpu:
                 r["hpu"] = dict(hpu[r["rank"]])
-        figures: Counter[str] = Counter()
-        for r in ok:
-            figures.update(r.get("hpu", {}))
+                figures.update(r["hpu"])
         total["hpu"] = dict(figures)
     return {
         **job,

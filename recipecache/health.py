@@ -45,11 +45,16 @@ class HealthCheck:
         return {"name": self.name, "status": self.status, "detail": self.detail, "fix": self.fix}
 
 
+def _nearest_existing(path: Path) -> Path:
+    """``path``, or its nearest parent that exists (where ``path`` would be created)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def free_space(name: str, path: Path) -> HealthCheck:
     """Free space of the file system holding ``path`` (or its nearest existing parent)."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    probe = _nearest_existing(path)
     try:
         free = shutil.disk_usage(probe).free
     except OSError as exc:
@@ -68,15 +73,13 @@ def private(name: str, path: Path, what: str) -> HealthCheck:
         directory = private_directory(path, what)
     except ConfigError as exc:
         return HealthCheck(name, FAIL, str(exc), f"use a directory only you can write, e.g. chmod 700 {path}")
-    return HealthCheck(name, PASS, f"{directory}: private to uid {os.stat(directory).st_uid} "
-                                   f"(mode {os.stat(directory).st_mode & 0o777:o})")
+    st = os.stat(directory)
+    return HealthCheck(name, PASS, f"{directory}: private to uid {st.st_uid} (mode {st.st_mode & 0o777:o})")
 
 
 def writable(name: str, path: Path) -> HealthCheck:
     """Whether this process can create files in ``path`` (or create ``path`` in its nearest existing parent)."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    probe = _nearest_existing(path)
     if probe.is_dir() and os.access(probe, os.W_OK | os.X_OK):
         return HealthCheck(name, PASS, f"{path}: writable" + ("" if probe == path else f" (will be created in {probe})"))
     return HealthCheck(name, FAIL, f"{path}: not writable by this user", f"fix the permissions of {probe} or point it elsewhere")

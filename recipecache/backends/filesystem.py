@@ -416,10 +416,9 @@ class FilesystemBackend(Backend):
         """
         before = self._clock()
         try:
-            fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self.root)
-            os.close(fd)
-            mtime = os.stat(tmp).st_mtime
-            os.unlink(tmp)
+            tmp = write_temp(self.root, ())
+            mtime = tmp.stat().st_mtime
+            tmp.unlink()
         except OSError as exc:
             return HealthCheck("clock", FAIL, f"cannot create a file in {self.root}: {exc.strerror}",
                                "fix the store directory's permissions")
