@@ -272,6 +272,24 @@ def client_options(timeout: float) -> dict[str, Any]:
     }
 
 
+def tls_options(url: StoreURL) -> dict[str, str]:
+    """The ``ssl_*`` options of ``url``; a one-line URLError if there are some and its scheme is not a TLS one."""
+    tls = {k: v for k, v in url.options.items() if k in TLS_OPTIONS}
+    if tls and not url.scheme.startswith("rediss"):
+        raise url.error(f"option {sorted(tls)[0]!r} needs TLS: use {url.scheme.replace('redis', 'rediss', 1)}://")
+    return tls
+
+
+def url_settings(url: StoreURL) -> dict[str, Any]:
+    """The backend settings every Redis URL form carries in its options (``ttl``, ``chunk_size``, ``timeout``)."""
+    return {
+        "redacted_url": url.redacted,
+        "ttl": url.seconds("ttl", None),
+        "chunk_size": url.size("chunk_size", DEFAULT_CHUNK_SIZE) or DEFAULT_CHUNK_SIZE,
+        "timeout": url.seconds("timeout", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S,
+    }
+
+
 class RedisBackend(Backend):
     URL_OPTIONS = frozenset({"ttl", "chunk_size", "timeout"}) | TLS_OPTIONS
 
@@ -284,17 +302,8 @@ class RedisBackend(Backend):
         db = url.parts.path.lstrip("/")
         if db and not db.isdigit():
             raise url.error(f"bad database {db!r}: use a number such as /0")
-        tls = {k: v for k, v in url.options.items() if k in TLS_OPTIONS}
-        if tls and url.scheme != "rediss":
-            raise url.error(f"option {sorted(tls)[0]!r} needs TLS: use rediss://")
-        plain_url = urllib.parse.urlunsplit(url.parts._replace(query=urllib.parse.urlencode(tls)))
-        return cls(
-            plain_url,
-            redacted_url=url.redacted,
-            ttl=url.seconds("ttl", None),
-            chunk_size=url.size("chunk_size", DEFAULT_CHUNK_SIZE) or DEFAULT_CHUNK_SIZE,
-            timeout=url.seconds("timeout", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S,
-        )
+        plain_url = urllib.parse.urlunsplit(url.parts._replace(query=urllib.parse.urlencode(tls_options(url))))
+        return cls(plain_url, **url_settings(url))
 
     def __init__(
         self,

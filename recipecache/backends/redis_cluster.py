@@ -38,7 +38,7 @@ from redis.sentinel import Sentinel
 from ..errors import BackendError, ConfigError
 from ..reasons import Reason
 from .base import check_key
-from .redis import DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT_S, TLS_OPTIONS, RedisBackend, client_options
+from .redis import RedisBackend, client_options, tls_options, url_settings
 from .url import StoreURL
 
 DEFAULT_PORT = 6379
@@ -56,25 +56,18 @@ def _credentials(url: StoreURL) -> dict[str, Any]:
         out["username"] = urllib.parse.unquote(url.parts.username)
     if url.parts.password is not None:
         out["password"] = urllib.parse.unquote(url.parts.password)
-    tls = {k: v for k, v in url.options.items() if k in TLS_OPTIONS}
+    tls = tls_options(url)
     if url.scheme.startswith("rediss"):
         out["ssl"] = True
         out.update(tls)
         if "ssl_check_hostname" in out:
             out["ssl_check_hostname"] = out["ssl_check_hostname"].lower() in ("1", "true", "yes")
-    elif tls:
-        raise url.error(f"option {sorted(tls)[0]!r} needs TLS: use {url.scheme.replace('redis', 'rediss', 1)}://")
     return out
 
 
 def _settings(url: StoreURL) -> dict[str, Any]:
     url.check_options(RedisBackend.URL_OPTIONS)
-    return {
-        "redacted_url": url.redacted,
-        "ttl": url.seconds("ttl", None),
-        "chunk_size": url.size("chunk_size", DEFAULT_CHUNK_SIZE) or DEFAULT_CHUNK_SIZE,
-        "timeout": url.seconds("timeout", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S,
-    }
+    return url_settings(url)
 
 
 class _FailedPipeline:
