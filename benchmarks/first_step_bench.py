@@ -72,42 +72,95 @@ class PreLNBlock(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
 
 
-def build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """The model and its example inputs (seeded: every process builds the same)."""
+def build(name: str, device: str = "cpu") -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The model and its example inputs on ``device`` (seeded on the CPU: every process builds the same)."""
     torch.manual_seed(0)
     if name == "mlp":
-        return PreLNBlock(64), (torch.randn(8, 16, 64),)
-    vocab, seq = 256, 32
-    tokens = torch.randint(0, vocab, (4, seq + 1))
-    return TinyGPT(vocab, seq), (tokens[:, :-1], tokens[:, 1:])
+        model, inputs = PreLNBlock(64), (torch.randn(8, 16, 64),)
+    else:
+        vocab, seq = 256, 32
+        tokens = torch.randint(0, vocab, (4, seq + 1))
+        model, inputs = TinyGPT(vocab, seq), (tokens[:, :-1], tokens[:, 1:])
+    return model.to(device), tuple(t.to(device) for t in inputs)
 
 
-def child(mode: str, model_name: str) -> None:
+#: what :class:`GpuWork` reports for each GPU run
+GPU_FIGURES = ("triton_ptx", "autotune_benchmarks", "max_autotune_choices", "fx_hits", "fx_misses")
+
+
+class GpuWork:
+    """Counts what a fresh GPU process compiles or tunes although a cache could have served it.
+
+    Triton kernels reaching its PTX stage (a real compile: a kernel served from a cache
+    skips it) and inductor's runtime autotuning of kernel configs (``benchmark_all_configs``),
+    beside inductor's own counters (``select_algorithm_autotune``: max-autotune's choices).
+    Counts calls in this process: the bench runs GPU children with one compile thread.
+    """
+
+    def __init__(self) -> None:
+        self.ptx = self.benchmarks = 0
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+        original_bench = CachingAutotuner.benchmark_all_configs
+
+        def benchmark_all_configs(autotuner: Any, *args: Any, **kwargs: Any) -> Any:
+            self.benchmarks += 1
+            return original_bench(autotuner, *args, **kwargs)
+
+        CachingAutotuner.benchmark_all_configs = benchmark_all_configs  # type: ignore[method-assign]
+        try:
+            from triton.backends.nvidia.compiler import CUDABackend
+        except ImportError:  # another GPU vendor: PTX counts stay 0
+            return
+        original_ptx = CUDABackend.make_ptx
+
+        def make_ptx(*args: Any, **kwargs: Any) -> Any:
+            self.ptx += 1
+            return original_ptx(*args, **kwargs)
+
+        CUDABackend.make_ptx = staticmethod(make_ptx) if isinstance(  # type: ignore[method-assign]
+            vars(CUDABackend).get("make_ptx"), staticmethod) else make_ptx
+
+    def figures(self) -> dict[str, int]:
+        from torch._dynamo.utils import counters
+
+        inductor = counters["inductor"]
+        return {"triton_ptx": self.ptx, "autotune_benchmarks": self.benchmarks,
+                "max_autotune_choices": int(inductor["select_algorithm_autotune"]),
+                "fx_hits": int(inductor["fxgraph_cache_hit"]), "fx_misses": int(inductor["fxgraph_cache_miss"])}
+
+
+def child(mode: str, model_name: str, device: str, compile_mode: str) -> None:
     """One fresh process's first step; prints its times, digest and counters as JSON."""
     import hashlib
     import time
 
     start = time.perf_counter()  # torch is imported: process start-up is not what this compares
+    gpu = GpuWork() if device != "cpu" else None
     if mode != "plain":
         import recipecache
 
         recipecache.enable(precompile=mode == "pc")
-    model, inputs = build(model_name)
+    model, inputs = build(model_name, device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
     step_start = time.perf_counter()
     out = compiled(*inputs)
     loss = out if out.dim() == 0 else out.pow(2).mean()
     loss.backward()
     opt.step()
+    if gpu is not None:
+        torch.cuda.synchronize()
     end = time.perf_counter()
-    digest = hashlib.sha256(loss.detach().numpy().tobytes())
+    digest = hashlib.sha256(loss.detach().cpu().numpy().tobytes())
     for p in model.parameters():
-        digest.update(p.detach().numpy().tobytes())
+        digest.update(p.detach().cpu().numpy().tobytes())
     from torch._dynamo.utils import counters
 
     result: dict[str, Any] = {"process_s": end - start, "step_s": end - step_start, "digest": digest.hexdigest()[:16],
                               "frames": int(counters["frames"]["total"])}
+    if gpu is not None:
+        result.update(gpu.figures())
     if mode != "plain":
         from recipecache.torch_integration import metrics
 
@@ -117,29 +170,55 @@ def child(mode: str, model_name: str) -> None:
     print(json.dumps(result))
 
 
-def clean_env(dirs: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
+def clean_env(dirs: Path, device: str = "cpu") -> dict[str, str]:
+    """A fresh node's environment: its own empty inductor (and so Triton) cache and temp dir.
+
+    On a GPU, inductor compiles in this process (one compile thread), so :class:`GpuWork`
+    sees every Triton compile and autotuning run.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_", "TRITON_"))}
     (dirs / "tmp").mkdir(parents=True, exist_ok=True)
     env.update(TORCHINDUCTOR_CACHE_DIR=str(dirs / "inductor"), TMPDIR=str(dirs / "tmp"),
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH")))))
+    if device != "cpu":
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     return env
 
 
-def run(workdir: Path, name: str, mode: str, model: str, dirs: Path | None = None) -> dict[str, Any]:
-    """Run one child in ``dirs`` (fresh ones under ``workdir`` when None)."""
+def run(workdir: Path, name: str, mode: str, model: str, dirs: Path | None = None, *, device: str = "cpu",
+        compile_mode: str = "default") -> dict[str, Any] | None:
+    """Run one child in ``dirs`` (fresh ones under ``workdir`` when None).
+
+    A failed child ends the bench on the CPU; on a GPU it is reported (exit status, the
+    end of its stderr, the whole of it in ``<workdir>/failed-*.log``) and that side skipped,
+    so one broken path does not hide the others' figures.
+    """
     dirs = dirs or Path(tempfile.mkdtemp(prefix=f"{model}-{name.replace(' ', '-')}-", dir=workdir))
-    env = clean_env(dirs)
+    env = clean_env(dirs, device)
     if mode != "plain":
-        env["RECIPECACHE_URL"] = f"file://{workdir / f'store-{mode}'}"
-    proc = subprocess.run([sys.executable, __file__, "--child", mode, model], env=env, capture_output=True,
-                          text=True, check=False)
+        env["RECIPECACHE_URL"] = f"file://{workdir / f'store-{mode}-{compile_mode}'}"
+    env["PYTHONFAULTHANDLER"] = "1"  # a child killed by a signal prints its Python stacks
+    proc = subprocess.run([sys.executable, __file__, "--child", mode, model, device, compile_mode], env=env,
+                          capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        sys.exit(f"{model} {name} failed:\n{proc.stderr[-3000:]}")
+        message = f"{model} {name} failed (exit status {proc.returncode}):\n{proc.stderr[-3000:]}"
+        if device == "cpu":
+            sys.exit(message)
+        log = workdir / f"failed-{model}-{name.replace(' ', '-').replace('+', '-')}.log"
+        log.write_text(proc.stdout + "\n---- stderr\n" + proc.stderr)
+        print(f"  {message}\n  (whole output: {log})", flush=True)
+        return None
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["dirs"] = dirs
     extra = f", {result['compiles']} graph compiles" if "compiles" in result else ""
     extra += f", {result['frames']} frames traced"
+    if "triton_ptx" in result:
+        extra += (f", {result['triton_ptx']} Triton compiles, {result['autotune_benchmarks']} autotuning runs, "
+                  f"{result['max_autotune_choices']} max-autotune choices, FX hit/miss {result['fx_hits']}/"
+                  f"{result['fx_misses']}")
+    if result.get("fallbacks"):
+        extra += f", fallbacks {result['fallbacks']}"
     print(f"  {model} {name:<16} step {result['step_s']:7.2f} s  process {result['process_s']:7.2f} s{extra}",
           flush=True)
     return result
@@ -150,35 +229,61 @@ def ratio(rows: list[dict[str, Any]], base: list[dict[str, Any]], field: str) ->
     return a, b, a / b
 
 
-def single_process(workdir: Path, model: str, pairs: int) -> dict[str, Any]:
-    results = [run(workdir, "cold+publish", "rc", model), run(workdir, "cold+precompile", "pc", model),
-               run(workdir, "cold local", "plain", model)]
-    warm_dirs = results[2]["dirs"]
-    rounds: dict[str, list[dict[str, Any]]] = {"hit": [], "precompiled": [], "warm local": []}
+def single_process(workdir: Path, model: str, pairs: int, device: str = "cpu",
+                   compile_mode: str = "default") -> dict[str, Any]:
+    def side(name: str, mode: str, dirs: Path | None = None) -> dict[str, Any]:
+        return run(workdir, name, mode, model, dirs, device=device, compile_mode=compile_mode)
+
+    print(f"{model} on {device}, torch.compile mode {compile_mode}:", flush=True)
+    cold = {name: side(name, mode) for name, mode in
+            (("cold+publish", "rc"), ("cold+precompile", "pc"), ("cold local", "plain"))}
+    if cold["cold local"] is None:
+        sys.exit(f"{model}: torch alone failed; nothing to compare with")
+    warm_dirs = cold["cold local"]["dirs"]
+    sides = {"hit": ("rc", "cold+publish"), "precompiled": ("pc", "cold+precompile"), "warm local": ("plain", "")}
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     for _ in range(pairs):
-        rounds["hit"].append(run(workdir, "hit", "rc", model))
-        rounds["precompiled"].append(run(workdir, "precompiled", "pc", model))
-        rounds["warm local"].append(run(workdir, "warm local", "plain", model, dirs=warm_dirs))
+        for name, (mode, filled_by) in sides.items():
+            if not filled_by or cold[filled_by] is not None:  # a store its cold run failed to fill serves nothing
+                row = side(name, mode, None if filled_by else warm_dirs)
+                if row is not None:
+                    rounds[name].append(row)
+    results = [r for r in cold.values() if r is not None]
+    if device != "cpu":
+        for name in ("hit", "precompiled"):
+            if any(r["triton_ptx"] or r["autotune_benchmarks"] or r["max_autotune_choices"] for r in rounds[name]):
+                print(f"WARNING: {model}: a {name} run compiled Triton kernels or autotuned on a fresh node")
     digests = {r["digest"] for r in results + [r for rows in rounds.values() for r in rows]}
     if len(digests) != 1:
-        sys.exit(f"{model}: runs disagree on the results: {sorted(digests)}")
+        # On the CPU every path runs the same kernels. On a GPU, kernels autotuned anew (a
+        # Triton config chosen by timing) may round differently: compare within one path.
+        message = f"{model}: runs disagree on the results: {sorted(digests)}"
+        if device == "cpu":
+            sys.exit(message)
+        print(f"WARNING: {message}")
     if any(r["compiles"] for r in rounds["hit"] + rounds["precompiled"]):
         print(f"WARNING: {model}: a hit compiled graphs; the store did not serve everything")
     if any(r["frames"] for r in rounds["precompiled"]):
         print(f"WARNING: {model}: a precompiled run traced frames")
-    summary: dict[str, Any] = {"digest": digests.pop(), "cold_s": {r_name: r["process_s"] for r_name, r in
-                                                                   zip(("publish", "precompile", "torch"), results)}}
+    summary: dict[str, Any] = {"digests": sorted(digests), "device": device, "mode": compile_mode,
+                               "cold_s": {name: r["process_s"] for name, r in cold.items() if r is not None}}
+    if device != "cpu":
+        summary["gpu_work"] = {name: [{k: r[k] for k in GPU_FIGURES} for r in rows] for name, rows in rounds.items()}
     for field in ("step_s", "process_s"):
         summary[field] = {name: [r[field] for r in rows] for name, rows in rounds.items()}
     print(f"\n{model}: medians of {pairs} rounds (step = first compiled fwd+bwd+SGD step; process = since import torch)")
     for name, target in (("hit", HIT_TARGET), ("precompiled", PRECOMPILED_TARGET)):
+        if not rounds[name]:
+            print(f"  {name:<12} no figures: its runs failed")
+            continue
         for field in ("step_s", "process_s"):
             mine, warm, r = ratio(rounds[name], rounds["warm local"], field)
             summary[f"{name}_{field}_ratio"] = r
             verdict = f"target <= {target}: {'met' if r <= target else 'MISSED'}" if field == "step_s" else "info"
             print(f"  {name:<12} {field[:-2]:<8} {mine:6.2f} s vs warm local {warm:6.2f} s: {r:5.2f}x ({verdict})")
-    print(f"  cold (reference, process): graph store {results[0]['process_s']:.1f} s, precompile "
-          f"{results[1]['process_s']:.1f} s, torch alone {results[2]['process_s']:.1f} s; digest {summary['digest']}\n")
+    print("  cold (reference, process): " + ", ".join(f"{name} {seconds:.1f} s"
+                                                    for name, seconds in summary["cold_s"].items())
+          + f"; digests {' '.join(summary['digests'])}\n")
     return summary
 
 
@@ -224,7 +329,11 @@ def main() -> None:
     p.add_argument("--ranks", action="store_true", help="also the 2-rank job target")
     p.add_argument("--workdir", type=Path, help="where stores and cache dirs go (default: a new temp dir)")
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
-    p.add_argument("--child", nargs=2, metavar=("MODE", "MODEL"), help=argparse.SUPPRESS)
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda: on a GPU, also count Triton "
+                   "compiles and autotuning runs of each fresh process")
+    p.add_argument("--mode", default="default", choices=("default", "reduce-overhead", "max-autotune"),
+                   help="torch.compile mode (reduce-overhead: CUDA graphs)")
+    p.add_argument("--child", nargs=4, metavar=("MODE", "MODEL", "DEVICE", "COMPILE_MODE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         child(*args.child)
@@ -232,7 +341,8 @@ def main() -> None:
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="first-step-bench-"))).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"first step of a fresh process (threads: {os.environ.get('OMP_NUM_THREADS', '1')}, workdir {workdir})")
-    figures: dict[str, Any] = {m: single_process(workdir, m, args.pairs) for m in args.models.split(",") if m}
+    figures: dict[str, Any] = {m: single_process(workdir, m, args.pairs, args.device, args.mode)
+                               for m in args.models.split(",") if m}
     if args.ranks:
         figures["ranks"] = multi_rank(workdir, args.pairs)
     if args.json:

@@ -3,7 +3,7 @@
 Line numbers and the reasons behind each hook are in docs/torch-integration-notes.md.
 In short:
 
-* torch's remote caches (FX graph, AOTAutograd, PGO) accept a backend class through
+* torch's remote caches (FX graph, AOTAutograd, PGO, Triton autotuning) accept a backend class through
   ``RemoteCache.backend_override_cls``; ours talk to the store. Graphs are where
   single-flight happens: torch splits a compile into lookup (miss) ... ``put``, so a
   miss opens a :class:`~recipecache.store.Flight` (one process per key compiles, the
@@ -80,7 +80,7 @@ VARIANT_WAITS = 4
 #: job id enable() gives torch when none is set (PGO does nothing without one)
 JOB_ID = "recipecache"
 #: what ``recipecache ls`` calls each artifact kind (the ``kind`` of its envelope meta)
-KIND_NAMES = {"fx": "graph", "aot": "aot", "pgo": "pgo", "isa": "cpu_probe"}
+KIND_NAMES = {"fx": "graph", "aot": "aot", "pgo": "pgo", "isa": "cpu_probe", "autotune": "autotune"}
 
 R = TypeVar("R")
 #: stands for "the class had no attribute of its own" among the originals install() saves
@@ -337,6 +337,14 @@ class Integration:
 
     def aot_put(self, torch_key: str, data: bytes) -> None:
         self._put("aot", self.cpu_key(torch_key), Artifact.single("aot", data).pack())
+
+    def autotune_get(self, torch_key: str) -> bytes | None:
+        """A Triton kernel's best config (JSON, never code); torch's key hashes the kernel's source, GPU included."""
+        artifact = self.fetch("autotune", KEY_PREFIX + torch_key)
+        return None if artifact is None else artifact.entry
+
+    def autotune_put(self, torch_key: str, data: bytes) -> None:
+        self._put("autotune", KEY_PREFIX + torch_key, Artifact.single("autotune", data).pack())
 
     def pgo_get(self, torch_key: str) -> bytes | None:
         artifact = self.fetch("pgo", KEY_PREFIX + pgo.shared_key(torch_key))
@@ -618,12 +626,16 @@ class Integration:
             (inductor_config, "fx_graph_remote_cache", True),
             (functorch_config, "enable_remote_autograd_cache", True),
             (dynamo_config, "automatic_dynamic_remote_pgo", True),
+            # a GPU kernel's runtime autotuning result: a fresh node loads it instead of benchmarking
+            # every config again at its first call (its FX hit ships the kernels, not their choice)
+            (inductor_config, "autotune_remote_cache", True),
             # part of the FX key, so it must be equal on every rank: torch's default, whose
             # precompiled header makes every cold kernel's g++ fast (a hit skips the header)
             (inductor_config, "cpp_cache_precompile_headers", True),
             (remote_cache.RemoteFxGraphCache, "backend_override_cls", FxBackend),
             (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
             (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
+            (remote_cache.RemoteAutotuneCache, "backend_override_cls", AutotuneBackend),
             (codecache, "write", write),
             (codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash),
             (codecache, "_precompile_header", _precompile_header),
@@ -710,6 +722,10 @@ class AotBackend(_StoreBackend):
 
 class PgoBackend(_StoreBackend):
     kind = "pgo"
+
+
+class AutotuneBackend(_StoreBackend):
+    kind = "autotune"
 
 
 def attach(store: Store, metrics: Metrics, wait_timeout: float | None) -> Integration:

@@ -14,7 +14,7 @@ compare-and-set, :meth:`recipecache.store.Store.update`). Other kinds hold one e
 
 Framing is one msgpack map (never pickle)::
 
-    {"format": "recipecache-torch/3", "kind": "fx"|"aot"|"pgo"|"isa",
+    {"format": "recipecache-torch/3", "kind": "fx"|"aot"|"pgo"|"isa"|"autotune",
      "entries": [{"data": <bytes>, "compile_s": <float>, "kernels": [<path>], "guards": <str>|None}],
      "files": [{"path": <str>, "data": <bytes>}]}
 
@@ -53,7 +53,7 @@ from ..fsutil import open_private_directory, private_directory, read_private_fil
 log = logging.getLogger(__name__)
 
 FORMAT = "recipecache-torch/3"
-KINDS = ("fx", "aot", "pgo", "isa")
+KINDS = ("fx", "aot", "pgo", "isa", "autotune")
 #: guard variants an FX artifact keeps per key (the newest)
 MAX_VARIANTS = 8
 #: the only kernel paths torch writes under its cache dir: ``<2 chars>/<hash>[.main].so``

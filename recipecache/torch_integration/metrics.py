@@ -33,7 +33,7 @@ from ..fsutil import write_atomic
 log = logging.getLogger(__name__)
 
 #: artifact kinds looked up and published; ``precompiled`` is a whole function (the precompiled tier)
-LOOKUP_KINDS = ("fx", "aot", "pgo", "isa", "precompiled")
+LOOKUP_KINDS = ("fx", "aot", "pgo", "isa", "autotune", "precompiled")
 
 
 def metrics_path(template: str | None, rank: int) -> Path | None:
