@@ -112,22 +112,55 @@ def write_atomic_at(dir_fd: int, name: str, *parts: Buffer, prefix: str = TEMP_P
         raise
 
 
-def read_private_file_at(dir_fd: int, name: str, what: str) -> bytes | None:
-    """The bytes of ``name`` in the directory ``dir_fd``, or None if there is no such file.
+class NotRegularFileError(OSError):
+    """Where a file belongs there is a symlink, a FIFO, a socket or a device, which is never read."""
 
-    The read twin of :func:`write_atomic_at`: the file is opened without following a
-    symlink and checked through its fd as :func:`private_directory` checks a directory (a
-    regular file, ours, not writable by group or others), so what is read is what only we
-    could have written. Raises ConfigError naming ``what`` otherwise.
+
+def open_regular_file(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> int | None:
+    """A read-only fd of the regular file at ``path`` (relative to ``dir_fd`` if given); None if there is none.
+
+    Raises :class:`NotRegularFileError` for anything else there: a symlink is not followed
+    (``O_NOFOLLOW``), and a FIFO, socket or device is never read. Reading a FIFO (or opening
+    it, without a writer) blocks forever, so the open does not block (``O_NONBLOCK``, which
+    changes nothing for a regular file) and what was opened is checked through its fd, so
+    nothing can be swapped in between the check and the read.
     """
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ConfigError(f"{what} {name} is a symlink or not a file") from None
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a socket
+            raise NotRegularFileError(exc.errno, "a symlink or a socket", str(path)) from None
+        raise
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
+    return fd
+
+
+def read_private_file_at(dir_fd: int, name: str, what: str) -> bytes | None:
+    """The bytes of ``name`` in the directory ``dir_fd``, or None if there is no such file.
+
+    The read twin of :func:`write_atomic_at`: the file is opened by :func:`open_regular_file`
+    (no symlink followed, no FIFO read) and checked through its fd as
+    :func:`private_directory` checks a directory (a regular file, ours, not writable by group
+    or others), so what is read is what only we could have written. Raises ConfigError
+    naming ``what`` otherwise.
+    """
+    try:
+        fd = open_regular_file(name, dir_fd=dir_fd)
+    except NotRegularFileError:
+        raise ConfigError(f"{what} {name} is a symlink or not a file") from None
+    except OSError as exc:
         raise ConfigError(f"{what} {name} is not usable: {exc.strerror}") from None
+    if fd is None:
+        return None
     with os.fdopen(fd, "rb") as f:
         _check_private(os.fstat(f.fileno()), what, name, kind="file")
         return f.read()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 import pytest
 
 import recipecache
+from recipecache import admin
 from recipecache.backends import filesystem
 from recipecache.backends.filesystem import STALE_TEMP_S, FilesystemBackend
 from recipecache.backends import open_backend
@@ -74,6 +76,29 @@ def test_planted_symlink_is_not_followed(tmp_path: Path) -> None:
     assert b.get(k(1)) is None
     assert not path.is_symlink(), "the planted link is removed"
     assert secret.read_bytes() == b"not yours"
+
+
+def test_special_files_are_never_read(tmp_path: Path) -> None:
+    """Issue 18.4: a FIFO (any special file) where an entry or a lease belongs is skipped, never opened for
+    reading: get, compare-and-set, lease lookups and prune all return, and a put replaces it."""
+    root = tmp_path / "c"
+    b = FilesystemBackend(root)
+    b.put(k(1), b"entry")
+    entry, lease = b._object_path(k(1)), b._lease_path(k(2))
+    entry.unlink()
+    os.mkfifo(entry)
+    lease.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(lease)
+    old = time.time() - 2 * STALE_TEMP_S
+    os.utime(lease, (old, old))
+    assert finishes(lambda: b.get(k(1))) is None
+    assert finishes(lambda: b.delete_if(k(1), b"entry")) is False
+    assert finishes(lambda: b.lease_holder(k(2))).remaining_s < 0, "an unreadable lease counts as expired"
+    assert finishes(lambda: [e.key for e in b.scan(NS)]) == []
+    assert finishes(lambda: admin.prune(recipecache.open_store(f"file://{root}", namespace=NS), 0)) == 0
+    assert not lease.exists(), "prune swept the expired 'lease'"
+    assert finishes(lambda: b.put_if(k(1), None, b"new")), "no value there to compare with"
+    assert b.get(k(1)) == b"new" and stat.S_ISREG(entry.lstat().st_mode)
 
 
 _KILL_BEFORE_RENAME = """

@@ -56,7 +56,16 @@ import filelock
 
 from ..buffers import Buffer
 from ..errors import BackendError
-from ..fsutil import TEMP_PREFIX, private_directory, regular_files, subdirectories, write_atomic, write_temp
+from ..fsutil import (
+    TEMP_PREFIX,
+    NotRegularFileError,
+    open_regular_file,
+    private_directory,
+    regular_files,
+    subdirectories,
+    write_atomic,
+    write_temp,
+)
 from ..health import FAIL, PASS, HealthCheck, free_space, private
 from ..reasons import Reason
 from .base import Backend, Clock, EntryInfo, LeaseState, check_key, is_key, value_matches
@@ -139,13 +148,17 @@ class FilesystemBackend(Backend):
     def get(self, key: str) -> bytes | memoryview | None:
         path = self._object_path(key)
         try:
-            fd = _open_file(path)
-        except OSError as exc:
-            raise BackendError(_reason(exc), f"read {path}: {exc.strerror}") from None
-        if fd is None:
+            fd = open_regular_file(path)
+        except NotRegularFileError:
             if path.is_symlink():
                 log.warning("recipecache: %s is a symlink; removing it instead of following it", path)
                 self.delete(key)
+            else:  # a FIFO, socket or device: never read; a put replaces it
+                log.warning("recipecache: %s is not a regular file; ignoring it", path)
+            return None
+        except OSError as exc:
+            raise BackendError(_reason(exc), f"read {path}: {exc.strerror}") from None
+        if fd is None:
             return None
         try:
             data = _map_fd(fd) if self._map_large_files else None
@@ -323,14 +336,14 @@ class FilesystemBackend(Backend):
     # -- leases --------------------------------------------------------------------
     def _read_lease(self, path: Path) -> tuple[str, float] | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = open_regular_file(path)
+            if fd is None:
+                return None
             with os.fdopen(fd, "rb") as f:
                 record = json.loads(f.read())
             return str(record["token"]), float(record["expires"])
-        except FileNotFoundError:
-            return None
         except (OSError, ValueError, KeyError, TypeError):
-            return ("", 0.0)  # unreadable: treat as expired so it can be taken over
+            return ("", 0.0)  # unreadable (or not a file): treat as expired so it can be taken over
 
     def _write_temp_lease(self, directory: Path, token: str, ttl: float) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
@@ -465,21 +478,12 @@ def filesystem_type(path: Path) -> str | None:
     return None
 
 
-def _open_file(path: Path) -> int | None:
-    """A read-only fd of the file at ``path``; None if it is missing or a symlink, which is never followed."""
-    try:
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return None
-        raise
-
-
 def _read_path(path: Path) -> bytes | None:
     """The file at ``path`` as ``get`` would return it (read, not mapped: it is only compared)."""
-    fd = _open_file(path)
+    try:
+        fd = open_regular_file(path)
+    except NotRegularFileError:
+        return None  # get returns no value for what is not a file
     if fd is None:
         return None
     try:
