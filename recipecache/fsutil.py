@@ -29,6 +29,11 @@ def private_directory(path: str | os.PathLike[str], what: str) -> Path:
     sticky (as ``/tmp`` is), or another user could rename our directory away and put
     theirs in its place. ``what`` names the directory in the one-line error.
     """
+    return _private_directory(path, what)[0]
+
+
+def _private_directory(path: str | os.PathLike[str], what: str) -> tuple[Path, os.stat_result]:
+    """:func:`private_directory`, and the ``lstat`` of the directory it checked."""
     directory = Path(path).expanduser()
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -40,7 +45,40 @@ def private_directory(path: str | os.PathLike[str], what: str) -> Path:
     others_write = parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     if parent.st_uid not in (uid, 0) or (others_write and not parent.st_mode & stat.S_ISVTX):
         raise ConfigError(f"the parent of {what} {directory} may be changed by other users; use a private path")
-    return directory
+    return directory, st
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_uid, st.st_mode
+
+
+class PrivateDirectory:
+    """A :func:`private_directory` that stays checked for as long as a process uses it.
+
+    Checking once, when a process opens the directory, is not enough: a tmp cleaner may
+    remove it mid-job, and in a parent others may write (a sticky ``/tmp``) another user
+    may then create one of the same name and plant entries in it, which a store without a
+    secret would serve (a pickle, a ``.so``: code run by every rank). :meth:`path` is called
+    before each use: one ``lstat``, and when the directory is no longer the one checked (or
+    its owner or mode changed) the whole check again, which recreates a missing directory
+    as :func:`private_directory` does and raises ConfigError for one that is not private.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], what: str) -> None:
+        self.what = what
+        self.root, st = _private_directory(path, what)
+        self._checked = _identity(st)
+
+    def path(self) -> Path:
+        """The directory, checked again if it is not the one last checked."""
+        try:
+            unchanged = _identity(os.lstat(self.root)) == self._checked
+        except OSError:
+            unchanged = False
+        if not unchanged:
+            _root, st = _private_directory(self.root, self.what)
+            self._checked = _identity(st)
+        return self.root
 
 
 def _check_private(st: os.stat_result, what: str, directory: str | os.PathLike[str], *,

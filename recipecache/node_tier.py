@@ -68,7 +68,7 @@ class NodeTier:
     def __init__(
         self, directory: str | os.PathLike[str], *, max_size: int, lease_ttl: float, wait_timeout: float, stats: Stats
     ) -> None:
-        self.backend = FilesystemBackend(directory, max_size=max_size)
+        self.backend = FilesystemBackend(directory, max_size=max_size, what="node directory")
         self.directory = self.backend.root
         self._flight = SingleFlight(self.backend, ttl=lease_ttl, poll_initial=POLL_INITIAL_S, poll_max=POLL_MAX_S,
                                     activity=None, takeover_on_release=False)

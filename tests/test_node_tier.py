@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -142,6 +143,39 @@ def test_a_node_directory_others_can_write_is_refused(tmp_path: Path) -> None:
     node.chmod(0o777)
     with pytest.raises(ConfigError, match="writable by group or others"):
         node_store(MemoryBackend(), node)
+
+
+@pytest.mark.parametrize("owner, mode", [(65534, 0o755), (os.getuid(), 0o777)], ids=["another-user", "world-writable"])
+def test_a_node_directory_replaced_mid_job_is_not_served(tmp_path: Path, owner: int, mode: int) -> None:
+    """Issue 18.6: the node directory vanishes mid-job (a tmp cleaner) and comes back as another user's, or as
+    one anybody may write, with an entry planted in it: the store (no secret) must not serve the planted bytes."""
+    remote = CountingMemory()
+    node = tmp_path / "node"
+    store = node_store(remote, node)
+    assert store.put("k", b"genuine artifact")
+    shutil.rmtree(node)
+    planted = node_copy(node, store.namespace, "k")
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(envelope.seal("k", b"planted code", namespace=store.namespace))
+    for path in (node, *node.rglob("*")):
+        os.chown(path, owner, owner)
+    node.chmod(mode)
+    assert store.get("k") == b"genuine artifact", "read from the remote store, not the planted node copy"
+    assert store.stats()["node_errors"] >= 1
+    assert store.put("k2", b"another artifact") and not node_copy(node, store.namespace, "k2").exists(), \
+        "nothing is written there either"
+    assert planted.read_bytes().endswith(b"planted code")
+
+
+def test_a_node_directory_removed_mid_job_is_made_again(tmp_path: Path) -> None:
+    remote = CountingMemory()
+    node = tmp_path / "node"
+    store = node_store(remote, node)
+    assert store.put("k", b"artifact")
+    shutil.rmtree(node)  # a tmp cleaner
+    assert store.get("k") == b"artifact" and remote.gets == 1
+    assert (node.stat().st_mode & 0o777, store.stats()["node_errors"]) == (0o700, 0)
+    assert node_store(remote, node).get("k") == b"artifact" and remote.gets == 1, "the copy is back"
 
 
 def test_a_failing_node_directory_falls_back_to_the_remote_store(tmp_path: Path) -> None:

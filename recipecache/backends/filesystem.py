@@ -24,7 +24,9 @@ Nothing wakes a waiting process here (no ``lease_wait``): waiters poll the lease
 with backoff, which costs a local read, not a network round trip.
 
 The root must not be writable by group or others (anyone who can write the cache can
-run code on every rank), and no path under it is followed through a symlink.
+run code on every rank), and no path under it is followed through a symlink. It is checked
+again before each use, not only when the store opens: removed mid-job (a tmp cleaner), it
+may come back as someone else's (:class:`~recipecache.fsutil.PrivateDirectory`).
 
 Reads copy nothing they need not: a small file is read straight into the one ``bytes``
 object returned, and a large one (``MMAP_MIN`` and up) on a local filesystem is mapped
@@ -55,12 +57,12 @@ from pathlib import Path
 import filelock
 
 from ..buffers import Buffer
-from ..errors import BackendError
+from ..errors import BackendError, ConfigError
 from ..fsutil import (
     TEMP_PREFIX,
     NotRegularFileError,
+    PrivateDirectory,
     open_regular_file,
-    private_directory,
     regular_files,
     subdirectories,
     write_atomic,
@@ -113,8 +115,10 @@ class FilesystemBackend(Backend):
             raise url.error("use file:///absolute/path")
         return cls(urllib.parse.unquote(url.parts.path), max_size=url.size("max_size", None))
 
-    def __init__(self, root: str | os.PathLike[str], *, max_size: int | None = None, clock: Clock = time.time) -> None:
-        self.root = private_directory(root, "cache directory")
+    def __init__(self, root: str | os.PathLike[str], *, max_size: int | None = None, clock: Clock = time.time,
+                 what: str = "cache directory") -> None:
+        self._root = PrivateDirectory(root, what)
+        self.root = self._root.root
         self.url = f"file://{self.root}"
         self.max_size = max_size
         self._clock = clock
@@ -124,9 +128,17 @@ class FilesystemBackend(Backend):
         self._map_large_files = filesystem_type(self.root) in LOCAL_FILESYSTEMS
 
     # -- paths ---------------------------------------------------------------------
+    def _checked_root(self) -> Path:
+        """The root, checked again if it changed since it was checked (:class:`PrivateDirectory`); every path
+        under it is made from this, so nothing is read from, or written to, a directory that is not private."""
+        try:
+            return self._root.path()
+        except ConfigError as exc:
+            raise BackendError(Reason.BACKEND_ERROR, str(exc)) from None
+
     def _dir(self, *parts: str) -> Path:
         """``root/parts...``, created 0700, refusing any component that is a symlink."""
-        path = self.root
+        path = self._checked_root()
         for part in parts:
             path = path / part
             try:
@@ -138,11 +150,11 @@ class FilesystemBackend(Backend):
 
     def _object_path(self, key: str) -> Path:
         namespace, digest = check_key(key).split("/")
-        return self.root / "objects" / namespace / digest[:2] / digest
+        return self._checked_root() / "objects" / namespace / digest[:2] / digest
 
     def _lease_path(self, name: str) -> Path:
         namespace, digest = check_key(name).split("/")
-        return self.root / "leases" / namespace / f"{digest}.lease"
+        return self._checked_root() / "leases" / namespace / f"{digest}.lease"
 
     # -- values --------------------------------------------------------------------
     def get(self, key: str) -> bytes | memoryview | None:
@@ -259,7 +271,7 @@ class FilesystemBackend(Backend):
 
     def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
         """Entries in this store's layout only: a stray file someone dropped in is not ours to list or evict."""
-        base = self.root / "objects"
+        base = self._checked_root() / "objects"
         namespaces = [namespace] if namespace else subdirectories(base)
         for ns in namespaces:
             for fan in subdirectories(base / ns):
@@ -285,7 +297,7 @@ class FilesystemBackend(Backend):
 
     def evict(self, max_bytes: int) -> int:
         """LRU eviction under one lock per cache, so concurrent evictors do not double-delete."""
-        with filelock.FileLock(self.root / ".evict.lock", timeout=0):
+        with filelock.FileLock(self._checked_root() / ".evict.lock", timeout=0):
             self.vacuum()
             return super().evict(max_bytes)
 
@@ -300,8 +312,9 @@ class FilesystemBackend(Backend):
         """
         cutoff = self._clock() - STALE_TEMP_S
         removed = 0
+        root = self._checked_root()
         for top in ("objects", "leases"):
-            base = self.root / top
+            base = root / top
             for ns in [namespace] if namespace else subdirectories(base):
                 for directory, _dirs, files in os.walk(base / ns):
                     for name in files:
