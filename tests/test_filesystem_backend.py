@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import filelock
 import pytest
 
 import recipecache
-from recipecache import admin
+from recipecache import admin, cli
 from recipecache.backends import filesystem
 from recipecache.backends.filesystem import STALE_TEMP_S, FilesystemBackend
 from recipecache.backends import open_backend
@@ -222,6 +223,28 @@ def test_vacuum_removes_idle_value_locks(tmp_path: Path) -> None:
     os.utime(locks[0], (old, old))
     assert b.vacuum() == 1 and not locks[0].exists()
     assert b.put_if(k(1), None, b"v2") and b.get(k(1)) == b"v2", "the key's lock is made again when needed"
+
+def test_prune_during_another_eviction_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18.14: ``recipecache prune`` while a put elsewhere evicts waits for that eviction, then prunes;
+    an eviction lock held past the wait is one line (backend_slow), not a filelock.Timeout traceback."""
+    root = tmp_path / "c"
+    url = f"file://{root}"
+    store = recipecache.open_store(url, namespace=NS)
+    for i in range(3):
+        assert store.put(f"k{i}", bytes(1000))
+    evicting = filelock.FileLock(root / ".evict.lock", thread_local=False)  # another process's eviction
+    evicting.acquire()
+    threading.Timer(1.0, evicting.release).start()
+    assert cli.main(["prune", "--max-size", "0", "--url", url]) == 0
+    assert store.scan(all_namespaces=True) == []
+    monkeypatch.setattr(filesystem, "EVICT_LOCK_TIMEOUT_S", 0.2)
+    capsys.readouterr()
+    with evicting:
+        status = cli.main(["prune", "--max-size", "0", "--url", url])
+    err = capsys.readouterr().err
+    assert status == 1 and err.count("\n") == 1 and err.startswith("recipecache: error: backend_slow: "), err
+
 
 # -- a stuck holder of a lease's lock ----------------------------------------------------
 _HOLD_LOCK = """

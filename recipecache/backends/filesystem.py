@@ -96,6 +96,8 @@ LOCAL_FILESYSTEMS = frozenset(
 )
 #: A conditional write holds its key's lock for one small compare; waiting longer means a stuck holder.
 VALUE_LOCK_TIMEOUT_S = 10.0
+#: An explicit eviction (``recipecache prune``) waits this long for one under way in another process.
+EVICT_LOCK_TIMEOUT_S = 120.0
 
 
 def _reason(exc: OSError) -> Reason:
@@ -291,13 +293,26 @@ class FilesystemBackend(Backend):
         self._written_since_check = 0
         self._last_check = now
         try:
-            self.evict(self.max_size)
+            self._evict(self.max_size, lock_timeout=0)
         except filelock.Timeout:
             pass  # another process is evicting right now
 
     def evict(self, max_bytes: int) -> int:
+        """Evict down to ``max_bytes`` once an eviction under way in another process has finished.
+
+        An explicit eviction (``recipecache prune``) must not fail because a put elsewhere
+        happens to be evicting: it waits for that one, then evicts what is still above its
+        own cap. A lock held past :data:`EVICT_LOCK_TIMEOUT_S` is a ``backend_slow`` error.
+        """
+        try:
+            return self._evict(max_bytes, lock_timeout=EVICT_LOCK_TIMEOUT_S)
+        except filelock.Timeout:
+            raise BackendError(Reason.BACKEND_SLOW, f"another process has been evicting from {self.root} for "
+                                                    f"{EVICT_LOCK_TIMEOUT_S:g} s; try again later") from None
+
+    def _evict(self, max_bytes: int, *, lock_timeout: float) -> int:
         """LRU eviction under one lock per cache, so concurrent evictors do not double-delete."""
-        with filelock.FileLock(self._checked_root() / ".evict.lock", timeout=0):
+        with filelock.FileLock(self._checked_root() / ".evict.lock", timeout=lock_timeout):
             self.vacuum()
             return super().evict(max_bytes)
 
