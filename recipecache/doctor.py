@@ -130,8 +130,8 @@ def _node_checks() -> list[HealthCheck]:
     there), in every rank, so doctor applies the same check: a job that would fail at
     start fails here first.
     """
-    path = node_dir() or default_node_dir()
-    return [private("node dir", Path(path), "node directory"), free_space("node dir", Path(path))]
+    path = Path(node_dir() or default_node_dir())
+    return [private("node dir", path, "node directory"), free_space("node dir", path)]
 
 
 def _signing_check() -> HealthCheck:

@@ -76,8 +76,7 @@ class PrivateDirectory:
         except OSError:
             unchanged = False
         if not unchanged:
-            _root, st = _private_directory(self.root, self.what)
-            self._checked = _identity(st)
+            self._checked = _identity(_private_directory(self.root, self.what)[1])
         return self.root
 
 
