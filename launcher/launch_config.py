@@ -260,7 +260,7 @@ def _node_dir(args: argparse.Namespace) -> str | None:
 
 
 def _secret_file(path: str | None) -> Path | None:
-    """The HMAC key file, checked here so a typo fails before any rank starts.
+    """The signing key file, checked here so a typo fails before any rank starts.
 
     Without ``--secret-file`` the ranks take the key from the environment; it is read
     here the same way (``RECIPECACHE_SECRET``, else the file ``RECIPECACHE_SECRET_FILE``),

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--namespace", help="namespace in the store (default: $RECIPECACHE_NAMESPACE, else the "
                                           "script's file name without .py, so reruns of a script share)")
     ours.add_argument("--secret-file", metavar="PATH",
-                      help="HMAC key file for signed artifacts (default: $RECIPECACHE_SECRET or $RECIPECACHE_SECRET_FILE)")
+                      help="signing key file, keyed BLAKE3 (default: $RECIPECACHE_SECRET or $RECIPECACHE_SECRET_FILE)")
     ours.add_argument("--run-dir", metavar="DIR",
                       help="where metrics, event logs and the report go (default ./recipecache-runs/<timestamp>)")
     ours.add_argument("--report", metavar="FILE", help="JSON report path (default <run-dir>/report.json)")

@@ -3,7 +3,8 @@
 Each check is one line (:class:`~recipecache.health.HealthCheck`): the store answers and
 keeps what it is given (a round trip of a signed envelope, and a lease), the backend's
 own checks (the Redis user's rights and clock, the filesystem store's permissions, free
-space and clock), torch's local cache directory and the Gaudi recipe directory, whether
+space and clock), the node tier's directory (private, as ``enable()`` requires), torch's
+local cache directory and the Gaudi recipe directory, whether
 artifacts are signed, and the inputs of torch's cache keys as this process sees them
 (torch version, thread count, compile settings, CPU). Ranks whose key inputs differ
 compile the same graph under different keys, so the last line is a digest of them:
@@ -30,7 +31,8 @@ from .errors import BackendError, ConfigError, URLError, VerificationError
 from .health import FAIL, PASS, WARN, HealthCheck, free_space, private, writable
 from .keyinfo import cpu_fingerprint
 from .keys import storage_key
-from .settings import default_url, read_secret
+from .node_tier import default_node_dir
+from .settings import default_url, node_dir, read_secret
 
 #: variables that change torch's cache keys or what it compiles (besides OMP_NUM_THREADS)
 KEY_VARIABLE_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TORCHDYNAMO_")
@@ -42,7 +44,7 @@ def run_checks(url: str | None = None, *, namespace: str | None = None) -> list[
     """Every check, in the order printed; raises URLError for a malformed ``url``."""
     url = url or default_url()
     checks = _store_checks(url, namespace or os.environ.get(env.NAMESPACE) or "default")
-    checks += [_signing_check(), *_torch_checks(), *_hpu_checks()]
+    checks += [*_node_checks(), _signing_check(), *_torch_checks(), *_hpu_checks()]
     return checks
 
 
@@ -121,6 +123,17 @@ def _lease_check(backend: Backend, name: str) -> HealthCheck:
 
 
 # -- signing and local directories ---------------------------------------------------------
+def _node_checks() -> list[HealthCheck]:
+    """The node tier's directory: ``$RECIPECACHE_NODE_DIR``, else the one ``recipecache-run`` uses by default.
+
+    ``enable()`` refuses a node directory that is not private (others could plant code
+    there), in every rank, so doctor applies the same check: a job that would fail at
+    start fails here first.
+    """
+    path = Path(node_dir() or default_node_dir())
+    return [private("node dir", path, "node directory"), free_space("node dir", path)]
+
+
 def _signing_check() -> HealthCheck:
     try:
         secret = read_secret()
@@ -131,7 +144,7 @@ def _signing_check() -> HealthCheck:
                            f"anyone who can write the store runs code on every rank; set {env.SECRET_FILE} "
                            "to a file of `openssl rand -hex 32` (chmod 600)")
     source = env.SECRET_FILE if os.environ.get(env.SECRET_FILE) and not os.environ.get(env.SECRET) else env.SECRET
-    return HealthCheck("signing", PASS, f"on: HMAC-SHA256 with a {len(secret)}-byte key from {source}")
+    return HealthCheck("signing", PASS, f"on: keyed BLAKE3 with a {len(secret)}-byte key from {source}")
 
 
 def _hpu_checks() -> list[HealthCheck]:

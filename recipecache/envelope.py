@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hmac
 import math
+import os
 import socket
 import struct
 import time
@@ -113,9 +114,30 @@ def check_meta(meta: Any) -> dict[str, Any]:
     return meta
 
 
+#: False in a process forked from another (see :func:`digest`): it hashes on one thread.
+_threads_usable = True
+
+
+def _forked() -> None:
+    global _threads_usable
+    _threads_usable = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def digest(payload: Buffer) -> bytes:
-    """The payload's BLAKE3 digest; large payloads are hashed on all cores."""
-    threads = blake3.blake3.AUTO if len(payload) >= _THREADED_HASH_MIN else 1
+    """The payload's BLAKE3 digest; large payloads are hashed on all cores, except in a forked child.
+
+    BLAKE3 hashes on a process-wide thread pool (Rust's rayon), started by the first
+    threaded hash and not fork-safe: a child forked after it started (a multiprocessing
+    pool, a DataLoader worker) inherits the pool without its threads, and its first
+    threaded hash waits for them forever. Any code of the parent may have started it, so a
+    forked child hashes on its own thread; a spawned process (a new interpreter) is no child
+    in this sense and uses every core.
+    """
+    threads = blake3.blake3.AUTO if _threads_usable and len(payload) >= _THREADED_HASH_MIN else 1
     return blake3.blake3(payload, max_threads=threads).digest()
 
 

@@ -29,6 +29,11 @@ def private_directory(path: str | os.PathLike[str], what: str) -> Path:
     sticky (as ``/tmp`` is), or another user could rename our directory away and put
     theirs in its place. ``what`` names the directory in the one-line error.
     """
+    return _private_directory(path, what)[0]
+
+
+def _private_directory(path: str | os.PathLike[str], what: str) -> tuple[Path, os.stat_result]:
+    """:func:`private_directory`, and the ``lstat`` of the directory it checked."""
     directory = Path(path).expanduser()
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -40,7 +45,39 @@ def private_directory(path: str | os.PathLike[str], what: str) -> Path:
     others_write = parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     if parent.st_uid not in (uid, 0) or (others_write and not parent.st_mode & stat.S_ISVTX):
         raise ConfigError(f"the parent of {what} {directory} may be changed by other users; use a private path")
-    return directory
+    return directory, st
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_uid, st.st_mode
+
+
+class PrivateDirectory:
+    """A :func:`private_directory` that stays checked for as long as a process uses it.
+
+    Checking once, when a process opens the directory, is not enough: a tmp cleaner may
+    remove it mid-job, and in a parent others may write (a sticky ``/tmp``) another user
+    may then create one of the same name and plant entries in it, which a store without a
+    secret would serve (a pickle, a ``.so``: code run by every rank). :meth:`path` is called
+    before each use: one ``lstat``, and when the directory is no longer the one checked (or
+    its owner or mode changed) the whole check again, which recreates a missing directory
+    as :func:`private_directory` does and raises ConfigError for one that is not private.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], what: str) -> None:
+        self.what = what
+        self.root, st = _private_directory(path, what)
+        self._checked = _identity(st)
+
+    def path(self) -> Path:
+        """The directory, checked again if it is not the one last checked."""
+        try:
+            unchanged = _identity(os.lstat(self.root)) == self._checked
+        except OSError:
+            unchanged = False
+        if not unchanged:
+            self._checked = _identity(_private_directory(self.root, self.what)[1])
+        return self.root
 
 
 def _check_private(st: os.stat_result, what: str, directory: str | os.PathLike[str], *,
@@ -112,22 +149,55 @@ def write_atomic_at(dir_fd: int, name: str, *parts: Buffer, prefix: str = TEMP_P
         raise
 
 
-def read_private_file_at(dir_fd: int, name: str, what: str) -> bytes | None:
-    """The bytes of ``name`` in the directory ``dir_fd``, or None if there is no such file.
+class NotRegularFileError(OSError):
+    """Where a file belongs there is a symlink, a FIFO, a socket or a device, which is never read."""
 
-    The read twin of :func:`write_atomic_at`: the file is opened without following a
-    symlink and checked through its fd as :func:`private_directory` checks a directory (a
-    regular file, ours, not writable by group or others), so what is read is what only we
-    could have written. Raises ConfigError naming ``what`` otherwise.
+
+def open_regular_file(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> int | None:
+    """A read-only fd of the regular file at ``path`` (relative to ``dir_fd`` if given); None if there is none.
+
+    Raises :class:`NotRegularFileError` for anything else there: a symlink is not followed
+    (``O_NOFOLLOW``), and a FIFO, socket or device is never read. Reading a FIFO (or opening
+    it, without a writer) blocks forever, so the open does not block (``O_NONBLOCK``, which
+    changes nothing for a regular file) and what was opened is checked through its fd, so
+    nothing can be swapped in between the check and the read.
     """
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ConfigError(f"{what} {name} is a symlink or not a file") from None
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a socket
+            raise NotRegularFileError(exc.errno, "a symlink or a socket", str(path)) from None
+        raise
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
+    return fd
+
+
+def read_private_file_at(dir_fd: int, name: str, what: str) -> bytes | None:
+    """The bytes of ``name`` in the directory ``dir_fd``, or None if there is no such file.
+
+    The read twin of :func:`write_atomic_at`: the file is opened by :func:`open_regular_file`
+    (no symlink followed, no FIFO read) and checked through its fd as
+    :func:`private_directory` checks a directory (a regular file, ours, not writable by group
+    or others), so what is read is what only we could have written. Raises ConfigError
+    naming ``what`` otherwise.
+    """
+    try:
+        fd = open_regular_file(name, dir_fd=dir_fd)
+    except NotRegularFileError:
+        raise ConfigError(f"{what} {name} is a symlink or not a file") from None
+    except OSError as exc:
         raise ConfigError(f"{what} {name} is not usable: {exc.strerror}") from None
+    if fd is None:
+        return None
     with os.fdopen(fd, "rb") as f:
         _check_private(os.fstat(f.fileno()), what, name, kind="file")
         return f.read()

@@ -16,8 +16,11 @@ Remote reads per artifact per job are then at most the number of nodes.
 This module knows files and coordination, never envelopes: the store hands it
 ``verify`` (the very checks it applies to the remote store's entries: checksum, key,
 signature) and the verified entry it read remotely, so only verified entries are copied
-in, and an entry in the directory that fails ``verify`` (a torn write, a bad disk,
-tampering) is deleted and is a miss, so it is fetched again. The directory is a
+in. An entry in the directory that fails ``verify`` is a miss, fetched again; a damaged
+one (a torn write, a bad disk, tampering) is deleted, unless it changed since it was read
+(compare-and-delete, as the store deletes), and one merely refused (signed with another
+secret, unsigned, an older format) is left alone: the directory is shared by the user's
+jobs, and the job it belongs to may be using it. The directory is a
 filesystem backend with a size cap (least recently used entries are evicted first), so
 the same layout, atomic publishing and directory checks as the filesystem store.
 
@@ -39,7 +42,7 @@ from .backends.filesystem import FilesystemBackend
 from .buffers import Buffer
 from .errors import BackendError, VerificationError
 from .lease import SingleFlight, new_token
-from .reasons import Role
+from .reasons import Reason, Role
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -68,7 +71,7 @@ class NodeTier:
     def __init__(
         self, directory: str | os.PathLike[str], *, max_size: int, lease_ttl: float, wait_timeout: float, stats: Stats
     ) -> None:
-        self.backend = FilesystemBackend(directory, max_size=max_size)
+        self.backend = FilesystemBackend(directory, max_size=max_size, what="node directory")
         self.directory = self.backend.root
         self._flight = SingleFlight(self.backend, ttl=lease_ttl, poll_initial=POLL_INITIAL_S, poll_max=POLL_MAX_S,
                                     activity=None, takeover_on_release=False)
@@ -155,9 +158,14 @@ class NodeTier:
         try:
             return verify(entry)
         except VerificationError as exc:
-            log.warning("recipecache: node directory entry %s refused (%s); fetching it again", name, exc)
-            self._stats.count("node_deleted_bad")
-            self.backend.delete(name)
+            if exc.reason is not Reason.CORRUPT:
+                # refused, not damaged (another secret, an older format): the node directory is shared
+                # by this user's jobs, and the job this copy belongs to may still use it
+                log.info("recipecache: node directory entry %s refused (%s); reading the store", name, exc)
+                return None
+            log.warning("recipecache: node directory entry %s is damaged (%s); fetching it again", name, exc)
+            if self.backend.delete_if(name, entry):  # unless a good copy was published meanwhile
+                self._stats.count("node_deleted_bad")
             return None
 
     def _failed(self, exc: BackendError) -> None:

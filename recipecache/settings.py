@@ -2,7 +2,7 @@
 
 The URL itself is parsed by the backend it names (:mod:`recipecache.backends`). Environment: ``RECIPECACHE_URL`` (the URL), ``RECIPECACHE_DIR`` (the filesystem default's
 directory, else ``~/.cache/recipecache``), ``RECIPECACHE_NAMESPACE``,
-``RECIPECACHE_SECRET`` or ``RECIPECACHE_SECRET_FILE`` (the HMAC key), ``RECIPECACHE_WAIT_TIMEOUT``,
+``RECIPECACHE_SECRET`` or ``RECIPECACHE_SECRET_FILE`` (the signing key), ``RECIPECACHE_WAIT_TIMEOUT``,
 ``RECIPECACHE_LEASE_TTL``, ``RECIPECACHE_NODE_DIR`` and ``RECIPECACHE_NODE_MAX_SIZE`` (the node
 tier, :mod:`recipecache.node_tier`). Everything wrong here is a :class:`ConfigError` with one line.
 """

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import secrets
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from recipecache.backends.base import Backend
 from recipecache.backends import open_backend
 from recipecache.backends.memory import MemoryBackend
 from recipecache.errors import ConfigError
+from recipecache.store import Store, open_store
 
 
 @pytest.fixture(params=["memory", "filesystem", "redis", "redis-cluster", "redis-sentinel"])
@@ -278,3 +280,41 @@ def test_a_reader_deleting_a_bad_value_never_deletes_a_good_one_published_meanwh
         backend.put(key, b"bad")
     race(backend, [["delete-bad", "bad", *keys], ["publish", "good", *keys]])
     assert [backend.get(key) for key in keys] == [b"good"] * len(keys)
+
+
+# -- stores across fork ------------------------------------------------------------------------
+@pytest.fixture(params=["filesystem", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "filesystem":
+        return f"file://{tmp_path / 'cache'}"
+    request.applymarker(pytest.mark.redis)
+    return str(request.getfixturevalue("redis_url"))
+
+
+#: 4 MiB that a forked child and its parent both know without passing them on
+_CHILD_DATA = bytes(range(256)) * (4 << 12)
+
+
+def _forked_child(store: Store, parent_data: bytes) -> None:
+    """A DataLoader worker's life: it inherits the parent's store and reads and writes large entries."""
+    if store.get("parent") != parent_data:
+        raise SystemExit("the child read other bytes than the parent put")
+    if not store.put("child", _CHILD_DATA) or store.get("child") != _CHILD_DATA:
+        raise SystemExit("the child's own entry did not round-trip")
+
+
+def test_a_forked_child_reads_and_writes_large_entries(store_url: str) -> None:
+    """Issue 18.1: a process that hashed 1 MiB or more (BLAKE3 on every core) and then forks must not
+    hang its child at the child's next large digest (the hashing thread pool does not survive fork)."""
+    store = open_store(store_url, namespace="fork" + secrets.token_hex(4))
+    parent_data = secrets.token_bytes(4 << 20)
+    assert store.put("parent", parent_data) and store.get("parent") == parent_data  # the pool runs now
+    child = multiprocessing.get_context("fork").Process(target=_forked_child, args=(store, parent_data))
+    child.start()
+    child.join(timeout=120)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the forked child hung on a large digest")
+    assert child.exitcode == 0
+    assert store.get("child") == _CHILD_DATA, "and what the child put is there, whole"

@@ -12,20 +12,23 @@ import pytest
 from redis_server import free_port
 from deploy_support import JOB_PASSWORD, start_deployed
 
+import recipecache
 from recipecache import doctor
 from recipecache.backends import open_backend
 from recipecache.backends.redis import ACL_COMMANDS
 from recipecache.backends.redis_cluster import CLUSTER_ACL_COMMANDS
-from recipecache.errors import URLError
+from recipecache.errors import ConfigError, URLError
+from recipecache.node_tier import default_node_dir
 
-EXPECTED = ["store", "leases", "permissions", "free space", "clock", "signing", "torch cache", "torch cache", "torch",
-            "threads", "compile", "cpu", "key inputs"]
+EXPECTED = ["store", "leases", "permissions", "free space", "clock", "node dir", "node dir", "signing", "torch cache",
+            "torch cache", "torch", "threads", "compile", "cpu", "key inputs"]
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in ("RECIPECACHE_SECRET", "RECIPECACHE_SECRET_FILE", "RECIPECACHE_URL", "PT_HPU_RECIPE_CACHE_CONFIG"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RECIPECACHE_NODE_DIR", str(tmp_path / "node"))
 
 
 def by_name(checks: list[doctor.HealthCheck]) -> dict[str, doctor.HealthCheck]:
@@ -54,7 +57,7 @@ def test_good_filesystem_store_passes(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_cli_exit_status_and_one_line_per_check(tmp_path: Path) -> None:
-    good = run_cli("--url", f"file://{tmp_path / 'store'}")
+    good = run_cli("--url", f"file://{tmp_path / 'store'}", env={"RECIPECACHE_NODE_DIR": str(tmp_path / "node")})
     assert good.returncode == 0, good.stdout + good.stderr
     lines = good.stdout.splitlines()
     assert len(lines) == len(EXPECTED) + 1 and lines[-1].startswith(f"{len(EXPECTED)} of {len(EXPECTED)} checks passed")
@@ -84,12 +87,30 @@ def test_unsafe_store_directory_is_a_failed_check(tmp_path: Path) -> None:
     assert doctor.exit_status(checks) == 1
 
 
+def test_a_node_directory_enable_refuses_fails_doctor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18.16: a world-writable RECIPECACHE_NODE_DIR makes every rank's enable() raise; doctor says so."""
+    node = tmp_path / "shared-node"
+    node.mkdir()
+    node.chmod(0o777)
+    monkeypatch.setenv("RECIPECACHE_NODE_DIR", str(node))
+    with pytest.raises(ConfigError, match="writable by group or others"):
+        recipecache.open_store(f"file://{tmp_path / 'store'}")  # as enable() opens it in every rank
+    checks = doctor.run_checks(f"file://{tmp_path / 'store'}")
+    failed = [c for c in checks if c.failed]
+    assert [c.name for c in failed] == ["node dir"] and "writable by group or others" in failed[0].detail
+    assert doctor.exit_status(checks) == 1
+    monkeypatch.delenv("RECIPECACHE_NODE_DIR")
+    assert str(default_node_dir()) in by_name(doctor.run_checks(f"file://{tmp_path / 'store'}"))["node dir"].detail, \
+        "unset, the directory recipecache-run uses by default"
+
+
 def test_signing_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     key = tmp_path / "key"
     key.write_text("k" * 32)
     monkeypatch.setenv("RECIPECACHE_SECRET_FILE", str(key))
     found = by_name(doctor.run_checks(f"file://{tmp_path / 'store'}"))
-    assert found["signing"].status == "pass" and "32-byte key from RECIPECACHE_SECRET_FILE" in found["signing"].detail
+    assert found["signing"].status == "pass" and found["signing"].detail == \
+        "on: keyed BLAKE3 with a 32-byte key from RECIPECACHE_SECRET_FILE"
     assert found["store"].status == "pass", "the round trip signs and verifies with the key"
     key.write_text("short")
     found = by_name(doctor.run_checks(f"file://{tmp_path / 'store'}"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -12,9 +13,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import filelock
 import pytest
 
 import recipecache
+from recipecache import admin, cli
 from recipecache.backends import filesystem
 from recipecache.backends.filesystem import STALE_TEMP_S, FilesystemBackend
 from recipecache.backends import open_backend
@@ -74,6 +77,29 @@ def test_planted_symlink_is_not_followed(tmp_path: Path) -> None:
     assert b.get(k(1)) is None
     assert not path.is_symlink(), "the planted link is removed"
     assert secret.read_bytes() == b"not yours"
+
+
+def test_special_files_are_never_read(tmp_path: Path) -> None:
+    """Issue 18.4: a FIFO (any special file) where an entry or a lease belongs is skipped, never opened for
+    reading: get, compare-and-set, lease lookups and prune all return, and a put replaces it."""
+    root = tmp_path / "c"
+    b = FilesystemBackend(root)
+    b.put(k(1), b"entry")
+    entry, lease = b._object_path(k(1)), b._lease_path(k(2))
+    entry.unlink()
+    os.mkfifo(entry)
+    lease.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(lease)
+    old = time.time() - 2 * STALE_TEMP_S
+    os.utime(lease, (old, old))
+    assert finishes(lambda: b.get(k(1))) is None
+    assert finishes(lambda: b.delete_if(k(1), b"entry")) is False
+    assert finishes(lambda: b.lease_holder(k(2))).remaining_s < 0, "an unreadable lease counts as expired"
+    assert finishes(lambda: [e.key for e in b.scan(NS)]) == []
+    assert finishes(lambda: admin.prune(recipecache.open_store(f"file://{root}", namespace=NS), 0)) == 0
+    assert not lease.exists(), "prune swept the expired 'lease'"
+    assert finishes(lambda: b.put_if(k(1), None, b"new")), "no value there to compare with"
+    assert b.get(k(1)) == b"new" and stat.S_ISREG(entry.lstat().st_mode)
 
 
 _KILL_BEFORE_RENAME = """
@@ -197,6 +223,28 @@ def test_vacuum_removes_idle_value_locks(tmp_path: Path) -> None:
     os.utime(locks[0], (old, old))
     assert b.vacuum() == 1 and not locks[0].exists()
     assert b.put_if(k(1), None, b"v2") and b.get(k(1)) == b"v2", "the key's lock is made again when needed"
+
+def test_prune_during_another_eviction_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18.14: ``recipecache prune`` while a put elsewhere evicts waits for that eviction, then prunes;
+    an eviction lock held past the wait is one line (backend_slow), not a filelock.Timeout traceback."""
+    root = tmp_path / "c"
+    url = f"file://{root}"
+    store = recipecache.open_store(url, namespace=NS)
+    for i in range(3):
+        assert store.put(f"k{i}", bytes(1000))
+    evicting = filelock.FileLock(root / ".evict.lock", thread_local=False)  # another process's eviction
+    evicting.acquire()
+    threading.Timer(1.0, evicting.release).start()
+    assert cli.main(["prune", "--max-size", "0", "--url", url]) == 0
+    assert store.scan(all_namespaces=True) == []
+    monkeypatch.setattr(filesystem, "EVICT_LOCK_TIMEOUT_S", 0.2)
+    capsys.readouterr()
+    with evicting:
+        status = cli.main(["prune", "--max-size", "0", "--url", url])
+    err = capsys.readouterr().err
+    assert status == 1 and err.count("\n") == 1 and err.startswith("recipecache: error: backend_slow: "), err
+
 
 # -- a stuck holder of a lease's lock ----------------------------------------------------
 _HOLD_LOCK = """

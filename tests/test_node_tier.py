@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -114,11 +115,7 @@ def _other_keys_entry(path: Path) -> None:
     path.write_bytes(envelope.seal("another key", b"x" * 800, namespace=path.parent.parent.name))
 
 
-def _signed_with_another_secret(path: Path) -> None:
-    path.write_bytes(envelope.seal("k", b"x" * 800, namespace=path.parent.parent.name, secret=b"not-the-jobs-secret!"))
-
-
-@pytest.mark.parametrize("damage", [_flip_last_byte, _truncate, _other_keys_entry, _signed_with_another_secret])
+@pytest.mark.parametrize("damage", [_flip_last_byte, _truncate, _other_keys_entry])
 def test_a_bad_copy_in_the_node_directory_is_a_miss_and_is_fetched_again(tmp_path: Path, damage) -> None:
     remote = CountingMemory()
     secret = b"the-jobs-secret-16b"
@@ -136,12 +133,93 @@ def test_a_bad_copy_in_the_node_directory_is_a_miss_and_is_fetched_again(tmp_pat
     assert remote.gets == 1, "the copy is whole again: the next process reads it there"
 
 
+def _signed_with_another_secret(path: Path) -> None:
+    path.write_bytes(envelope.seal("k", b"x" * 800, namespace=path.parent.parent.name, secret=b"not-the-jobs-secret!"))
+
+
+def _unsigned(path: Path) -> None:
+    path.write_bytes(envelope.seal("k", b"x" * 800, namespace=path.parent.parent.name))
+
+
+def _older_format(path: Path) -> None:
+    path.write_bytes(b"RCE1" + bytes(800))
+
+
+@pytest.mark.parametrize("other_jobs_copy", [_signed_with_another_secret, _unsigned, _older_format])
+def test_a_copy_this_job_cannot_accept_is_left_for_the_jobs_that_can(tmp_path: Path, other_jobs_copy) -> None:
+    """Issue 18.7: jobs with different secrets (or recipecache versions) share the default node directory;
+    a copy one of them refuses is not damaged, so it stays for the job it belongs to."""
+    node = tmp_path / "node"
+    reader = node_store(CountingMemory(), node, secret=b"the-jobs-secret-16b")
+    copy = node_copy(node, reader.namespace, "k")
+    copy.parent.mkdir(parents=True)
+    other_jobs_copy(copy)
+    kept = copy.read_bytes()
+    assert reader.get("k") is None, "refused here, and the remote store has none"
+    assert copy.read_bytes() == kept
+    assert reader.stats().get("node_deleted_bad", 0) == 0
+
+
+def test_a_damaged_copy_replaced_meanwhile_is_not_deleted(tmp_path: Path) -> None:
+    """The node tier deletes a damaged copy by compare-and-delete: a good copy another process of the
+    node published between the read and the delete stays."""
+    remote = CountingMemory()
+    node = tmp_path / "node"
+    store = node_store(remote, node)
+    assert store.put("k", b"artifact")
+    copy = node_copy(node, store.namespace, "k")
+    good = copy.read_bytes()
+    _flip_last_byte(copy)
+    assert store.node is not None
+    tier, name = store.node, storage_key(store.namespace, "k")
+
+    def verify(blob: bytes) -> memoryview:
+        tier.publish(name, good)  # meanwhile another process of the node leaves a good copy
+        return envelope.open_envelope(blob, key="k", namespace=store.namespace)[1]
+
+    assert tier.read(name, verify, lambda: (None, None), lambda payload: payload) == b"artifact"
+    assert copy.read_bytes() == good and remote.gets == 0
+
+
 def test_a_node_directory_others_can_write_is_refused(tmp_path: Path) -> None:
     node = tmp_path / "node"
     node.mkdir(mode=0o777)
     node.chmod(0o777)
     with pytest.raises(ConfigError, match="writable by group or others"):
         node_store(MemoryBackend(), node)
+
+
+@pytest.mark.parametrize("owner, mode", [(65534, 0o755), (os.getuid(), 0o777)], ids=["another-user", "world-writable"])
+def test_a_node_directory_replaced_mid_job_is_not_served(tmp_path: Path, owner: int, mode: int) -> None:
+    """Issue 18.6: the node directory vanishes mid-job (a tmp cleaner) and comes back as another user's, or as
+    one anybody may write, with an entry planted in it: the store (no secret) must not serve the planted bytes."""
+    remote = CountingMemory()
+    node = tmp_path / "node"
+    store = node_store(remote, node)
+    assert store.put("k", b"genuine artifact")
+    shutil.rmtree(node)
+    planted = node_copy(node, store.namespace, "k")
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(envelope.seal("k", b"planted code", namespace=store.namespace))
+    for path in (node, *node.rglob("*")):
+        os.chown(path, owner, owner)
+    node.chmod(mode)
+    assert store.get("k") == b"genuine artifact", "read from the remote store, not the planted node copy"
+    assert store.stats()["node_errors"] >= 1
+    assert store.put("k2", b"another artifact") and not node_copy(node, store.namespace, "k2").exists(), \
+        "nothing is written there either"
+    assert planted.read_bytes().endswith(b"planted code")
+
+
+def test_a_node_directory_removed_mid_job_is_made_again(tmp_path: Path) -> None:
+    remote = CountingMemory()
+    node = tmp_path / "node"
+    store = node_store(remote, node)
+    assert store.put("k", b"artifact")
+    shutil.rmtree(node)  # a tmp cleaner
+    assert store.get("k") == b"artifact" and remote.gets == 1
+    assert (node.stat().st_mode & 0o777, store.stats()["node_errors"]) == (0o700, 0)
+    assert node_store(remote, node).get("k") == b"artifact" and remote.gets == 1, "the copy is back"
 
 
 def test_a_failing_node_directory_falls_back_to_the_remote_store(tmp_path: Path) -> None:

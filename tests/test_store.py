@@ -130,7 +130,7 @@ def test_forged_signature_is_refused() -> None:
     skey = storage_key(store.namespace, "k")
     fields, offset = envelope.read_header(backend.get(skey) or b"")
     evil = b"import os; os.system('rm -rf /')"
-    # the attacker recomputes the checksum but cannot recompute the HMAC
+    # the attacker recomputes the checksum but cannot recompute the signature
     forged = envelope.seal("k", evil, namespace=store.namespace, secret=b"the attacker's guess")
     backend.put(skey, forged)
     assert store.get("k") is None

@@ -24,7 +24,9 @@ Nothing wakes a waiting process here (no ``lease_wait``): waiters poll the lease
 with backoff, which costs a local read, not a network round trip.
 
 The root must not be writable by group or others (anyone who can write the cache can
-run code on every rank), and no path under it is followed through a symlink.
+run code on every rank), and no path under it is followed through a symlink. It is checked
+again before each use, not only when the store opens: removed mid-job (a tmp cleaner), it
+may come back as someone else's (:class:`~recipecache.fsutil.PrivateDirectory`).
 
 Reads copy nothing they need not: a small file is read straight into the one ``bytes``
 object returned, and a large one (``MMAP_MIN`` and up) on a local filesystem is mapped
@@ -55,8 +57,17 @@ from pathlib import Path
 import filelock
 
 from ..buffers import Buffer
-from ..errors import BackendError
-from ..fsutil import TEMP_PREFIX, private_directory, regular_files, subdirectories, write_atomic, write_temp
+from ..errors import BackendError, ConfigError
+from ..fsutil import (
+    TEMP_PREFIX,
+    NotRegularFileError,
+    PrivateDirectory,
+    open_regular_file,
+    regular_files,
+    subdirectories,
+    write_atomic,
+    write_temp,
+)
 from ..health import FAIL, PASS, HealthCheck, free_space, private
 from ..reasons import Reason
 from .base import Backend, Clock, EntryInfo, LeaseState, check_key, is_key, value_matches
@@ -85,6 +96,8 @@ LOCAL_FILESYSTEMS = frozenset(
 )
 #: A conditional write holds its key's lock for one small compare; waiting longer means a stuck holder.
 VALUE_LOCK_TIMEOUT_S = 10.0
+#: An explicit eviction (``recipecache prune``) waits this long for one under way in another process.
+EVICT_LOCK_TIMEOUT_S = 120.0
 
 
 def _reason(exc: OSError) -> Reason:
@@ -104,8 +117,10 @@ class FilesystemBackend(Backend):
             raise url.error("use file:///absolute/path")
         return cls(urllib.parse.unquote(url.parts.path), max_size=url.size("max_size", None))
 
-    def __init__(self, root: str | os.PathLike[str], *, max_size: int | None = None, clock: Clock = time.time) -> None:
-        self.root = private_directory(root, "cache directory")
+    def __init__(self, root: str | os.PathLike[str], *, max_size: int | None = None, clock: Clock = time.time,
+                 what: str = "cache directory") -> None:
+        self._root = PrivateDirectory(root, what)
+        self.root = self._root.root
         self.url = f"file://{self.root}"
         self.max_size = max_size
         self._clock = clock
@@ -115,9 +130,17 @@ class FilesystemBackend(Backend):
         self._map_large_files = filesystem_type(self.root) in LOCAL_FILESYSTEMS
 
     # -- paths ---------------------------------------------------------------------
+    def _checked_root(self) -> Path:
+        """The root, checked again if it changed since it was checked (:class:`PrivateDirectory`); every path
+        under it is made from this, so nothing is read from, or written to, a directory that is not private."""
+        try:
+            return self._root.path()
+        except ConfigError as exc:
+            raise BackendError(Reason.BACKEND_ERROR, str(exc)) from None
+
     def _dir(self, *parts: str) -> Path:
         """``root/parts...``, created 0700, refusing any component that is a symlink."""
-        path = self.root
+        path = self._checked_root()
         for part in parts:
             path = path / part
             try:
@@ -129,23 +152,27 @@ class FilesystemBackend(Backend):
 
     def _object_path(self, key: str) -> Path:
         namespace, digest = check_key(key).split("/")
-        return self.root / "objects" / namespace / digest[:2] / digest
+        return self._checked_root() / "objects" / namespace / digest[:2] / digest
 
     def _lease_path(self, name: str) -> Path:
         namespace, digest = check_key(name).split("/")
-        return self.root / "leases" / namespace / f"{digest}.lease"
+        return self._checked_root() / "leases" / namespace / f"{digest}.lease"
 
     # -- values --------------------------------------------------------------------
     def get(self, key: str) -> bytes | memoryview | None:
         path = self._object_path(key)
         try:
-            fd = _open_file(path)
-        except OSError as exc:
-            raise BackendError(_reason(exc), f"read {path}: {exc.strerror}") from None
-        if fd is None:
+            fd = open_regular_file(path)
+        except NotRegularFileError:
             if path.is_symlink():
                 log.warning("recipecache: %s is a symlink; removing it instead of following it", path)
                 self.delete(key)
+            else:  # a FIFO, socket or device: never read; a put replaces it
+                log.warning("recipecache: %s is not a regular file; ignoring it", path)
+            return None
+        except OSError as exc:
+            raise BackendError(_reason(exc), f"read {path}: {exc.strerror}") from None
+        if fd is None:
             return None
         try:
             data = _map_fd(fd) if self._map_large_files else None
@@ -246,7 +273,7 @@ class FilesystemBackend(Backend):
 
     def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
         """Entries in this store's layout only: a stray file someone dropped in is not ours to list or evict."""
-        base = self.root / "objects"
+        base = self._checked_root() / "objects"
         namespaces = [namespace] if namespace else subdirectories(base)
         for ns in namespaces:
             for fan in subdirectories(base / ns):
@@ -266,13 +293,26 @@ class FilesystemBackend(Backend):
         self._written_since_check = 0
         self._last_check = now
         try:
-            self.evict(self.max_size)
+            self._evict(self.max_size, lock_timeout=0)
         except filelock.Timeout:
             pass  # another process is evicting right now
 
     def evict(self, max_bytes: int) -> int:
+        """Evict down to ``max_bytes`` once an eviction under way in another process has finished.
+
+        An explicit eviction (``recipecache prune``) must not fail because a put elsewhere
+        happens to be evicting: it waits for that one, then evicts what is still above its
+        own cap. A lock held past :data:`EVICT_LOCK_TIMEOUT_S` is a ``backend_slow`` error.
+        """
+        try:
+            return self._evict(max_bytes, lock_timeout=EVICT_LOCK_TIMEOUT_S)
+        except filelock.Timeout:
+            raise BackendError(Reason.BACKEND_SLOW, f"another process has been evicting from {self.root} for "
+                                                    f"{EVICT_LOCK_TIMEOUT_S:g} s; try again later") from None
+
+    def _evict(self, max_bytes: int, *, lock_timeout: float) -> int:
         """LRU eviction under one lock per cache, so concurrent evictors do not double-delete."""
-        with filelock.FileLock(self.root / ".evict.lock", timeout=0):
+        with filelock.FileLock(self._checked_root() / ".evict.lock", timeout=lock_timeout):
             self.vacuum()
             return super().evict(max_bytes)
 
@@ -287,8 +327,9 @@ class FilesystemBackend(Backend):
         """
         cutoff = self._clock() - STALE_TEMP_S
         removed = 0
+        root = self._checked_root()
         for top in ("objects", "leases"):
-            base = self.root / top
+            base = root / top
             for ns in [namespace] if namespace else subdirectories(base):
                 for directory, _dirs, files in os.walk(base / ns):
                     for name in files:
@@ -323,14 +364,14 @@ class FilesystemBackend(Backend):
     # -- leases --------------------------------------------------------------------
     def _read_lease(self, path: Path) -> tuple[str, float] | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = open_regular_file(path)
+            if fd is None:
+                return None
             with os.fdopen(fd, "rb") as f:
                 record = json.loads(f.read())
             return str(record["token"]), float(record["expires"])
-        except FileNotFoundError:
-            return None
         except (OSError, ValueError, KeyError, TypeError):
-            return ("", 0.0)  # unreadable: treat as expired so it can be taken over
+            return ("", 0.0)  # unreadable (or not a file): treat as expired so it can be taken over
 
     def _write_temp_lease(self, directory: Path, token: str, ttl: float) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
@@ -465,21 +506,12 @@ def filesystem_type(path: Path) -> str | None:
     return None
 
 
-def _open_file(path: Path) -> int | None:
-    """A read-only fd of the file at ``path``; None if it is missing or a symlink, which is never followed."""
-    try:
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return None
-        raise
-
-
 def _read_path(path: Path) -> bytes | None:
     """The file at ``path`` as ``get`` would return it (read, not mapped: it is only compared)."""
-    fd = _open_file(path)
+    try:
+        fd = open_regular_file(path)
+    except NotRegularFileError:
+        return None  # get returns no value for what is not a file
     if fd is None:
         return None
     try:
