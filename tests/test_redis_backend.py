@@ -261,3 +261,21 @@ def test_delete_takes_the_entry_and_its_chunks_in_one_step(redis_url: str) -> No
     stats = client.info("commandstats")
     assert int(stats["cmdstat_evalsha"]["calls"]) == calls + 1, "one script"
     assert int(stats.get("cmdstat_get", {}).get("calls", 0)) == gets, "no GET before the delete"
+
+
+# -- chunks, stray keys, lengths (issue 18, items 9-11) -------------------------------------
+def test_a_manifest_that_understates_its_chunks_fetches_none_of_them(redis_url: str) -> None:
+    """The issue's case: a manifest saying 4 bytes over four large stored chunks. Their lengths are asked for
+    first, so the reader refuses it (corrupt) without downloading them."""
+    namespace = "u" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url, namespace=namespace)
+    client = redis.Redis.from_url(redis_url)
+    skey = storage_key(namespace, "k")
+    client.set(f"rc:e:{skey}", b"RCM2:" + GEN + b":4:4:1")
+    for i in range(4):
+        client.set(f"rc:c:{skey}:{GEN.decode()}:{i}", bytes(1024 * 1024))
+    before, sent = mget_calls(client), int(client.info("stats")["total_net_output_bytes"])
+    assert store.get("k") is None
+    assert store.stats()["misses_by_reason"] == {"corrupt": 1}
+    assert mget_calls(client) == before, "no chunk was fetched"
+    assert int(client.info("stats")["total_net_output_bytes"]) - sent < 1024 * 1024

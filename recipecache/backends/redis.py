@@ -371,15 +371,32 @@ class RedisBackend(Backend):
             return _Loaded("value", raw, problem=exc)
 
     def _assemble(self, key: str, manifest: Manifest) -> bytes | None:
-        """The value a validated manifest names; None if a chunk is missing (replaced or evicted meanwhile)."""
+        """The value a validated manifest names; None if a chunk is missing (replaced or evicted meanwhile).
+
+        The chunks' lengths are asked for first: a manifest that understates them (damaged, or
+        forged) must not make this process download and hold what it never named.
+        """
         names = [self._chunk_key(key, manifest.gen, i) for i in range(manifest.count)]
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.strlen(name)
+        for i, length in enumerate(self._call("strlen", pipe.execute, raise_on_error=False)):
+            if isinstance(length, redis.exceptions.ResponseError):
+                raise VerificationError(Reason.CORRUPT, f"chunk {i} of {key} is not a string ({length})")
+            if isinstance(length, Exception):
+                raise _error(length, "strlen")
+            if length == 0:  # no such key: chunks are never empty
+                return None
+            if length != manifest.chunk_len(i):
+                raise VerificationError(Reason.CORRUPT, f"chunk {i} of {key} is {length} B, its manifest says "
+                                                        f"{manifest.chunk_len(i)}")
         batch = max(1, _MGET_BYTES // manifest.chunk_size)
         chunks: list[bytes | None] = []
         for i in range(0, len(names), batch):
             chunks += self._call("mget", self._client.mget, names[i : i + batch])
         if any(c is None for c in chunks):
             return None
-        for i, chunk in enumerate(chunks):
+        for i, chunk in enumerate(chunks):  # again: a chunk written over since its length was asked for
             assert chunk is not None
             if len(chunk) != manifest.chunk_len(i):
                 raise VerificationError(Reason.CORRUPT, f"chunk {i} of {key} is {len(chunk)} B, its manifest says "
