@@ -264,6 +264,28 @@ def test_delete_takes_the_entry_and_its_chunks_in_one_step(redis_url: str) -> No
 
 
 # -- chunks, stray keys, lengths (issue 18, items 9-11) -------------------------------------
+def test_stray_keys_are_skipped_and_counted_not_fatal(tmp_path: Path) -> None:
+    """Keys under rc:e: that are no entry of ours (by hand, or by other software) do not stop ls, verify,
+    stats, prune or clear --all: they are skipped, counted in a warning, and left alone."""
+    strays = [b"rc:e:stray-key", b"rc:e:job/NOT-HEX", b"rc:e:job/\xff\xfe", b"rc:e:job/0123456789abcdef:extra"]
+    with RedisServer(tmp_path / "r") as server:
+        store = recipecache.open_store(server.url, namespace="job")
+        store.put("k", b"fine")
+        client = redis.Redis.from_url(server.url)
+        for name in strays:
+            client.set(name, b"not ours")
+        # ls and verify list the namespace (three strays), the others every namespace (all four)
+        for command, seen in ((["ls"], 3), (["verify"], 3), (["stats"], 4), (["prune", "--max-size", "1TiB"], 4),
+                              (["clear", "--all"], 4)):
+            proc = subprocess.run([sys.executable, "-m", "recipecache.cli", *command, "--url", server.url,
+                                   "--namespace", "job"], capture_output=True, text=True, timeout=60, check=False)
+            assert proc.returncode == 0, (command, proc.stderr)
+            assert "Traceback" not in proc.stderr
+            assert f"skipped {seen} key(s) that are no recipecache entry" in proc.stderr, command
+        assert client.exists(*strays) == len(strays), "left alone"
+        assert store.get("k") is None, "clear --all removed the entry"
+
+
 def test_a_manifest_that_understates_its_chunks_fetches_none_of_them(redis_url: str) -> None:
     """The issue's case: a manifest saying 4 bytes over four large stored chunks. Their lengths are asked for
     first, so the reader refuses it (corrupt) without downloading them."""

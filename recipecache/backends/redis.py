@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import re
 import secrets
 import struct
@@ -70,8 +71,10 @@ from ..buffers import Buffer
 from ..errors import BackendError, VerificationError
 from ..health import FAIL, PASS, WARN, HealthCheck
 from ..reasons import Reason
-from .base import Backend, EntryInfo, LeaseState, check_key, value_matches
+from .base import Backend, EntryInfo, LeaseState, check_key, is_key, value_matches
 from .url import StoreURL
+
+log = logging.getLogger(__name__)
 
 #: Every command this backend sends, as ACL names; deploy/ builds its ACL user from this
 #: list. redis-py also sends ``CLIENT SETINFO`` on connect (Redis >= 7.2) and ignores a
@@ -451,21 +454,34 @@ class RedisBackend(Backend):
         return bool(self._call("compare and write", self._cas, keys=self._entry_keys(key), args=args))
 
     def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
-        for keys in self._scan_batches(self._pattern(namespace)):
-            if keys:
+        """The entries under this store's names; a key under ``rc:e:`` that no entry of ours has
+        (dropped in by hand, or by other software) is skipped, left alone and counted in a warning."""
+        strays: list[str] = []
+        for names in self._scan_batches(self._pattern(namespace)):
+            entries = []
+            for name in names:
+                key = self._key_of(name)
+                if key is None:
+                    strays.append(name.decode(errors="replace"))
+                else:
+                    entries.append((name, key))
+            if entries:
                 # sizes without the values: a plain value's length, or the total a manifest names
                 pipe = self._client.pipeline(transaction=False)
-                for k in keys:
-                    pipe.strlen(k)
-                    pipe.getrange(k, 0, _MANIFEST_PEEK - 1)
+                for name, _key in entries:
+                    pipe.strlen(name)
+                    pipe.getrange(name, 0, _MANIFEST_PEEK - 1)
                 answers = self._call("scan sizes", pipe.execute, raise_on_error=False)
-                for k, length, head in zip(keys, answers[::2], answers[1::2], strict=True):
+                for (_name, key), length, head in zip(entries, answers[::2], answers[1::2], strict=True):
                     if isinstance(length, redis.exceptions.ResponseError):  # another type: listed, so verify removes it
-                        yield EntryInfo(self._key_of(k.decode()), 0, 0.0)
+                        yield EntryInfo(key, 0, 0.0)
                     elif isinstance(length, Exception):
                         raise _error(length, "scan sizes")
                     elif length:
-                        yield EntryInfo(self._key_of(k.decode()), _stored_size(head, length), 0.0)
+                        yield EntryInfo(key, _stored_size(head, length), 0.0)
+        if strays:
+            log.warning("%s: skipped %d key(s) that are no recipecache entry and left them alone: %s%s", self.url,
+                        len(strays), ", ".join(map(repr, strays[:3])), ", ..." if len(strays) > 3 else "")
 
     def _scan_batches(self, pattern: str) -> Iterator[list[bytes]]:
         """The names matching ``pattern``, a batch per ``SCAN`` call."""
@@ -487,9 +503,11 @@ class RedisBackend(Backend):
         """A ``SCAN`` pattern for the values of one namespace, or of every namespace."""
         return f"rc:e:{namespace}/*" if namespace else "rc:e:*"
 
-    def _key_of(self, name: str) -> str:
-        """The backend key of a value's Redis key (the inverse of ``_name("e", key)``)."""
-        return name[len("rc:e:"):]
+    def _key_of(self, name: bytes | str, kind: str = "e") -> str | None:
+        """The backend key whose ``kind`` name is ``name`` (the inverse of ``_name``); None for a name ``_name`` never makes."""
+        text = name.decode(errors="replace") if isinstance(name, bytes) else name
+        key = text.removeprefix(f"rc:{kind}:").removeprefix("{").removesuffix("}")  # a cluster's hash tag
+        return key if is_key(key) and self._name(kind, key) == text else None
 
     def _entry_keys(self, key: str) -> list[str]:
         """KEYS of the scripts that write or delete an entry: its value and its chunk prefix."""

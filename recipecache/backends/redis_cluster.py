@@ -163,9 +163,6 @@ class RedisClusterBackend(RedisBackend):
     def _pattern(self, namespace: str | None) -> str:
         return f"rc:e:{{{namespace}/*" if namespace else "rc:e:*"
 
-    def _key_of(self, name: str) -> str:
-        return name[len("rc:e:{"):-1]
-
     def _connection_kwargs(self) -> dict[str, Any]:
         return self._client.connect().get_default_node().redis_connection.connection_pool.connection_kwargs  # type: ignore[no-any-return]
 
