@@ -288,6 +288,17 @@ def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
 TLS_OPTIONS = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"})
 DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 5.0
+#: ``?chunk_size=``: a chunk is one Redis string, at most proto-max-bulk-len (512 MiB by
+#: default; a larger one would be written but refused by every reader); under 1 KiB a value
+#: would be mostly key names
+CHUNK_SIZE_RANGE = (1024, MAX_CHUNK_SIZE)
+#: ``?ttl=`` in seconds: Redis expires keys in whole milliseconds (PX: at least 1, below
+#: 2**63); at least a second, at most ten years (for longer, leave ``ttl`` out)
+TTL_RANGE_S = (1.0, 10 * 365 * 86400.0)
+#: ``?timeout=`` in seconds, of a connect and of a command: a socket timeout must be finite,
+#: under 10 ms a loaded server answers nothing in time, and a stalled server holds a rank
+#: one timeout, which should not exceed how long a rank waits for another's compile (600 s)
+TIMEOUT_RANGE_S = (0.01, 600.0)
 #: The longest one ``lease_wait`` blocks in Redis; a caller waiting longer calls again.
 MAX_BLOCK_S = 30.0
 #: How long a released lease's wake list outlives the release: waiters that read the
@@ -318,9 +329,9 @@ def url_settings(url: StoreURL) -> dict[str, Any]:
     """The backend settings every Redis URL form carries in its options (``ttl``, ``chunk_size``, ``timeout``)."""
     return {
         "redacted_url": url.redacted,
-        "ttl": url.seconds("ttl", None),
-        "chunk_size": url.size("chunk_size", DEFAULT_CHUNK_SIZE) or DEFAULT_CHUNK_SIZE,
-        "timeout": url.seconds("timeout", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S,
+        "ttl": url.seconds("ttl", None, TTL_RANGE_S),
+        "chunk_size": url.size("chunk_size", DEFAULT_CHUNK_SIZE, CHUNK_SIZE_RANGE) or DEFAULT_CHUNK_SIZE,
+        "timeout": url.seconds("timeout", DEFAULT_TIMEOUT_S, TIMEOUT_RANGE_S) or DEFAULT_TIMEOUT_S,
     }
 
 
