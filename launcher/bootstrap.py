@@ -23,6 +23,7 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 from recipecache import env
+from recipecache.errors import ConfigError
 
 from .exit_watch import exit_status, mark_finished
 
@@ -73,7 +74,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if env.flag(env.AUTO_ENABLE):
         import recipecache
 
-        recipecache.enable()
+        try:
+            recipecache.enable()
+        except ConfigError as exc:  # what this rank reads is bad input: one line, as recipecache-run says it up front
+            print(f"recipecache: error: rank {env.process_rank()}: {exc}", file=sys.stderr)
+            sys.exit(2)
     sys.argv = argv
     sys.path[0] = str(Path(script).resolve().parent)
     status = 1  # an exception escaping the script: Python prints it and exits 1

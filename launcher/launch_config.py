@@ -21,7 +21,8 @@ from pathlib import Path
 
 from recipecache import env
 from recipecache.backends import StoreURL, backend_class, open_backend
-from recipecache.settings import DEFAULT_LEASE_TTL, DEFAULT_WAIT_TIMEOUT, default_url, read_secret, read_secret_file
+from recipecache.settings import (DEFAULT_WAIT_TIMEOUT, default_url, lease_ttl, node_max_size, read_secret,
+                                  read_secret_file)
 from recipecache.errors import BackendError, ConfigError
 from recipecache.fsutil import private_directory
 from recipecache.keys import check_namespace
@@ -274,9 +275,11 @@ def _secret_file(path: str | None) -> Path | None:
 
 
 def _check_store_timing() -> None:
-    """The wait timeout, lease TTL and CPU fingerprint every rank will read from the environment, checked before any starts."""
+    """The wait timeout, lease TTL, node directory cap and CPU fingerprint every rank will read from the
+    environment, checked before any starts (else each rank's enable() would stop on them)."""
     env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT)
-    env.seconds(env.LEASE_TTL, DEFAULT_LEASE_TTL)
+    lease_ttl()
+    node_max_size()
     env.cpu_fingerprint()
 
 

@@ -91,22 +91,27 @@ def cpu_fingerprint(environ: Mapping[str, str] | None = None) -> str | None:
     return text or None
 
 
-def positive_seconds(what: str, text: str) -> float:
-    """``text`` as a finite number of seconds > 0; ConfigError naming ``what`` otherwise.
+def positive_seconds(what: str, text: str, bounds: tuple[float, float] | None = None) -> float:
+    """``text`` as a finite number of seconds > 0, and within ``bounds`` (both included) if given;
+    ConfigError naming ``what``, the value and the range otherwise.
 
     nan and inf are refused: a nan timeout never expires a comparison, so a waiter would
     poll forever, and an infinite lease would never be taken over from a dead holder.
+    ``bounds`` are for values a service takes in its own units (Redis: whole milliseconds,
+    at least 1 and below 2**63), which a float the parser accepts can fall outside.
     """
     try:
         value = float(text)
     except (TypeError, ValueError):
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{what}={text!r} must be a positive, finite number of seconds")
+    if not math.isfinite(value) or value <= 0 or (bounds is not None and not bounds[0] <= value <= bounds[1]):
+        allowed = f" from {bounds[0]:.15g} to {bounds[1]:.15g}" if bounds else ""
+        raise ConfigError(f"{what}={text!r} must be a positive, finite number of seconds{allowed}")
     return value
 
 
-def seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
-    """The environment variable ``name`` as positive, finite seconds, or ``default`` when unset or empty."""
+def seconds(name: str, default: float, environ: Mapping[str, str] | None = None, *,
+            bounds: tuple[float, float] | None = None) -> float:
+    """The environment variable ``name`` as positive, finite seconds (within ``bounds``), or ``default`` when unset or empty."""
     text = (os.environ if environ is None else environ).get(name)
-    return positive_seconds(name, text) if text else default
+    return positive_seconds(name, text, bounds) if text else default

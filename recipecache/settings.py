@@ -20,6 +20,10 @@ from .sizes import parse_size
 
 DEFAULT_WAIT_TIMEOUT = 600.0
 DEFAULT_LEASE_TTL = 30.0
+#: lease lifetimes accepted, in seconds: Redis keeps a lease in whole milliseconds, one
+#: under a second is lost between its renewals (every third of it) on a busy machine, and
+#: one over a day keeps a dead holder's lease from the others that long
+LEASE_TTL_RANGE = (1.0, 86400.0)
 #: size cap of a node directory unless ``RECIPECACHE_NODE_MAX_SIZE`` says otherwise
 DEFAULT_NODE_MAX_SIZE = 20 * 1024**3
 #: shortest signing key accepted
@@ -86,8 +90,8 @@ class StoreSettings:
         if self.secret is not None:
             check_secret(self.secret, "the secret")
         check_namespace(self.namespace)
-        for name in ("wait_timeout", "lease_ttl"):
-            env.positive_seconds(name, str(getattr(self, name)))
+        env.positive_seconds("wait_timeout", str(self.wait_timeout))
+        env.positive_seconds("lease_ttl", str(self.lease_ttl), LEASE_TTL_RANGE)
 
     @classmethod
     def resolve(
@@ -102,9 +106,9 @@ class StoreSettings:
             namespace=check_namespace(namespace or os.environ.get(env.NAMESPACE) or DEFAULT_NAMESPACE),
             secret=read_secret(secret),
             wait_timeout=env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT),
-            lease_ttl=env.seconds(env.LEASE_TTL, DEFAULT_LEASE_TTL),
+            lease_ttl=lease_ttl(),
             node_dir=node_dir(),
-            node_max_size=_node_max_size(),
+            node_max_size=node_max_size(),
         )
 
 
@@ -114,7 +118,13 @@ def node_dir() -> str | None:
     return text.replace("{rank}", str(env.process_rank())) if text else None
 
 
-def _node_max_size() -> int:
+def lease_ttl() -> float:
+    """``$RECIPECACHE_LEASE_TTL`` (checked against :data:`LEASE_TTL_RANGE`), else the default."""
+    return env.seconds(env.LEASE_TTL, DEFAULT_LEASE_TTL, bounds=LEASE_TTL_RANGE)
+
+
+def node_max_size() -> int:
+    """``$RECIPECACHE_NODE_MAX_SIZE`` in bytes, else the default; ConfigError for anything but a positive size."""
     text = os.environ.get(env.NODE_MAX_SIZE)
     if not text:
         return DEFAULT_NODE_MAX_SIZE

@@ -41,6 +41,7 @@ SAMPLES = {
     "mget": ["MGET", "{k}"],
     "exists": ["EXISTS", "{k}"],
     "pexpire": ["PEXPIRE", "{k}", "1000"],
+    "persist": ["PERSIST", "{k}"],
     "pttl": ["PTTL", "{k}"],
     "rpush": ["RPUSH", "{k}", "1"],
     "blmove": ["BLMOVE", "{k}", "{k}", "RIGHT", "LEFT", "0.01"],

@@ -250,6 +250,8 @@ def store_environments(tmp_path: Path) -> dict[str, dict[str, str]]:
         "empty secret file": {"RECIPECACHE_SECRET_FILE": str(tmp_path / "empty-secret")},
         "nan wait timeout": {"RECIPECACHE_WAIT_TIMEOUT": "nan"},
         "infinite lease ttl": {"RECIPECACHE_LEASE_TTL": "inf"},
+        "lease ttl under a millisecond": {"RECIPECACHE_LEASE_TTL": "0.0001"},
+        "node directory cap not a size": {"RECIPECACHE_NODE_MAX_SIZE": "abc"},
         "cpu fingerprint not a key part": {"RECIPECACHE_CPU_FINGERPRINT": "two words"},
     }
 
@@ -266,6 +268,19 @@ def test_bad_store_environment_is_one_line_before_any_rank_starts(case: str, scr
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith(f"recipecache-run: error: {name}")
     assert not (tmp_path / "recipecache-runs").exists(), "nothing started"
+
+
+def test_a_rank_whose_environment_is_bad_input_says_so_in_one_line(script: Path, tmp_path: Path) -> None:
+    """Where the up-front check cannot see it (a rank started otherwise), enable() in the rank's bootstrap
+    stops on the same bad input with one line and exit 2, not a traceback, and the script never runs."""
+    environ = {**os.environ, "RECIPECACHE_AUTO_ENABLE": "1", "RECIPECACHE_NODE_MAX_SIZE": "abc", "RANK": "3",
+               "RECIPECACHE_DIR": str(tmp_path / "store")}
+    proc = subprocess.run([sys.executable, "-m", "launcher.bootstrap", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, env=environ, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert proc.stdout == "", "the script did not run"
+    assert proc.stderr.splitlines() == ["recipecache: error: rank 3: RECIPECACHE_NODE_MAX_SIZE: bad size 'abc': use a "
+                                        "number with an optional unit such as 512MB, 10GiB or 1000000"]
 
 
 def test_secret_in_the_environment_wins_over_a_missing_secret_file(script: Path, tmp_path: Path,

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import recipecache
-from recipecache.backends.redis import RedisBackend
+from recipecache.backends.redis import PENDING_CHUNK_TTL_MS, RedisBackend
 from recipecache.backends import open_backend
 from recipecache.keys import storage_key
 from redis_server import RedisServer
@@ -85,7 +85,11 @@ def test_interrupted_chunked_write_is_never_visible(redis_url: str) -> None:
     proc = subprocess.run([sys.executable, "-c", _DIE_BEFORE_MANIFEST, redis_url, key], check=False)
     assert proc.returncode == 9
     assert backend.get(key) == b"old" * 10_000
-    assert len(redis.Redis.from_url(redis_url).keys(f"rc:c:{key}:*")) == 2 * 8, "the dead writer's chunks exist"
+    client = redis.Redis.from_url(redis_url)
+    chunks = client.keys(f"rc:c:{key}:*")
+    assert len(chunks) == 2 * 8, "the dead writer's chunks exist"
+    expiring = [c for c in chunks if 0 < client.pttl(c) <= PENDING_CHUNK_TTL_MS]
+    assert len(expiring) == 8, "the dead writer's chunks expire by themselves; the published entry's do not"
 
 
 def test_ttl_option_sets_expiry(redis_url: str) -> None:
@@ -261,3 +265,142 @@ def test_delete_takes_the_entry_and_its_chunks_in_one_step(redis_url: str) -> No
     stats = client.info("commandstats")
     assert int(stats["cmdstat_evalsha"]["calls"]) == calls + 1, "one script"
     assert int(stats.get("cmdstat_get", {}).get("calls", 0)) == gets, "no GET before the delete"
+
+
+# -- chunks, stray keys, lengths (issue 18, items 9-11) -------------------------------------
+def unnamed_chunks(client: redis.Redis, match: str = "rc:c:*") -> list[bytes]:
+    """Chunk keys that no stored manifest names: what a failed or dead writer left."""
+    named: set[bytes] = set()
+    for entry in client.scan_iter("rc:e:*"):
+        value = client.get(entry) or b""
+        if value.startswith(b"RCM2:"):
+            gen, count = value.split(b":")[1:3]
+            named |= {b"rc:c:%s:%s:%d" % (entry[len(b"rc:e:"):], gen, i) for i in range(int(count))}
+    return [c for c in client.scan_iter(match) if c not in named]
+
+
+def test_a_put_out_of_memory_half_way_leaves_no_chunk_behind(tmp_path: Path) -> None:
+    """noeviction refuses a chunk half-way: the chunks already written go at once (DEL works on a full server),
+    and the failure is counted as a full backend; what was stored before stays whole."""
+    with RedisServer(tmp_path / "r", config="maxmemory 2mb\nmaxmemory-policy noeviction") as server:
+        backend = open_backend(server.url + "?chunk_size=64KiB")
+        client = redis.Redis.from_url(server.url)
+        stored: dict[str, bytes] = {}
+        with pytest.raises(recipecache.BackendError) as info:
+            for i in range(40):
+                key, value = f"full/{i:08x}", secrets.token_bytes(512 * 1024)
+                backend.put(key, value)
+                stored[key] = value
+        assert stored, "the first puts fit"
+        assert unnamed_chunks(client) == []
+        assert info.value.reason == "backend_full", info.value
+        assert all(client.pttl(c) == -1 for c in client.keys("rc:c:*")), "published chunks live as long as their entry"
+        assert all(backend.get(key) == value for key, value in stored.items())
+
+
+def test_chunks_expire_until_their_manifest_is_published_then_take_the_entrys_expiry(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    for ttl_s in (None, 100):
+        backend = open_backend(redis_url + "?chunk_size=4KiB" + (f"&ttl={ttl_s}" if ttl_s else ""))
+        key = f"pending/{secrets.token_hex(32)}"
+        real = backend._stored_form  # type: ignore[attr-defined]
+        pending: list[int] = []
+
+        def watch(k: str, parts: tuple[bytes, ...], real: object = real) -> tuple[bytes, list[str]]:
+            stored, names = real(k, parts)  # type: ignore[operator]
+            pending.extend(client.pttl(n) for n in names)
+            return stored, names
+
+        monkeypatch.setattr(backend, "_stored_form", watch)
+        backend.put(key, b"x" * 10_000)
+        assert len(pending) == 3 and all(0 < t <= PENDING_CHUNK_TTL_MS for t in pending), pending
+        published = [client.pttl(c) for c in client.keys(f"rc:c:{key}:*")]
+        if ttl_s is None:
+            assert published == [-1] * 3 and client.pttl(f"rc:e:{key}") == -1
+        else:
+            assert len(published) == 3 and all(0 < t <= ttl_s * 1000 for t in published), published
+        assert backend.get(key) == b"x" * 10_000
+
+
+def test_a_manifest_whose_chunks_are_gone_is_not_published(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk expired, evicted or removed before its manifest: the put fails, and the entry stays as it was."""
+    client = redis.Redis.from_url(redis_url)
+    backend = open_backend(redis_url + "?chunk_size=4KiB")
+    key = f"gone/{secrets.token_hex(32)}"
+    backend.put(key, b"old" * 10_000)
+    real = backend._stored_form  # type: ignore[attr-defined]
+
+    def lose_a_chunk(k: str, parts: tuple[bytes, ...]) -> tuple[bytes, list[str]]:
+        stored, names = real(k, parts)
+        client.delete(names[1])
+        return stored, names
+
+    monkeypatch.setattr(backend, "_stored_form", lose_a_chunk)
+    with pytest.raises(recipecache.BackendError, match="chunks of the value were gone"):
+        backend.put(key, b"new" * 10_000)
+    with pytest.raises(recipecache.BackendError, match="chunks of the value were gone"):
+        backend.put_if(key, b"old" * 10_000, b"new" * 10_000)
+    assert backend.get(key) == b"old" * 10_000
+    assert unnamed_chunks(client, f"rc:c:{key}:*") == [], "the failed puts' chunks went at once"
+
+
+def test_prune_and_clear_sweep_chunks_that_never_expire_and_that_no_manifest_names(redis_url: str) -> None:
+    """What earlier versions left when a put failed; chunks of a put in flight (they expire) are left alone."""
+    from recipecache import admin
+
+    namespace = "v" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url + "?chunk_size=4KiB", namespace=namespace)
+    client = redis.Redis.from_url(redis_url)
+    store.put("k", b"k" * 20_000)
+    skey = storage_key(namespace, "k")
+    orphan, in_flight = f"rc:c:{skey}:{'0' * 16}:0", f"rc:c:{skey}:{'1' * 16}:0"
+    client.set(orphan, b"left by an earlier version")
+    client.set(in_flight, b"a put in flight", px=PENDING_CHUNK_TTL_MS)
+    client.set(f"rc:c:{namespace}/not-ours", b"a stray key: not a chunk name of ours")
+    admin.prune(store, 2**40)
+    assert client.exists(orphan) == 0
+    assert client.exists(in_flight, f"rc:c:{namespace}/not-ours") == 2
+    client.set(orphan, b"left by an earlier version")
+    assert admin.clear(store) == 1
+    assert client.exists(orphan) == 0 and client.keys(f"rc:c:{skey}:*") == [in_flight.encode()]
+
+
+def test_stray_keys_are_skipped_and_counted_not_fatal(tmp_path: Path) -> None:
+    """Keys under rc:e: that are no entry of ours (by hand, or by other software) do not stop ls, verify,
+    stats, prune or clear --all: they are skipped, counted in a warning, and left alone."""
+    strays = [b"rc:e:stray-key", b"rc:e:job/NOT-HEX", b"rc:e:job/\xff\xfe", b"rc:e:job/0123456789abcdef:extra"]
+    with RedisServer(tmp_path / "r") as server:
+        store = recipecache.open_store(server.url, namespace="job")
+        store.put("k", b"fine")
+        client = redis.Redis.from_url(server.url)
+        for name in strays:
+            client.set(name, b"not ours")
+        # ls and verify list the namespace (three strays), the others every namespace (all four)
+        for command, seen in ((["ls"], 3), (["verify"], 3), (["stats"], 4), (["prune", "--max-size", "1TiB"], 4),
+                              (["clear", "--all"], 4)):
+            proc = subprocess.run([sys.executable, "-m", "recipecache.cli", *command, "--url", server.url,
+                                   "--namespace", "job"], capture_output=True, text=True, timeout=60, check=False)
+            assert proc.returncode == 0, (command, proc.stderr)
+            assert "Traceback" not in proc.stderr
+            assert f"skipped {seen} key(s) that are no recipecache entry" in proc.stderr, command
+        assert client.exists(*strays) == len(strays), "left alone"
+        assert store.get("k") is None, "clear --all removed the entry"
+
+
+def test_a_manifest_that_understates_its_chunks_fetches_none_of_them(redis_url: str) -> None:
+    """The issue's case: a manifest saying 4 bytes over four large stored chunks. Their lengths are asked for
+    first, so the reader refuses it (corrupt) without downloading them."""
+    namespace = "u" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url, namespace=namespace)
+    client = redis.Redis.from_url(redis_url)
+    skey = storage_key(namespace, "k")
+    client.set(f"rc:e:{skey}", b"RCM2:" + GEN + b":4:4:1")
+    for i in range(4):
+        client.set(f"rc:c:{skey}:{GEN.decode()}:{i}", bytes(1024 * 1024))
+    before, sent = mget_calls(client), int(client.info("stats")["total_net_output_bytes"])
+    assert store.get("k") is None
+    assert store.stats()["misses_by_reason"] == {"corrupt": 1}
+    assert mget_calls(client) == before, "no chunk was fetched"
+    assert int(client.info("stats")["total_net_output_bytes"]) - sent < 1024 * 1024

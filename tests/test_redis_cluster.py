@@ -96,3 +96,29 @@ def test_bad_cluster_urls_are_one_line_and_exit_2(case: str, tmp_path: Path,
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("recipecache-run: error: ") and message in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.redis
+def test_a_put_out_of_memory_half_way_on_a_cluster_leaves_no_chunk_behind(redis_cluster: RedisCluster) -> None:
+    """As on one server (test_redis_backend.py): the primary of the entry's slot refuses a chunk half-way, and
+    no chunk of the failed put is left without an expiry (issue 18, item 9)."""
+    from recipecache.backends import open_backend
+
+    backend = open_backend(redis_cluster.url + "?chunk_size=64KiB")
+    key = f"full{secrets.token_hex(3)}/{secrets.token_hex(16)}"
+    primaries = [redis_cluster.client(node) for node in redis_cluster.primary_nodes()]
+    for client in primaries:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 256 * 1024)
+    try:
+        with pytest.raises(recipecache.BackendError) as info:
+            backend.put(key, secrets.token_bytes(2 * 1024 * 1024))
+    finally:
+        for client in primaries:
+            client.config_set("maxmemory", 0)
+    left = [(c, client.pttl(c)) for client in primaries for c in client.keys(f"rc:c:{{{key}}}:*")]
+    assert all(0 < pttl for _c, pttl in left), left
+    assert left == [], "the chunks written before the refusal went at once"
+    assert info.value.reason == "backend_full", info.value
+    backend.put(key, b"fits again" * 10_000)
+    assert backend.get(key) == b"fits again" * 10_000

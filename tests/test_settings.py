@@ -54,6 +54,14 @@ def test_secret_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         ("redis://h:6379/0?ttl=-1", "positive, finite"),
         ("redis://h:6379/0?timeout=nan", "positive, finite"),
         ("redis://h:6379/0?timeout=0", "positive, finite"),
+        # accepted by the parser but not by Redis or the socket (issue 18, item 12)
+        ("redis://h:6379/0?chunk_size=1GiB", "chunk_size='1GiB' must be a positive whole number of bytes from 1.0 KiB "
+                                             "to 512.0 MiB"),
+        ("redis://h:6379/0?ttl=0.0001", "ttl='0.0001' must be a positive, finite number of seconds from 1 to 315360000"),
+        ("redis://h:6379/0?ttl=1e300", "from 1 to 315360000"),
+        ("redis://h:6379/0?timeout=1e308", "timeout='1e308' must be a positive, finite number of seconds from 0.01 to 600"),
+        ("redis+cluster://h:7000?chunk_size=1GiB", "from 1.0 KiB to 512.0 MiB"),
+        ("redis+sentinel://h:26379/svc?timeout=1e308", "from 0.01 to 600"),
         ("redis://[::1", "bad cache URL"),
         ("redis://h:6379/0?ssl_ca_certs=/ca.pem", "needs TLS: use rediss://"),
         ("redis://:6379/0", "use redis://"),
@@ -88,7 +96,8 @@ def test_defaults_apply_only_where_the_backend_has_the_option(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(("name", "value"), [("RECIPECACHE_WAIT_TIMEOUT", "nan"), ("RECIPECACHE_WAIT_TIMEOUT", "-5"),
-                                             ("RECIPECACHE_LEASE_TTL", "inf"), ("RECIPECACHE_LEASE_TTL", "0")])
+                                             ("RECIPECACHE_LEASE_TTL", "inf"), ("RECIPECACHE_LEASE_TTL", "0"),
+                                             ("RECIPECACHE_LEASE_TTL", "0.0001"), ("RECIPECACHE_LEASE_TTL", "1e300")])
 def test_timeouts_from_the_environment_are_finite_and_positive(
     name: str, value: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

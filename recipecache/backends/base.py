@@ -191,7 +191,8 @@ class Backend(ABC):
     def vacuum(self, namespace: str | None = None) -> int:
         """Remove coordination leftovers (stale temp files, expired leases and their locks); returns how many.
 
-        Backends whose leftovers expire by themselves (Redis keys with a TTL) have none.
+        Backends whose leftovers all expire by themselves have none (Redis sweeps only what
+        earlier versions left without an expiry).
         """
         return 0
 

@@ -12,22 +12,29 @@ Every name is made by one method (``RedisBackend._name``), so that Redis Cluster
 
 Small values are stored inline. Larger ones are split into chunks of ``chunk_size``
 bytes, written with plain ``SET`` (slices of the caller's buffers, never joined, except a
-chunk that straddles two of them) under a fresh generation id; then a manifest
-``RCM2:<gen>:<count>:<total>:<chunk size>`` is swapped in. The manifest names the writer's
-chunk size, so a reader with another ``chunk_size`` reads it all the same. A reader
-validates a manifest before it fetches anything (:class:`Manifest`: its length and
-characters, ``count == ceil(total / chunk size)``, caps on count and size), fetches the
-chunks with ``MGET``, and checks every chunk's length: a damaged manifest or chunk is a
-``corrupt`` :class:`~recipecache.errors.VerificationError` for that key, and a missing
+chunk that straddles two of them) under a fresh generation id, each expiring after
+:data:`PENDING_CHUNK_TTL_MS`; then a manifest ``RCM2:<gen>:<count>:<total>:<chunk size>``
+is swapped in, and the same script gives the chunks the entry's expiry (none without
+``?ttl=``). The chunks of a put that fails or dies before its manifest therefore expire by
+themselves (and a failed one deletes them at once where it knows its manifest was not
+written), and a manifest whose chunks are gone by then is not published (the put fails).
+The manifest names the writer's chunk size, so a reader with another ``chunk_size`` reads
+it all the same. A reader validates a manifest before it fetches anything
+(:class:`Manifest`: its length and characters, ``count == ceil(total / chunk size)``, caps
+on count and size), asks the server for every chunk's length (``STRLEN``) and fetches the
+chunks with ``MGET`` only when each is as long as the manifest says, so a damaged
+manifest never makes a reader download more than it names: a damaged manifest or chunk is
+a ``corrupt`` :class:`~recipecache.errors.VerificationError` for that key, and a missing
 chunk (being replaced, or evicted) a plain miss; nobody ever sees a partial value.
 Inline values that begin like a manifest (``RCM``) are stored chunked, so the first bytes
 of a stored value always tell framing from data.
 
 Every write and delete of an entry is one Lua script that also deletes the chunks of the
 manifest it replaces or removes, so no GET-then-DEL race deletes a newer entry and no
-chunks are orphaned (a writer that dies after writing its chunks, before its manifest,
-leaves them; ``?ttl=`` expires them). The scripts parse manifests themselves (the Lua
-twin of :class:`Manifest`): a damaged old value is overwritten or deleted, never an
+chunks are orphaned. Chunks without an expiry that no manifest names (what earlier
+versions left when a put failed between its chunks and its manifest) are removed by
+``vacuum`` (``recipecache prune`` and ``clear``). The scripts parse manifests themselves
+(the Lua twin of :class:`Manifest`): a damaged old value is overwritten or deleted, never an
 error. A key of another Redis type (``WRONGTYPE``) is damage under one key, not a failed
 service: ``get`` reports it as ``corrupt``, and puts and deletes replace or remove it.
 Conditional writes (``put_if``, ``delete_if``) read and compare the value in Python,
@@ -51,6 +58,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import re
 import secrets
 import struct
@@ -70,16 +78,18 @@ from ..buffers import Buffer
 from ..errors import BackendError, VerificationError
 from ..health import FAIL, PASS, WARN, HealthCheck
 from ..reasons import Reason
-from .base import Backend, EntryInfo, LeaseState, check_key, value_matches
+from .base import Backend, EntryInfo, LeaseState, check_key, is_key, value_matches
 from .url import StoreURL
+
+log = logging.getLogger(__name__)
 
 #: Every command this backend sends, as ACL names; deploy/ builds its ACL user from this
 #: list. redis-py also sends ``CLIENT SETINFO`` on connect (Redis >= 7.2) and ignores a
 #: refusal, so the user needs no ``client`` rights. Lua scripts run with the caller's
 #: rights, so their commands are listed too.
 ACL_COMMANDS = (
-    "get", "getrange", "strlen", "set", "del", "mget", "scan", "pexpire", "pttl", "rpush", "blmove", "evalsha",
-    "script|load", "ping", "auth", "hello",
+    "get", "getrange", "strlen", "set", "del", "mget", "scan", "pexpire", "persist", "pttl", "rpush", "blmove",
+    "evalsha", "script|load", "ping", "auth", "hello",
 )
 
 #: Clock difference to the server above which event timelines of several hosts no longer line up
@@ -98,6 +108,13 @@ MAX_CHUNK_SIZE = 512 * 1024 * 1024
 MAX_VALUE = 16 * 1024**3
 #: How many bytes of chunks one MGET asks for.
 _MGET_BYTES = 256 * 1024 * 1024
+#: How long chunks live until the manifest that names them is published (which gives them the
+#: entry's expiry): the chunks of a put that failed or died before its manifest expire after
+#: it, as the filesystem store takes a temp file that old for a dead writer's. A put whose
+#: chunks are gone by then fails instead of publishing a manifest without them.
+PENDING_CHUNK_TTL_MS = 3_600_000
+#: what the publishing scripts answer when a chunk of the manifest they would publish is gone
+_CHUNKS_GONE = -1
 _MANIFEST_V2 = re.compile(rb"\ARCM2:([0-9a-f]{16}):([0-9]{1,9}):([0-9]{1,15}):([0-9]{1,12})\Z")
 #: The previous format's manifest: magic, chunk count, total size, then a 16-hex-digit generation id.
 _MANIFEST_V1 = struct.Struct(">4sIQ")
@@ -178,10 +195,22 @@ end
 local function store(key, value, ttl)
   if ttl == '' then redis.call('set', key, value) else redis.call('set', key, value, 'PX', ttl) end
 end
+-- The chunks of a manifest about to be published take the entry's expiry (none: PERSIST),
+-- all or none: false, and nothing changed, if one is gone (expired, evicted or removed).
+local function adopt(keys, ttl)
+  for i = 1, #keys do
+    if redis.call('pttl', keys[i]) == -2 then return false end
+  end
+  for i = 1, #keys do
+    if ttl == '' then redis.call('persist', keys[i]) else redis.call('pexpire', keys[i], ttl) end
+  end
+  return true
+end
 """
 # Publish ARGV[1] (ttl ARGV[2]); delete the chunks of the manifest it replaces. A key of
 # another type gives an error reply from the pcall'd GETRANGE, and SET replaces it.
 _SWAP = _LUA_CHUNKS + f"""
+if not adopt(chunk_keys(KEYS[2], ARGV[1]), ARGV[2]) then return {_CHUNKS_GONE} end
 local old = redis.pcall('getrange', KEYS[1], 0, {_MANIFEST_PEEK - 1})
 store(KEYS[1], ARGV[1], ARGV[2])
 delete_keys(chunk_keys(KEYS[2], old))
@@ -196,12 +225,17 @@ return 1
 # Apply a write only if the entry is still as the caller read it: ARGV[1] is 'absent',
 # 'wrongtype' or 'value' (then ARGV[2] is the stored form: inline value or manifest);
 # ARGV[3] 'set' (ARGV[4] the new stored form, ARGV[5] the ttl) or 'del'.
-_COMPARE_AND_WRITE = _LUA_CHUNKS + """
+_COMPARE_AND_WRITE = _LUA_CHUNKS + f"""
 local cur = redis.pcall('get', KEYS[1])
 local state = 'value'
 if cur == false then state = 'absent' elseif type(cur) == 'table' then state = 'wrongtype' end
 if state ~= ARGV[1] or (state == 'value' and cur ~= ARGV[2]) then return 0 end
-if ARGV[3] == 'set' then store(KEYS[1], ARGV[4], ARGV[5]) else redis.call('del', KEYS[1]) end
+if ARGV[3] == 'set' then
+  if not adopt(chunk_keys(KEYS[2], ARGV[4]), ARGV[5]) then return {_CHUNKS_GONE} end
+  store(KEYS[1], ARGV[4], ARGV[5])
+else
+  redis.call('del', KEYS[1])
+end
 delete_keys(chunk_keys(KEYS[2], cur))
 return 1
 """
@@ -243,7 +277,7 @@ def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
         reason = Reason.BACKEND_SLOW
     elif isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.AuthenticationError)):
         reason = Reason.BACKEND_DOWN
-    elif isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("OOM"):
+    elif isinstance(exc, redis.exceptions.OutOfMemoryError):  # also inside a pipeline, whose errors say "Command # n"
         reason = Reason.BACKEND_FULL
     else:
         reason = Reason.BACKEND_ERROR
@@ -254,6 +288,17 @@ def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
 TLS_OPTIONS = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"})
 DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 5.0
+#: ``?chunk_size=``: a chunk is one Redis string, at most proto-max-bulk-len (512 MiB by
+#: default; a larger one would be written but refused by every reader); under 1 KiB a value
+#: would be mostly key names
+CHUNK_SIZE_RANGE = (1024, MAX_CHUNK_SIZE)
+#: ``?ttl=`` in seconds: Redis expires keys in whole milliseconds (PX: at least 1, below
+#: 2**63); at least a second, at most ten years (for longer, leave ``ttl`` out)
+TTL_RANGE_S = (1.0, 10 * 365 * 86400.0)
+#: ``?timeout=`` in seconds, of a connect and of a command: a socket timeout must be finite,
+#: under 10 ms a loaded server answers nothing in time, and a stalled server holds a rank
+#: one timeout, which should not exceed how long a rank waits for another's compile (600 s)
+TIMEOUT_RANGE_S = (0.01, 600.0)
 #: The longest one ``lease_wait`` blocks in Redis; a caller waiting longer calls again.
 MAX_BLOCK_S = 30.0
 #: How long a released lease's wake list outlives the release: waiters that read the
@@ -284,9 +329,9 @@ def url_settings(url: StoreURL) -> dict[str, Any]:
     """The backend settings every Redis URL form carries in its options (``ttl``, ``chunk_size``, ``timeout``)."""
     return {
         "redacted_url": url.redacted,
-        "ttl": url.seconds("ttl", None),
-        "chunk_size": url.size("chunk_size", DEFAULT_CHUNK_SIZE) or DEFAULT_CHUNK_SIZE,
-        "timeout": url.seconds("timeout", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S,
+        "ttl": url.seconds("ttl", None, TTL_RANGE_S),
+        "chunk_size": url.size("chunk_size", DEFAULT_CHUNK_SIZE, CHUNK_SIZE_RANGE) or DEFAULT_CHUNK_SIZE,
+        "timeout": url.seconds("timeout", DEFAULT_TIMEOUT_S, TIMEOUT_RANGE_S) or DEFAULT_TIMEOUT_S,
     }
 
 
@@ -371,15 +416,32 @@ class RedisBackend(Backend):
             return _Loaded("value", raw, problem=exc)
 
     def _assemble(self, key: str, manifest: Manifest) -> bytes | None:
-        """The value a validated manifest names; None if a chunk is missing (replaced or evicted meanwhile)."""
+        """The value a validated manifest names; None if a chunk is missing (replaced or evicted meanwhile).
+
+        The chunks' lengths are asked for first: a manifest that understates them (damaged, or
+        forged) must not make this process download and hold what it never named.
+        """
         names = [self._chunk_key(key, manifest.gen, i) for i in range(manifest.count)]
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.strlen(name)
+        for i, length in enumerate(self._call("strlen", pipe.execute, raise_on_error=False)):
+            if isinstance(length, redis.exceptions.ResponseError):
+                raise VerificationError(Reason.CORRUPT, f"chunk {i} of {key} is not a string ({length})")
+            if isinstance(length, Exception):
+                raise _error(length, "strlen")
+            if length == 0:  # no such key: chunks are never empty
+                return None
+            if length != manifest.chunk_len(i):
+                raise VerificationError(Reason.CORRUPT, f"chunk {i} of {key} is {length} B, its manifest says "
+                                                        f"{manifest.chunk_len(i)}")
         batch = max(1, _MGET_BYTES // manifest.chunk_size)
         chunks: list[bytes | None] = []
         for i in range(0, len(names), batch):
             chunks += self._call("mget", self._client.mget, names[i : i + batch])
         if any(c is None for c in chunks):
             return None
-        for i, chunk in enumerate(chunks):
+        for i, chunk in enumerate(chunks):  # again: a chunk written over since its length was asked for
             assert chunk is not None
             if len(chunk) != manifest.chunk_len(i):
                 raise VerificationError(Reason.CORRUPT, f"chunk {i} of {key} is {len(chunk)} B, its manifest says "
@@ -403,24 +465,53 @@ class RedisBackend(Backend):
         names = [self._chunk_key(key, manifest.gen, i) for i in range(manifest.count)]
         pipe = self._client.pipeline(transaction=False)
         for name, chunk in zip(names, _chunks(parts, size), strict=True):
-            pipe.set(name, chunk, px=self.ttl_ms)
-        self._call("set chunks", pipe.execute)
+            pipe.set(name, chunk, px=PENDING_CHUNK_TTL_MS)
+        try:
+            self._call("set chunks", pipe.execute)
+        except BackendError:  # e.g. out of memory half-way: no manifest names what was written
+            self._discard(names)
+            raise
         return manifest.encode(), names
 
+    def _publish(self, what: str, key: str, script: Any, args: list[Any], chunk_names: list[str]) -> bool:
+        """Run a publishing script (1: published, 0: the entry changed since it was read, or :data:`_CHUNKS_GONE`).
+
+        Chunks written for it that it did not publish are deleted at once, which matters most
+        when the server is out of memory; where the outcome is unknown (a timeout, a lost
+        connection) they are left to their pending expiry, since the manifest may name them.
+        """
+        try:
+            result = self._call(what, script, keys=self._entry_keys(key), args=args)
+        except BackendError as exc:
+            if exc.reason in (Reason.BACKEND_FULL, Reason.BACKEND_ERROR):  # an error reply: the script wrote nothing
+                self._discard(chunk_names)
+            raise
+        if result != 1:
+            self._discard(chunk_names)
+        if result == _CHUNKS_GONE:
+            raise BackendError(Reason.BACKEND_ERROR, f"redis {what} {key}: chunks of the value were gone before its "
+                                                     "manifest was published (evicted, removed, or older than "
+                                                     f"{PENDING_CHUNK_TTL_MS // 60_000} min)")
+        return result == 1
+
+    def _discard(self, chunk_names: list[str]) -> None:
+        """Delete chunks no manifest names, as far as the server lets us: the rest expire by themselves."""
+        if chunk_names:
+            try:
+                self._call("del", self._client.delete, *chunk_names)
+            except BackendError as exc:
+                log.debug("chunks left to expire: %s", exc)
+
     def put(self, key: str, value: Buffer, *more: Buffer) -> None:
-        stored, _chunk_names = self._stored_form(check_key(key), (value, *more))
-        self._call("set", self._swap, keys=self._entry_keys(key), args=[stored, self.ttl_ms or ""])
+        stored, chunk_names = self._stored_form(check_key(key), (value, *more))
+        self._publish("set", key, self._swap, [stored, self.ttl_ms or ""], chunk_names)
 
     def put_if(self, key: str, expected: Buffer | None, value: Buffer, *more: Buffer) -> bool:
         current = self._load(check_key(key))
         if not value_matches(current.value, expected):
             return False
         stored, chunk_names = self._stored_form(key, (value, *more))
-        if self._compare_and_write(key, current, "set", stored):
-            return True
-        if chunk_names:
-            self._call("del", self._client.delete, *chunk_names)
-        return False
+        return self._compare_and_write(key, current, "set", stored, chunk_names)
 
     def delete(self, key: str) -> None:
         self._call("del", self._delete, keys=self._entry_keys(key), args=[])
@@ -429,26 +520,64 @@ class RedisBackend(Backend):
         current = self._load(check_key(key))
         return value_matches(current.value, expected) and self._compare_and_write(key, current, "del")
 
-    def _compare_and_write(self, key: str, current: _Loaded, action: str, stored: bytes = b"") -> bool:
+    def _compare_and_write(self, key: str, current: _Loaded, action: str, stored: bytes = b"",
+                           chunk_names: list[str] | None = None) -> bool:
         args = [current.state, current.raw or b"", action, stored, self.ttl_ms or ""]
-        return bool(self._call("compare and write", self._cas, keys=self._entry_keys(key), args=args))
+        return self._publish("compare and write", key, self._cas, args, chunk_names or [])
 
     def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
-        for keys in self._scan_batches(self._pattern(namespace)):
-            if keys:
+        """The entries under this store's names; a key under ``rc:e:`` that no entry of ours has
+        (dropped in by hand, or by other software) is skipped, left alone and counted in a warning."""
+        strays: list[str] = []
+        for names in self._scan_batches(self._pattern(namespace)):
+            entries = []
+            for name in names:
+                key = self._key_of(name)
+                if key is None:
+                    strays.append(name.decode(errors="replace"))
+                else:
+                    entries.append((name, key))
+            if entries:
                 # sizes without the values: a plain value's length, or the total a manifest names
                 pipe = self._client.pipeline(transaction=False)
-                for k in keys:
-                    pipe.strlen(k)
-                    pipe.getrange(k, 0, _MANIFEST_PEEK - 1)
+                for name, _key in entries:
+                    pipe.strlen(name)
+                    pipe.getrange(name, 0, _MANIFEST_PEEK - 1)
                 answers = self._call("scan sizes", pipe.execute, raise_on_error=False)
-                for k, length, head in zip(keys, answers[::2], answers[1::2], strict=True):
+                for (_name, key), length, head in zip(entries, answers[::2], answers[1::2], strict=True):
                     if isinstance(length, redis.exceptions.ResponseError):  # another type: listed, so verify removes it
-                        yield EntryInfo(self._key_of(k.decode()), 0, 0.0)
+                        yield EntryInfo(key, 0, 0.0)
                     elif isinstance(length, Exception):
                         raise _error(length, "scan sizes")
                     elif length:
-                        yield EntryInfo(self._key_of(k.decode()), _stored_size(head, length), 0.0)
+                        yield EntryInfo(key, _stored_size(head, length), 0.0)
+        if strays:
+            log.warning("%s: skipped %d key(s) that are no recipecache entry and left them alone: %s%s", self.url,
+                        len(strays), ", ".join(map(repr, strays[:3])), ", ..." if len(strays) > 3 else "")
+
+    def vacuum(self, namespace: str | None = None) -> int:
+        """Delete chunks that never expire and that no manifest names: what earlier versions left
+        when a put failed or died between its chunks and its manifest (this version's expire).
+
+        A chunk's generation is never named again once its manifest is replaced, so a chunk
+        found unnamed after its own expiry was read is safe to delete.
+        """
+        removed = 0
+        for names in self._scan_batches(self._pattern(namespace, "c")):
+            chunks = [(name, owner) for name in names if (owner := self._chunk_owner(name)) is not None]
+            if not chunks:
+                continue
+            pipe = self._client.pipeline(transaction=False)
+            for name, (key, _gen) in chunks:
+                pipe.pttl(name)
+                pipe.getrange(self._name("e", key), 0, _MANIFEST_PEEK - 1)
+            answers = self._call("vacuum", pipe.execute, raise_on_error=False)
+            orphans = [name for (name, (_key, gen)), pttl, head in zip(chunks, answers[::2], answers[1::2], strict=True)
+                       if pttl == -1 and _manifest_of(head)[0] != gen]
+            if orphans:
+                self._call("vacuum", self._client.delete, *orphans)
+                removed += len(orphans)
+        return removed
 
     def _scan_batches(self, pattern: str) -> Iterator[list[bytes]]:
         """The names matching ``pattern``, a batch per ``SCAN`` call."""
@@ -466,13 +595,15 @@ class RedisBackend(Backend):
         """The Redis key of ``kind`` (``e`` value, ``c`` chunk prefix, ``l`` lease, ``w`` wake list) for ``key``."""
         return f"rc:{kind}:{check_key(key)}"
 
-    def _pattern(self, namespace: str | None) -> str:
-        """A ``SCAN`` pattern for the values of one namespace, or of every namespace."""
-        return f"rc:e:{namespace}/*" if namespace else "rc:e:*"
+    def _pattern(self, namespace: str | None, kind: str = "e") -> str:
+        """A ``SCAN`` pattern for the names of ``kind`` (values, chunks...) of one namespace, or of every namespace."""
+        return f"rc:{kind}:{namespace}/*" if namespace else f"rc:{kind}:*"
 
-    def _key_of(self, name: str) -> str:
-        """The backend key of a value's Redis key (the inverse of ``_name("e", key)``)."""
-        return name[len("rc:e:"):]
+    def _key_of(self, name: bytes | str, kind: str = "e") -> str | None:
+        """The backend key whose ``kind`` name is ``name`` (the inverse of ``_name``); None for a name ``_name`` never makes."""
+        text = name.decode(errors="replace") if isinstance(name, bytes) else name
+        key = text.removeprefix(f"rc:{kind}:").removeprefix("{").removesuffix("}")  # a cluster's hash tag
+        return key if is_key(key) and self._name(kind, key) == text else None
 
     def _entry_keys(self, key: str) -> list[str]:
         """KEYS of the scripts that write or delete an entry: its value and its chunk prefix."""
@@ -481,6 +612,12 @@ class RedisBackend(Backend):
     # -- chunks --------------------------------------------------------------------
     def _chunk_key(self, key: str, gen: str, index: int) -> str:
         return f"{self._name('c', key)}:{gen}:{index}"
+
+    def _chunk_owner(self, name: bytes) -> tuple[str, str] | None:
+        """The key and generation of a chunk's name (the inverse of ``_chunk_key``); None for another name."""
+        prefix, gen, index = (name.decode(errors="replace").rsplit(":", 2) + ["", ""])[:3]
+        key = self._key_of(prefix, "c") if index.isdigit() else None
+        return None if key is None else (key, gen)
 
     # -- leases --------------------------------------------------------------------
     def lease_add(self, name: str, token: str, ttl: float) -> bool:
@@ -560,6 +697,7 @@ class RedisBackend(Backend):
             "strlen": lambda: run("STRLEN", key),
             "mget": lambda: run("MGET", key),
             "pexpire": lambda: run("PEXPIRE", key, 60_000),
+            "persist": lambda: run("PERSIST", key),
             "pttl": lambda: run("PTTL", key),
             "rpush": lambda: run("RPUSH", wake, b"1"),
             "blmove": lambda: run("BLMOVE", wake, wake, "RIGHT", "LEFT", 0.01),
@@ -607,15 +745,22 @@ class RedisBackend(Backend):
         return HealthCheck("clock", PASS, detail)
 
 
-def _stored_size(head: bytes, length: int) -> int:
-    """The size of the value an entry holds, from the first bytes and length of its stored form."""
-    if head.startswith(_FRAMING):
+def _manifest_of(head: Any) -> tuple[str | None, int | None]:
+    """The generation and total size a stored value's first bytes name if it is a manifest (either format), else Nones."""
+    if isinstance(head, bytes) and head.startswith(_FRAMING):
         try:
-            return Manifest.parse(head).total
+            manifest = Manifest.parse(head)
+            return manifest.gen, manifest.total
         except VerificationError as exc:
             if exc.reason is Reason.OLD_FORMAT:
-                return int(_MANIFEST_V1.unpack_from(head)[2])
-    return length
+                return head[_MANIFEST_V1.size :].decode(), int(_MANIFEST_V1.unpack_from(head)[2])
+    return None, None
+
+
+def _stored_size(head: bytes, length: int) -> int:
+    """The size of the value an entry holds, from the first bytes and length of its stored form."""
+    total = _manifest_of(head)[1]
+    return length if total is None else total
 
 
 def _chunks(parts: tuple[Buffer, ...], size: int) -> Iterator[Buffer]:

@@ -160,11 +160,8 @@ class RedisClusterBackend(RedisBackend):
     def _name(self, kind: str, key: str) -> str:
         return f"rc:{kind}:{{{check_key(key)}}}"
 
-    def _pattern(self, namespace: str | None) -> str:
-        return f"rc:e:{{{namespace}/*" if namespace else "rc:e:*"
-
-    def _key_of(self, name: str) -> str:
-        return name[len("rc:e:{"):-1]
+    def _pattern(self, namespace: str | None, kind: str = "e") -> str:
+        return f"rc:{kind}:{{{namespace}/*" if namespace else f"rc:{kind}:*"
 
     def _connection_kwargs(self) -> dict[str, Any]:
         return self._client.connect().get_default_node().redis_connection.connection_pool.connection_kwargs  # type: ignore[no-any-return]

@@ -8,13 +8,13 @@ names the URL with its password hidden.
 
 from __future__ import annotations
 
-import math
 import urllib.parse
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from ..env import positive_seconds
 from ..errors import ConfigError, URLError
-from ..sizes import parse_size
+from ..sizes import format_size, parse_size
 
 
 def redact(url: str) -> str:
@@ -109,8 +109,8 @@ class StoreURL:
         return out
 
     # -- typed options -------------------------------------------------------------
-    def size(self, name: str, default: int | None) -> int | None:
-        """Option ``name`` as a whole, positive number of bytes (``8MiB``, ``4096``)."""
+    def size(self, name: str, default: int | None, bounds: tuple[int, int] | None = None) -> int | None:
+        """Option ``name`` as a whole, positive number of bytes (``8MiB``, ``4096``), within ``bounds`` if given."""
         text = self.options.get(name)
         if text is None:
             return default
@@ -118,19 +118,17 @@ class StoreURL:
             exact = parse_size(text)
         except ConfigError as exc:
             raise self.error(f"option {name}: {exc}") from None
-        if exact <= 0:
-            raise self.error(f"option {name}={text!r} must be a positive whole number of bytes")
+        if exact <= 0 or (bounds is not None and not bounds[0] <= exact <= bounds[1]):
+            allowed = f" from {format_size(bounds[0])} to {format_size(bounds[1])}" if bounds else ""
+            raise self.error(f"option {name}={text!r} must be a positive whole number of bytes{allowed}")
         return exact
 
-    def seconds(self, name: str, default: float | None) -> float | None:
-        """Option ``name`` as a positive, finite number of seconds."""
+    def seconds(self, name: str, default: float | None, bounds: tuple[float, float] | None = None) -> float | None:
+        """Option ``name`` as a positive, finite number of seconds, within ``bounds`` if given."""
         text = self.options.get(name)
         if text is None:
             return default
         try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value <= 0:
-            raise self.error(f"option {name}={text!r} must be a positive, finite number of seconds")
-        return value
+            return positive_seconds(f"option {name}", text, bounds)
+        except ConfigError as exc:
+            raise self.error(str(exc)) from None
