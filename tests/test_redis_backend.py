@@ -6,6 +6,7 @@ import secrets
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ import recipecache
 from recipecache.backends.redis import RedisBackend
 from recipecache.backends import open_backend
 from recipecache.keys import storage_key
-from redis_server import RedisServer
+from redis_cluster import RedisSentinel
+from redis_server import HungPeer, RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -261,3 +263,57 @@ def test_delete_takes_the_entry_and_its_chunks_in_one_step(redis_url: str) -> No
     stats = client.info("commandstats")
     assert int(stats["cmdstat_evalsha"]["calls"]) == calls + 1, "one script"
     assert int(stats.get("cmdstat_get", {}).get("calls", 0)) == gets, "no GET before the delete"
+
+
+# -- a server that never answers (issue 18, item 2) ---------------
+TIMEOUT_S = 1.0
+
+
+def hung_url(form: str, port: int) -> str:
+    if form == "plain":
+        return f"redis://127.0.0.1:{port}/0?timeout={TIMEOUT_S:g}"
+    return f"redis+sentinel://127.0.0.1:{port}/svc?timeout={TIMEOUT_S:g}"
+
+
+@pytest.mark.parametrize("form", ["plain", "sentinel"])
+def test_a_server_that_never_answers_costs_one_timeout_per_call(form: str) -> None:
+    """Before: 4 timeouts per call on a plain URL (handshake and redis-py's retry), ~23 behind a sentinel."""
+    with HungPeer() as peer:
+        store = recipecache.open_store(hung_url(form, peer.port), namespace="hung")
+        start = time.monotonic()
+        flight = store.begin("k")
+        took = time.monotonic() - start
+        assert took < 3 * TIMEOUT_S, f"begin took {took:.1f} s with timeout={TIMEOUT_S:g}"
+        assert (flight.role, flight.reason) == ("fallback", "backend_slow")
+        for name in ("a", "b", "c"):  # the breaker is open: nothing more waits for the peer
+            assert store.begin(name).reason == "backend_slow"
+        assert store.stats()["fallback_by_reason"] == {"backend_slow": 4}
+        for call in (store.backend.ping, lambda: store.backend.lease_holder(storage_key("hung", "k"))):
+            start = time.monotonic()
+            with pytest.raises(recipecache.BackendError) as info:
+                call()
+            assert info.value.reason == "backend_slow"
+            assert time.monotonic() - start < 3 * TIMEOUT_S
+
+
+def test_stats_through_a_hung_sentinel_is_one_line_within_the_timeout() -> None:
+    """Before: ``recipecache stats`` through a hung sentinel took 12 timeouts."""
+    with HungPeer() as peer:
+        url = f"redis+sentinel://127.0.0.1:{peer.port}/svc?timeout=3"
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "recipecache.cli", "stats", "--url", url],
+                              capture_output=True, text=True, timeout=120, check=False)
+        took = time.monotonic() - start
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "no sentinel knows a primary for 'svc'" in proc.stderr
+    assert took < 3 * 3, f"stats took {took:.1f} s with timeout=3 (process start included)"
+
+
+def test_a_hung_sentinel_before_a_good_one_costs_its_share(redis_sentinel: RedisSentinel) -> None:
+    """Each sentinel gets its share of the timeout, so the good one is still asked within the whole call's bound."""
+    with HungPeer() as peer:
+        url = redis_sentinel.url.replace("//", f"//127.0.0.1:{peer.port},", 1) + "?timeout=2"
+        store = recipecache.open_store(url, namespace="s" + secrets.token_hex(4))
+        assert store.put("k", b"v")
+        assert store.get("k") == b"v"
+        assert peer.connections >= 1, "the hung sentinel was asked first"

@@ -42,8 +42,14 @@ waiter blocked on that list, and any that arrives later, wakes at once; the list
 by itself. Blocking calls go through a second connection pool whose socket timeout
 exceeds the longest block (:data:`MAX_BLOCK_S`), so a long wait is not a timeout.
 
+Every call is bounded by ``timeout`` as a whole (:meth:`RedisBackend._call_within`): a
+server that accepts connections and never answers costs one timeout per call, whatever
+redis-py does inside it (the connection handshake, its retry, asking each sentinel, each
+seed node); calls that move chunks get more time in proportion to their bytes
+(:data:`MIN_RATE`), and a blocking wait its block.
+
 Every Redis failure becomes a :class:`BackendError`: ``backend_down`` (connection),
-``backend_slow`` (socket timeout), ``backend_full`` (OOM under ``maxmemory``) or
+``backend_slow`` (no answer in time), ``backend_full`` (OOM under ``maxmemory``) or
 ``backend_error``.
 """
 
@@ -250,10 +256,46 @@ def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
     return BackendError(reason, f"redis {what}: {exc}")
 
 
+def _bounded(seconds: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, waited for at most ``seconds``; the builtin TimeoutError after that.
+
+    ``fn`` runs on a thread of its own (made per call: nothing to rebuild after a fork), which
+    is left to end by itself when the time is up; redis-py's socket timeout ends it soon after.
+    A socket timeout alone bounds each read, not a call: redis-py may connect, retry, and
+    ask one sentinel or seed node after another within one call.
+    """
+    done = threading.Event()
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn(*args, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    try:
+        threading.Thread(target=run, name="recipecache-redis-call", daemon=True).start()
+    except RuntimeError:
+        # no new threads here (Python 3.12 in atexit handlers, which release the leases of
+        # compiles cut short): the call runs bounded per read, as a release must still happen
+        return fn(*args, **kwargs)
+    if not done.wait(seconds):
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
 #: redis-py's own TLS settings, passed through in a ``rediss://`` URL's query
 TLS_OPTIONS = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"})
 DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 5.0
+#: Bytes per second a call that moves chunks is given on top of ``timeout``: a backend
+#: slower than this is a slow backend.
+MIN_RATE = 1024 * 1024
 #: The longest one ``lease_wait`` blocks in Redis; a caller waiting longer calls again.
 MAX_BLOCK_S = 30.0
 #: How long a released lease's wake list outlives the release: waiters that read the
@@ -267,8 +309,9 @@ def client_options(timeout: float) -> dict[str, Any]:
         "socket_connect_timeout": timeout,
         "health_check_interval": 30,
         # one quick retry for a dropped connection; redis-py's default retries turn a
-        # wrong password or a dead server into seconds of stall per call
-        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
+        # wrong password or a dead server into seconds of stall per call, and a retried
+        # timeout pays the timeout again
+        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1, supported_errors=(redis.exceptions.ConnectionError,)),
     }
 
 
@@ -331,10 +374,25 @@ class RedisBackend(Backend):
         self._release = self._client.register_script(_RELEASE)
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` within ``timeout``; every failure a BackendError (see :meth:`_call_within`)."""
+        return self._call_within(self._timeout, what, fn, *args, **kwargs)
+
+    def _transfer_s(self, nbytes: int) -> float:
+        """The time a call that moves ``nbytes`` of chunks is given."""
+        return self._timeout + nbytes / MIN_RATE
+
+    def _call_within(self, seconds: float, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, given ``seconds`` as a whole; a BackendError for any failure or a late answer.
+
+        The whole call, not each read: a hung server (or sentinel, or seed node) costs the
+        caller one timeout, and the store's circuit breaker takes over from there.
+        """
         try:
-            return fn(*args, **kwargs)
+            return _bounded(seconds, fn, *args, **kwargs)
         except redis.exceptions.RedisError as exc:
             raise _error(exc, what) from None
+        except TimeoutError as exc:
+            raise BackendError(Reason.BACKEND_SLOW, f"redis {what}: {exc}") from None
 
     def ping(self) -> None:
         """Raise BackendError unless the server answers; used to validate a URL up front."""
@@ -376,7 +434,8 @@ class RedisBackend(Backend):
         batch = max(1, _MGET_BYTES // manifest.chunk_size)
         chunks: list[bytes | None] = []
         for i in range(0, len(names), batch):
-            chunks += self._call("mget", self._client.mget, names[i : i + batch])
+            chunks += self._call_within(self._transfer_s(batch * manifest.chunk_size), "mget", self._client.mget,
+                                        names[i : i + batch])
         if any(c is None for c in chunks):
             return None
         for i, chunk in enumerate(chunks):
@@ -404,7 +463,7 @@ class RedisBackend(Backend):
         pipe = self._client.pipeline(transaction=False)
         for name, chunk in zip(names, _chunks(parts, size), strict=True):
             pipe.set(name, chunk, px=self.ttl_ms)
-        self._call("set chunks", pipe.execute)
+        self._call_within(self._transfer_s(total), "set chunks", pipe.execute)
         return manifest.encode(), names
 
     def put(self, key: str, value: Buffer, *more: Buffer) -> None:
@@ -506,7 +565,8 @@ class RedisBackend(Backend):
     def lease_wait(self, name: str, token: str, timeout: float) -> bool:
         key = self._wake_key(name, token)
         block = min(max(timeout, 0.01), MAX_BLOCK_S)
-        return self._call("lease wait", self._blocking().blmove, key, key, block, "RIGHT", "LEFT") is not None
+        return self._call_within(block + self._timeout, "lease wait", self._blocking().blmove, key, key, block,
+                                 "RIGHT", "LEFT") is not None
 
     def _wake_key(self, name: str, token: str) -> str:
         return f"{self._name('w', name)}:{hashlib.sha256(token.encode()).hexdigest()[:16]}"
