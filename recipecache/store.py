@@ -26,7 +26,8 @@ The store is what training code talks to. Its promises:
   opens a circuit breaker (:class:`Breaker`): for a while the backend is not asked at all
   (each skipped call still counts under the failure's reason), then one call probes it;
   each failed probe doubles the pause, so an outage costs a few timeouts in all, not one
-  per lookup.
+  per lookup. A failure of one key (:class:`~recipecache.errors.BackendKeyError`) is that
+  key's miss and leaves the breaker closed.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from .backends.base import Backend, EntryInfo
 from .backends import open_backend
 from .buffers import Buffer, byte_view
 from .settings import StoreSettings
-from .errors import BackendError, VerificationError
+from .errors import BackendError, BackendKeyError, VerificationError
 from .events import EventLog
 from .keys import storage_key
 from .lease import HeldLease, SingleFlight
@@ -140,8 +141,9 @@ class Breaker:
     the next call is the one probe (other threads still fail at once until it answers; the
     probing thread's own nested calls go through). A failed probe doubles the pause, up to
     :data:`RETRY_AFTER_MAX_S`: a job spread over minutes against a dead or hung backend pays
-    a handful of timeouts in all. Any answer closes the breaker and resets the pause. The
-    clock is injectable so tests can step through the pauses.
+    a handful of timeouts in all. Any answer closes the breaker and resets the pause; a
+    failure of one key (:class:`BackendKeyError`) is such an answer. The clock is
+    injectable so tests can step through the pauses.
     """
 
     def __init__(self, url: str, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -167,6 +169,9 @@ class Breaker:
                 log.info("recipecache: retrying backend %s", self.url)
         try:
             result = fn(*args)
+        except BackendKeyError:
+            self._answered()
+            raise
         except BackendError as exc:
             self._failed(what, exc, probe)
             raise

@@ -13,8 +13,9 @@ import pytest
 import redis
 
 import recipecache
-from recipecache.backends.redis import RedisBackend
+from recipecache.backends.redis import RedisBackend, _error
 from recipecache.backends import open_backend
+from recipecache.errors import BackendKeyError
 from recipecache.keys import storage_key
 from redis_cluster import RedisSentinel
 from redis_server import HungPeer, RedisServer
@@ -265,7 +266,7 @@ def test_delete_takes_the_entry_and_its_chunks_in_one_step(redis_url: str) -> No
     assert int(stats.get("cmdstat_get", {}).get("calls", 0)) == gets, "no GET before the delete"
 
 
-# -- a server that never answers (issue 18, item 2) ---------------
+# -- a server that never answers; faults of one key (issue 18, items 2 and 3) ---------------
 TIMEOUT_S = 1.0
 
 
@@ -317,3 +318,61 @@ def test_a_hung_sentinel_before_a_good_one_costs_its_share(redis_sentinel: Redis
         assert store.put("k", b"v")
         assert store.get("k") == b"v"
         assert peer.connections >= 1, "the hung sentinel was asked first"
+
+
+@pytest.mark.parametrize("kind", ["list", "hash"])
+def test_a_lease_key_of_another_type_is_taken_over_and_other_keys_go_on(redis_url: str, kind: str) -> None:
+    """Before: WRONGTYPE from the lease opened the circuit breaker: the next key's lookup was a backend_error."""
+    namespace = "lt" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url, namespace=namespace)
+    store.put("other", b"fine")
+    client = redis.Redis.from_url(redis_url)
+    lease = f"rc:l:{storage_key(namespace, 'k')}"
+    client.rpush(lease, "x") if kind == "list" else client.hset(lease, "f", "v")
+    with store.begin("k") as flight:
+        assert flight.role == "leader"
+        assert store.get("other") == b"fine"
+        flight.publish(b"compiled")
+    assert store.get("k") == b"compiled"
+    stats = store.stats()
+    assert stats["fallback_by_reason"] == {} and "backend_error" not in stats["misses_by_reason"]
+
+
+def test_a_lease_without_expiry_is_no_lease(redis_url: str) -> None:
+    """Before: a waiter waited for it the whole wait_timeout (looking again every 30 s), then compiled anyway."""
+    namespace = "lx" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url, namespace=namespace)
+    lease = f"rc:l:{storage_key(namespace, 'k')}"
+    client = redis.Redis.from_url(redis_url)
+    client.set(lease, "feed:1:2:elsewhere")  # no PX: it would never expire
+    with store.begin("k", wait_timeout=20) as flight:
+        assert flight.role == "leader", "taken over, not waited for"
+        assert 0 < client.pttl(lease), "the lease taken over expires"
+    client.set(lease, "feed:1:2:elsewhere")
+    assert store.backend.lease_holder(storage_key(namespace, "k")).remaining_s == 0, "a waiter reads it as expired"
+
+
+def test_a_fault_of_one_key_is_a_key_error_not_a_failed_service(redis_url: str) -> None:
+    """The classification at the backend boundary, on real replies: WRONGTYPE (plain, in a pipeline, in a script)
+    and the errors of a hash slot in migration are one key's; the service's own failures are not."""
+    backend = open_backend(redis_url)
+    name = f"kf/{secrets.token_hex(32)}"
+    redis.Redis.from_url(redis_url).rpush(f"rc:l:{name}", "x")
+    for call in (lambda: backend.lease_holder(name), lambda: backend.lease_renew(name, "t", 30),
+                 lambda: backend.lease_release(name, "t")):
+        with pytest.raises(BackendKeyError) as info:
+            call()
+        assert info.value.reason == "backend_error"
+    key_faults = [redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+                  redis.exceptions.ClusterError("TTL exhausted."),
+                  redis.exceptions.MovedError("3999 127.0.0.1:6381"), redis.exceptions.AskError("3999 127.0.0.1:6381"),
+                  redis.exceptions.ResponseError("CROSSSLOT Keys in request don't hash to the same slot")]
+    service_faults = {"backend_slow": redis.exceptions.TimeoutError("Timeout reading from socket"),
+                      "backend_down": redis.exceptions.ConnectionError("Connection refused"),
+                      "backend_full": redis.exceptions.ResponseError("OOM command not allowed"),
+                      "backend_error": redis.exceptions.ResponseError("NOPERM this user has no permissions")}
+    for exc in key_faults:
+        assert isinstance(_error(exc, "x"), BackendKeyError), exc
+    for reason, exc in service_faults.items():
+        error = _error(exc, "x")
+        assert not isinstance(error, BackendKeyError) and error.reason == reason, exc

@@ -14,7 +14,7 @@ from recipecache import envelope
 from recipecache.backends.base import Backend
 from recipecache.backends.memory import MemoryBackend
 from recipecache.settings import StoreSettings
-from recipecache.errors import BackendError, ConfigError
+from recipecache.errors import BackendError, BackendKeyError, ConfigError
 from recipecache.events import EventLog, read_events
 from recipecache.keys import storage_key
 from recipecache.store import Store
@@ -251,6 +251,22 @@ def test_breaker_lets_one_probe_through_at_a_time() -> None:
     probe.join(30)
     assert backend.calls == 2
     assert store.stats()["misses_by_reason"] == {"backend_down": 5}
+
+
+def test_a_fault_of_one_key_leaves_the_breaker_closed() -> None:
+    class OneBadKey(MemoryBackend):
+        def get(self, key: str) -> bytes | None:
+            if key.endswith(storage_key("default", "bad").rpartition("/")[2]):
+                raise BackendKeyError("backend_error", "WRONGTYPE Operation against a key holding the wrong kind")
+            return super().get(key)
+
+    store = make_store(OneBadKey())
+    store.put("good", b"v")
+    for _ in range(3):
+        assert store.get("bad") is None
+        assert store.get("good") == b"v"
+    assert store.begin("bad").reason == "backend_error"
+    assert store.stats()["misses_by_reason"] == {"backend_error": 4}
 
 
 def test_event_log_records_the_trace(tmp_path: Path) -> None:

@@ -32,7 +32,8 @@ error. A key of another Redis type (``WRONGTYPE``) is damage under one key, not 
 service: ``get`` reports it as ``corrupt``, and puts and deletes replace or remove it.
 Conditional writes (``put_if``, ``delete_if``) read and compare the value in Python,
 then let a script apply the write only if the entry's stored form is still what was
-read. Leases are ``SET NX PX`` plus Lua compare-and-renew / compare-and-delete.
+read. Leases are ``SET NX PX`` (in a script that takes over a key there that is no lease:
+another type, or no expiry) plus Lua compare-and-renew / compare-and-delete.
 
 Waiting for a lease holder does not poll: a waiter blocks in ``BLMOVE`` on the holder's
 wake list ``rc:w:<key>:<token digest>``, and the holder's release (after it published)
@@ -50,7 +51,9 @@ seed node); calls that move chunks get more time in proportion to their bytes
 
 Every Redis failure becomes a :class:`BackendError`: ``backend_down`` (connection),
 ``backend_slow`` (no answer in time), ``backend_full`` (OOM under ``maxmemory``) or
-``backend_error``.
+``backend_error``. A failure of the keys of one call rather than of the service (a key of
+another type, a hash slot in migration: :func:`_concerns_keys`) is a
+:class:`BackendKeyError`: that key misses, the store's circuit breaker stays closed.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from ..buffers import Buffer
-from ..errors import BackendError, VerificationError
+from ..errors import BackendError, BackendKeyError, VerificationError
 from ..health import FAIL, PASS, WARN, HealthCheck
 from ..reasons import Reason
 from .base import Backend, EntryInfo, LeaseState, check_key, value_matches
@@ -217,6 +220,17 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# Take lease KEYS[1] for ARGV[1], expiring after ARGV[2] ms, if nobody holds it. A key there
+# that is no lease is taken over as if it had expired: one of another Redis type, or a
+# string without expiry (PTTL -1), which would never expire and keep every waiter waiting.
+_LEASE_ADD = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if type(redis.pcall('get', KEYS[1])) == 'table' or redis.call('pttl', KEYS[1]) == -1 then
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
 # Delete the lease if ARGV[1] holds it, and wake its waiters: one element on its wake
 # list KEYS[2], which expires after ARGV[2] ms (waiters rotate it, never empty it).
 _RELEASE = """
@@ -243,6 +257,30 @@ class _Loaded:
     problem: VerificationError | None = None
 
 
+#: Error replies about the keys of one command, not the service: a key of another type, keys in
+#: several hash slots, a slot in migration (TRYAGAIN while its keys move, MOVED/ASK redirections)
+_KEY_ERROR_CODES = frozenset({"WRONGTYPE", "CROSSSLOT", "TRYAGAIN", "MOVED", "ASK"})
+#: how redis-py's cluster client raises those (the code stripped from the message)
+_KEY_ERRORS = (redis.exceptions.TryAgainError, redis.exceptions.AskError, redis.exceptions.ClusterCrossSlotError)
+#: what redis-py puts before the reply of a failed command in a pipeline's error
+_PIPELINE_ERROR = re.compile(r"\ACommand # \d+ \(.*?\) of pipeline caused error: ", re.DOTALL)
+
+
+def _concerns_keys(exc: redis.exceptions.RedisError) -> bool:
+    """Whether ``exc`` is a failure of the keys of one call, which the service answered.
+
+    redis-py's cluster client follows MOVED/ASK/TRYAGAIN replies itself and raises a plain
+    ``ClusterError`` ("TTL exhausted") when a slot keeps redirecting or refusing: a slot in
+    migration, one hash slot's problem.
+    """
+    if type(exc) is redis.exceptions.ClusterError or isinstance(exc, _KEY_ERRORS):
+        return True
+    if not isinstance(exc, redis.exceptions.ResponseError):
+        return False
+    code = _PIPELINE_ERROR.sub("", str(exc)).partition(" ")[0]
+    return code in _KEY_ERROR_CODES
+
+
 def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
     reason: Reason
     if isinstance(exc, redis.exceptions.TimeoutError):
@@ -251,6 +289,8 @@ def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
         reason = Reason.BACKEND_DOWN
     elif isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("OOM"):
         reason = Reason.BACKEND_FULL
+    elif _concerns_keys(exc):
+        return BackendKeyError(Reason.BACKEND_ERROR, f"redis {what}: {exc}")
     else:
         reason = Reason.BACKEND_ERROR
     return BackendError(reason, f"redis {what}: {exc}")
@@ -372,6 +412,7 @@ class RedisBackend(Backend):
         self._cas = self._client.register_script(_COMPARE_AND_WRITE)
         self._renew = self._client.register_script(_RENEW)
         self._release = self._client.register_script(_RELEASE)
+        self._lease_add = self._client.register_script(_LEASE_ADD)
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` within ``timeout``; every failure a BackendError (see :meth:`_call_within`)."""
@@ -543,7 +584,7 @@ class RedisBackend(Backend):
 
     # -- leases --------------------------------------------------------------------
     def lease_add(self, name: str, token: str, ttl: float) -> bool:
-        return bool(self._call("lease", self._client.set, self._name("l", name), token, nx=True, px=int(ttl * 1000)))
+        return bool(self._call("lease", self._lease_add, keys=[self._name("l", name)], args=[token, int(ttl * 1000)]))
 
     def lease_renew(self, name: str, token: str, ttl: float) -> bool:
         return bool(self._call("lease renew", self._renew, keys=[self._name("l", name)], args=[token, int(ttl * 1000)]))
@@ -559,8 +600,8 @@ class RedisBackend(Backend):
         token, pttl = self._call("lease holder", pipe.execute)
         if token is None or pttl == -2:  # -2: released or expired between the two commands
             return None
-        # -1: a lease without expiry (not one of ours): look again after the longest block
-        return LeaseState(token.decode(errors="replace"), pttl / 1000 if pttl >= 0 else MAX_BLOCK_S)
+        # -1: a key without expiry is no lease (it would never expire): expired, for lease_add to take over
+        return LeaseState(token.decode(errors="replace"), pttl / 1000 if pttl >= 0 else 0.0)
 
     def lease_wait(self, name: str, token: str, timeout: float) -> bool:
         key = self._wake_key(name, token)
