@@ -37,6 +37,12 @@ class BackendError(RecipeCacheError):
         self.reason = reason
 
 
+class BackendKeyError(BackendError):
+    """A backend failure confined to the keys of one call (a Redis key of another type, a hash slot in
+    migration): that key misses, counted under ``reason``, but the service answered, so the store's
+    circuit breaker stays closed and every other key goes on being served."""
+
+
 class VerificationError(RecipeCacheError):
     """An envelope failed its checksum, signature or format check.
 

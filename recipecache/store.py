@@ -23,9 +23,11 @@ The store is what training code talks to. Its promises:
   rewritten in place (``update``) are read from the backend where a copy could be stale:
   see :meth:`Store.update`.
 * Nothing a backend does (down, slow, full, corrupt) raises into the caller. A failure
-  opens a short circuit breaker: for ``retry_after`` seconds the backend is not asked at
-  all (each skipped call still counts under the failure's reason), so an outage costs
-  one timeout, not one per lookup.
+  opens a circuit breaker (:class:`Breaker`): for a while the backend is not asked at all
+  (each skipped call still counts under the failure's reason), then one call probes it;
+  each failed probe doubles the pause, so an outage costs a few timeouts in all, not one
+  per lookup. A failure of one key (:class:`~recipecache.errors.BackendKeyError`) is that
+  key's miss and leaves the breaker closed.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from .backends.base import Backend, EntryInfo
 from .backends import open_backend
 from .buffers import Buffer, byte_view
 from .settings import StoreSettings
-from .errors import BackendError, VerificationError
+from .errors import BackendError, BackendKeyError, VerificationError
 from .events import EventLog
 from .keys import storage_key
 from .lease import HeldLease, SingleFlight
@@ -57,8 +59,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Seconds a failed backend is left alone before the store tries it again.
+#: Seconds a failed backend is left alone before the store tries it again; each failed try
+#: doubles the pause, up to RETRY_AFTER_MAX_S.
 RETRY_AFTER_S = 5.0
+RETRY_AFTER_MAX_S = 120.0
 #: Tries of one :meth:`Store.update` before it gives up as a ``conflict``, and its backoff.
 UPDATE_ATTEMPTS = 16
 _UPDATE_BACKOFF_S = 0.002
@@ -129,17 +133,98 @@ class Flight:
         self.release()
 
 
+class Breaker:
+    """The store's circuit breaker: a failed backend is left alone for a pause, then probed by one call.
+
+    Every call of a backend that keeps failing would pay its timeout again; while the
+    breaker is open calls fail at once with the failure's reason instead. After the pause
+    the next call is the one probe (other threads still fail at once until it answers; the
+    probing thread's own nested calls go through). A failed probe doubles the pause, up to
+    :data:`RETRY_AFTER_MAX_S`: a job spread over minutes against a dead or hung backend pays
+    a handful of timeouts in all. Any answer closes the breaker and resets the pause; a
+    failure of one key (:class:`BackendKeyError`) is such an answer. The clock is
+    injectable so tests can step through the pauses.
+    """
+
+    def __init__(self, url: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.url = url
+        self._clock = clock
+        self._lock = threading.Lock()
+        #: why the backend is left alone; None while the breaker is closed
+        self.reason: Reason | None = None
+        self._until = 0.0
+        self._pause = 0.0
+        #: the thread whose call is the probe now
+        self._prober: int | None = None
+
+    def call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run a backend call; raise BackendError at once while the breaker is open."""
+        me = threading.get_ident()
+        probe = False
+        with self._lock:
+            if self.reason is not None and self._prober != me:
+                if self._prober is not None or self._clock() < self._until:
+                    raise BackendError(self.reason, "backend unavailable (retrying later)")
+                self._prober, probe = me, True
+                log.info("recipecache: retrying backend %s", self.url)
+        try:
+            result = fn(*args)
+        except BackendKeyError:
+            self._answered()
+            raise
+        except BackendError as exc:
+            self._failed(what, exc, probe)
+            raise
+        finally:
+            if probe:
+                with self._lock:
+                    if self._prober == me:
+                        self._prober = None
+        self._answered()
+        return result
+
+    def _failed(self, what: str, exc: BackendError, probe: bool) -> None:
+        with self._lock:
+            first = self.reason is None
+            if first:
+                self._pause = RETRY_AFTER_S
+            elif probe:
+                self._pause = min(self._pause * 2, RETRY_AFTER_MAX_S)
+            self.reason = exc.reason
+            self._until = self._clock() + self._pause
+            pause = self._pause
+        if first:
+            log.warning("recipecache: %s failed on %s (%s: %s); compiling locally, retrying the cache in %.0f s",
+                        what, self.url, exc.reason, exc, pause)
+        elif probe:
+            log.info("recipecache: backend %s still failing (%s: %s); next try in %.0f s",
+                     self.url, exc.reason, exc, pause)
+
+    def _answered(self) -> None:
+        """Close the breaker: the backend answered (the probe itself, or a call nested in it, such as a
+        lookup inside a single-flight wait that would otherwise hold the probe for minutes)."""
+        with self._lock:
+            if self.reason is None:
+                return
+            self.reason = None
+            self._pause = 0.0
+            self._prober = None
+        log.warning("recipecache: backend %s is back", self.url)
+
+
 class Store:
-    def __init__(self, backend: Backend, settings: StoreSettings, *, events: EventLog | None = None) -> None:
+    def __init__(
+        self, backend: Backend, settings: StoreSettings, *, events: EventLog | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock`` paces the circuit breaker (:class:`Breaker`)."""
         self.backend = backend
         self.settings = settings
         self.namespace = settings.namespace
         self.events = events if events is not None else EventLog.from_env()
         self._stats = Stats()
         self._flight = SingleFlight(backend, ttl=settings.lease_ttl)
-        self._lock = threading.Lock()
-        self._broken_until = 0.0
-        self._broken_reason: Reason | None = None
+        self._breaker = Breaker(backend.url, clock=clock)
         self.node = None if settings.node_dir is None else NodeTier(
             settings.node_dir, max_size=settings.node_max_size, lease_ttl=settings.lease_ttl,
             wait_timeout=settings.wait_timeout, stats=self._stats)
@@ -150,30 +235,8 @@ class Store:
 
     # -- degradation ---------------------------------------------------------------
     def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        """Run a backend call; raise BackendError at once while the breaker is open."""
-        with self._lock:
-            if self._broken_reason is not None:
-                if time.monotonic() < self._broken_until:
-                    raise BackendError(self._broken_reason, "backend unavailable (retrying later)")
-                log.info("recipecache: retrying backend %s", self.backend.url)
-        try:
-            result = fn(*args)
-        except BackendError as exc:
-            with self._lock:
-                first = self._broken_reason is None
-                self._broken_reason = exc.reason
-                self._broken_until = time.monotonic() + RETRY_AFTER_S
-            if first:
-                log.warning(
-                    "recipecache: %s failed on %s (%s: %s); compiling locally, retrying the cache in %.0f s",
-                    what, self.backend.url, exc.reason, exc, RETRY_AFTER_S,
-                )
-            raise
-        with self._lock:
-            if self._broken_reason is not None:
-                log.warning("recipecache: backend %s is back", self.backend.url)
-                self._broken_reason = None
-        return result
+        """Run a backend call through the circuit breaker."""
+        return self._breaker.call(what, fn, *args)
 
     # -- bytes ---------------------------------------------------------------------
     def _read(self, key: str, *, node: bool = True) -> Lookup:

@@ -6,16 +6,19 @@ import secrets
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import redis
 
 import recipecache
-from recipecache.backends.redis import PENDING_CHUNK_TTL_MS, RedisBackend
+from recipecache.backends.redis import PENDING_CHUNK_TTL_MS, RedisBackend, _error
 from recipecache.backends import open_backend
+from recipecache.errors import BackendKeyError
 from recipecache.keys import storage_key
-from redis_server import RedisServer
+from redis_cluster import RedisSentinel
+from redis_server import HungPeer, RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -404,3 +407,115 @@ def test_a_manifest_that_understates_its_chunks_fetches_none_of_them(redis_url: 
     assert store.stats()["misses_by_reason"] == {"corrupt": 1}
     assert mget_calls(client) == before, "no chunk was fetched"
     assert int(client.info("stats")["total_net_output_bytes"]) - sent < 1024 * 1024
+
+
+# -- a server that never answers; faults of one key (issue 18, items 2 and 3) ---------------
+TIMEOUT_S = 1.0
+
+
+def hung_url(form: str, port: int) -> str:
+    if form == "plain":
+        return f"redis://127.0.0.1:{port}/0?timeout={TIMEOUT_S:g}"
+    return f"redis+sentinel://127.0.0.1:{port}/svc?timeout={TIMEOUT_S:g}"
+
+
+@pytest.mark.parametrize("form", ["plain", "sentinel"])
+def test_a_server_that_never_answers_costs_one_timeout_per_call(form: str) -> None:
+    """Before: 4 timeouts per call on a plain URL (handshake and redis-py's retry), ~23 behind a sentinel."""
+    with HungPeer() as peer:
+        store = recipecache.open_store(hung_url(form, peer.port), namespace="hung")
+        start = time.monotonic()
+        flight = store.begin("k")
+        took = time.monotonic() - start
+        assert took < 3 * TIMEOUT_S, f"begin took {took:.1f} s with timeout={TIMEOUT_S:g}"
+        assert (flight.role, flight.reason) == ("fallback", "backend_slow")
+        for name in ("a", "b", "c"):  # the breaker is open: nothing more waits for the peer
+            assert store.begin(name).reason == "backend_slow"
+        assert store.stats()["fallback_by_reason"] == {"backend_slow": 4}
+        for call in (store.backend.ping, lambda: store.backend.lease_holder(storage_key("hung", "k"))):
+            start = time.monotonic()
+            with pytest.raises(recipecache.BackendError) as info:
+                call()
+            assert info.value.reason == "backend_slow"
+            assert time.monotonic() - start < 3 * TIMEOUT_S
+
+
+def test_stats_through_a_hung_sentinel_is_one_line_within_the_timeout() -> None:
+    """Before: ``recipecache stats`` through a hung sentinel took 12 timeouts."""
+    with HungPeer() as peer:
+        url = f"redis+sentinel://127.0.0.1:{peer.port}/svc?timeout=3"
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "recipecache.cli", "stats", "--url", url],
+                              capture_output=True, text=True, timeout=120, check=False)
+        took = time.monotonic() - start
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "no sentinel knows a primary for 'svc'" in proc.stderr
+    assert took < 3 * 3, f"stats took {took:.1f} s with timeout=3 (process start included)"
+
+
+def test_a_hung_sentinel_before_a_good_one_costs_its_share(redis_sentinel: RedisSentinel) -> None:
+    """Each sentinel gets its share of the timeout, so the good one is still asked within the whole call's bound."""
+    with HungPeer() as peer:
+        url = redis_sentinel.url.replace("//", f"//127.0.0.1:{peer.port},", 1) + "?timeout=2"
+        store = recipecache.open_store(url, namespace="s" + secrets.token_hex(4))
+        assert store.put("k", b"v")
+        assert store.get("k") == b"v"
+        assert peer.connections >= 1, "the hung sentinel was asked first"
+
+
+@pytest.mark.parametrize("kind", ["list", "hash"])
+def test_a_lease_key_of_another_type_is_taken_over_and_other_keys_go_on(redis_url: str, kind: str) -> None:
+    """Before: WRONGTYPE from the lease opened the circuit breaker: the next key's lookup was a backend_error."""
+    namespace = "lt" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url, namespace=namespace)
+    store.put("other", b"fine")
+    client = redis.Redis.from_url(redis_url)
+    lease = f"rc:l:{storage_key(namespace, 'k')}"
+    client.rpush(lease, "x") if kind == "list" else client.hset(lease, "f", "v")
+    with store.begin("k") as flight:
+        assert flight.role == "leader"
+        assert store.get("other") == b"fine"
+        flight.publish(b"compiled")
+    assert store.get("k") == b"compiled"
+    stats = store.stats()
+    assert stats["fallback_by_reason"] == {} and "backend_error" not in stats["misses_by_reason"]
+
+
+def test_a_lease_without_expiry_is_no_lease(redis_url: str) -> None:
+    """Before: a waiter waited for it the whole wait_timeout (looking again every 30 s), then compiled anyway."""
+    namespace = "lx" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_url, namespace=namespace)
+    lease = f"rc:l:{storage_key(namespace, 'k')}"
+    client = redis.Redis.from_url(redis_url)
+    client.set(lease, "feed:1:2:elsewhere")  # no PX: it would never expire
+    with store.begin("k", wait_timeout=20) as flight:
+        assert flight.role == "leader", "taken over, not waited for"
+        assert 0 < client.pttl(lease), "the lease taken over expires"
+    client.set(lease, "feed:1:2:elsewhere")
+    assert store.backend.lease_holder(storage_key(namespace, "k")).remaining_s == 0, "a waiter reads it as expired"
+
+
+def test_a_fault_of_one_key_is_a_key_error_not_a_failed_service(redis_url: str) -> None:
+    """The classification at the backend boundary, on real replies: WRONGTYPE (plain, in a pipeline, in a script)
+    and the errors of a hash slot in migration are one key's; the service's own failures are not."""
+    backend = open_backend(redis_url)
+    name = f"kf/{secrets.token_hex(32)}"
+    redis.Redis.from_url(redis_url).rpush(f"rc:l:{name}", "x")
+    for call in (lambda: backend.lease_holder(name), lambda: backend.lease_renew(name, "t", 30),
+                 lambda: backend.lease_release(name, "t")):
+        with pytest.raises(BackendKeyError) as info:
+            call()
+        assert info.value.reason == "backend_error"
+    key_faults = [redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+                  redis.exceptions.ClusterError("TTL exhausted."),
+                  redis.exceptions.MovedError("3999 127.0.0.1:6381"), redis.exceptions.AskError("3999 127.0.0.1:6381"),
+                  redis.exceptions.ResponseError("CROSSSLOT Keys in request don't hash to the same slot")]
+    service_faults = {"backend_slow": redis.exceptions.TimeoutError("Timeout reading from socket"),
+                      "backend_down": redis.exceptions.ConnectionError("Connection refused"),
+                      "backend_full": redis.exceptions.ResponseError("OOM command not allowed"),
+                      "backend_error": redis.exceptions.ResponseError("NOPERM this user has no permissions")}
+    for exc in key_faults:
+        assert isinstance(_error(exc, "x"), BackendKeyError), exc
+    for reason, exc in service_faults.items():
+        error = _error(exc, "x")
+        assert not isinstance(error, BackendKeyError) and error.reason == reason, exc

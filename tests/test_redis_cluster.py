@@ -17,11 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
+from redis.crc import key_slot
 from redis_cluster import RedisCluster
 from redis_server import free_port
 
 import recipecache
 from recipecache.events import read_events
+from recipecache.keys import storage_key
 from launcher.main import main as launcher_main
 
 WORKERS = Path(__file__).parent / "workers"
@@ -122,3 +125,35 @@ def test_a_put_out_of_memory_half_way_on_a_cluster_leaves_no_chunk_behind(redis_
     assert info.value.reason == "backend_full", info.value
     backend.put(key, b"fits again" * 10_000)
     assert backend.get(key) == b"fits again" * 10_000
+
+
+def test_a_slot_in_migration_is_its_keys_miss_not_a_failed_cluster(redis_cluster: RedisCluster) -> None:
+    """One hash slot MIGRATING/IMPORTING between two primaries answers TRYAGAIN/ASK for its keys only.
+
+    Before: redis-py's "TTL exhausted" after the TRYAGAIN replies opened the circuit breaker, so an
+    unrelated key's lookup right after was a ``backend_error``.
+    """
+    namespace = "mig" + secrets.token_hex(4)
+    store = recipecache.open_store(redis_cluster.url, namespace=namespace)
+    assert store.put("k", b"before")
+    assert store.put("other", b"fine")
+    slot, other_slot = (key_slot(f"rc:e:{{{storage_key(namespace, k)}}}".encode()) for k in ("k", "other"))
+    assert slot != other_slot
+    nodes = {node.port: redis.Redis(port=node.port) for node in redis_cluster.nodes}
+    source = next(int(port) for start, end, (_host, port, *_), *_ in next(iter(nodes.values())).execute_command(
+        "CLUSTER", "SLOTS") if start <= slot <= end)
+    target = next(port for port in nodes if port != source)
+    ids = {port: client.execute_command("CLUSTER", "MYID").decode() for port, client in nodes.items()}
+    nodes[target].execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
+    nodes[source].execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+    try:
+        assert not store.put("k", b"during"), "a script on the migrating slot's keys gets TRYAGAIN"
+        assert store.get("other") == b"fine", "the circuit breaker stays closed for every other key"
+        assert store.put("other", b"still fine") and store.get("other") == b"still fine"
+        assert store.get("k") == b"before", "single-key reads of the migrating slot still work"
+        stats = store.stats()
+        assert stats["put_failures_by_reason"] == {"backend_error": 1}
+        assert stats["misses_by_reason"] == {}
+    finally:
+        for port in (source, target):
+            nodes[port].execute_command("CLUSTER", "SETSLOT", slot, "STABLE")

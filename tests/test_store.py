@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from recipecache import envelope
 from recipecache.backends.base import Backend
 from recipecache.backends.memory import MemoryBackend
 from recipecache.settings import StoreSettings
-from recipecache.errors import BackendError, ConfigError
+from recipecache.errors import BackendError, BackendKeyError, ConfigError
 from recipecache.events import EventLog, read_events
 from recipecache.keys import storage_key
 from recipecache.store import Store
@@ -186,6 +187,86 @@ def test_backend_recovers_after_retry_window(monkeypatch: pytest.MonkeyPatch) ->
     backend.down = False
     store.put("k", b"v")
     assert store.get("k") == b"v"
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_breaker_backs_off_while_the_backend_keeps_failing() -> None:
+    """A backend down for a 10-minute job, looked up every second: a few calls reach it, not one per 5 s."""
+    backend, clock = FailingBackend(), Clock()
+    store = Store(backend, StoreSettings(url="memory://"), events=EventLog(None), clock=clock)
+    tried_at = []
+    for second in range(600):
+        clock.now = 1000.0 + second
+        before = backend.calls
+        assert store.get(f"k{second}") is None
+        if backend.calls > before:
+            tried_at.append(second)
+    pauses = [b - a for a, b in zip(tried_at, tried_at[1:])]
+    assert pauses[:5] == [5, 10, 20, 40, 80], "each failed try doubles the pause"
+    assert max(pauses) == 120 and len(tried_at) <= 10, tried_at
+    assert store.stats()["misses_by_reason"] == {"backend_down": 600}, "every skipped call is counted"
+    backend.down = False
+    clock.now += 120
+    assert store.put("k", b"v") and store.get("k") == b"v"
+    backend.down = True
+    assert store.get("k") is None
+    clock.now += 5
+    calls = backend.calls
+    assert store.get("k") is None and backend.calls == calls + 1, "an answer resets the pause to the first one"
+
+
+def test_breaker_lets_one_probe_through_at_a_time() -> None:
+    class SlowDeadBackend(FailingBackend):
+        """Down, and its probe hangs until the test lets it fail."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def get(self, key: str) -> bytes | None:
+            if self.calls:
+                self.entered.set()
+                self.release.wait(30)
+            return super().get(key)
+
+    backend, clock = SlowDeadBackend(), Clock()
+    store = Store(backend, StoreSettings(url="memory://"), events=EventLog(None), clock=clock)
+    assert store.get("k") is None and backend.calls == 1
+    clock.now += 5
+    probe = threading.Thread(target=store.get, args=("k",))
+    probe.start()
+    assert backend.entered.wait(30)
+    assert [store.get(f"other{i}") for i in range(3)] == [None] * 3
+    assert backend.calls == 1, "while one probe waits for the backend, the other calls do not"
+    backend.release.set()
+    probe.join(30)
+    assert backend.calls == 2
+    assert store.stats()["misses_by_reason"] == {"backend_down": 5}
+
+
+def test_a_fault_of_one_key_leaves_the_breaker_closed() -> None:
+    class OneBadKey(MemoryBackend):
+        def get(self, key: str) -> bytes | None:
+            if key.endswith(storage_key("default", "bad").rpartition("/")[2]):
+                raise BackendKeyError("backend_error", "WRONGTYPE Operation against a key holding the wrong kind")
+            return super().get(key)
+
+    store = make_store(OneBadKey())
+    store.put("good", b"v")
+    for _ in range(3):
+        assert store.get("bad") is None
+        assert store.get("good") == b"v"
+    assert store.begin("bad").reason == "backend_error"
+    assert store.stats()["misses_by_reason"] == {"backend_error": 4}
 
 
 def test_event_log_records_the_trace(tmp_path: Path) -> None:

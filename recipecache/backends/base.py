@@ -9,9 +9,11 @@ too. A backend must
   and stored as their concatenation, so writers need not join them; ``get`` may return any
   buffer (``bytes``, or a ``memoryview`` of what it read) and callers must not assume ``bytes``;
 * raise :class:`~recipecache.errors.BackendError` with a counted reason for any failure
-  of the service itself (down, slow, full, I/O error) and for nothing that concerns one
-  key only, since the store answers a ``BackendError`` by leaving the backend alone for a
-  while (its circuit breaker);
+  of the service itself (down, slow, full, I/O error), since the store answers a
+  ``BackendError`` by leaving the backend alone for a while (its circuit breaker); a
+  failure that concerns the keys of one call only (a Redis key of another type, a hash
+  slot in migration) is a :class:`~recipecache.errors.BackendKeyError`, that key's miss,
+  which leaves the breaker closed;
 * raise :class:`~recipecache.errors.VerificationError` from ``get`` when the value under
   one key is damaged in the backend's own framing (a Redis chunk manifest that does not
   parse or does not fit its chunks, a key of the wrong Redis type): reason ``corrupt``,

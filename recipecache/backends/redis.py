@@ -39,7 +39,8 @@ error. A key of another Redis type (``WRONGTYPE``) is damage under one key, not 
 service: ``get`` reports it as ``corrupt``, and puts and deletes replace or remove it.
 Conditional writes (``put_if``, ``delete_if``) read and compare the value in Python,
 then let a script apply the write only if the entry's stored form is still what was
-read. Leases are ``SET NX PX`` plus Lua compare-and-renew / compare-and-delete.
+read. Leases are ``SET NX PX`` (in a script that takes over a key there that is no lease:
+another type, or no expiry) plus Lua compare-and-renew / compare-and-delete.
 
 Waiting for a lease holder does not poll: a waiter blocks in ``BLMOVE`` on the holder's
 wake list ``rc:w:<key>:<token digest>``, and the holder's release (after it published)
@@ -49,9 +50,17 @@ waiter blocked on that list, and any that arrives later, wakes at once; the list
 by itself. Blocking calls go through a second connection pool whose socket timeout
 exceeds the longest block (:data:`MAX_BLOCK_S`), so a long wait is not a timeout.
 
+Every call is bounded by ``timeout`` as a whole (:meth:`RedisBackend._call_within`): a
+server that accepts connections and never answers costs one timeout per call, whatever
+redis-py does inside it (the connection handshake, its retry, asking each sentinel, each
+seed node); calls that move chunks get more time in proportion to their bytes
+(:data:`MIN_RATE`), and a blocking wait its block.
+
 Every Redis failure becomes a :class:`BackendError`: ``backend_down`` (connection),
-``backend_slow`` (socket timeout), ``backend_full`` (OOM under ``maxmemory``) or
-``backend_error``.
+``backend_slow`` (no answer in time), ``backend_full`` (OOM under ``maxmemory``) or
+``backend_error``. A failure of the keys of one call rather than of the service (a key of
+another type, a hash slot in migration: :func:`_concerns_keys`) is a
+:class:`BackendKeyError`: that key misses, the store's circuit breaker stays closed.
 """
 
 from __future__ import annotations
@@ -75,7 +84,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from ..buffers import Buffer
-from ..errors import BackendError, VerificationError
+from ..errors import BackendError, BackendKeyError, VerificationError
 from ..health import FAIL, PASS, WARN, HealthCheck
 from ..reasons import Reason
 from .base import Backend, EntryInfo, LeaseState, check_key, is_key, value_matches
@@ -245,6 +254,17 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# Take lease KEYS[1] for ARGV[1], expiring after ARGV[2] ms, if nobody holds it. A key there
+# that is no lease is taken over as if it had expired: one of another Redis type, or a
+# string without expiry (PTTL -1), which would never expire and keep every waiter waiting.
+_LEASE_ADD = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if type(redis.pcall('get', KEYS[1])) == 'table' or redis.call('pttl', KEYS[1]) == -1 then
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
 # Delete the lease if ARGV[1] holds it, and wake its waiters: one element on its wake
 # list KEYS[2], which expires after ARGV[2] ms (waiters rotate it, never empty it).
 _RELEASE = """
@@ -271,17 +291,77 @@ class _Loaded:
     problem: VerificationError | None = None
 
 
+#: Error replies about the keys of one command, not the service: a key of another type, keys in
+#: several hash slots, a slot in migration (TRYAGAIN while its keys move, MOVED/ASK redirections)
+_KEY_ERROR_CODES = frozenset({"WRONGTYPE", "CROSSSLOT", "TRYAGAIN", "MOVED", "ASK"})
+#: how redis-py's cluster client raises those (the code stripped from the message)
+_KEY_ERRORS = (redis.exceptions.TryAgainError, redis.exceptions.AskError, redis.exceptions.ClusterCrossSlotError)
+#: what redis-py puts before the reply of a failed command in a pipeline's error
+_PIPELINE_ERROR = re.compile(r"\ACommand # \d+ \(.*?\) of pipeline caused error: ", re.DOTALL)
+
+
+def _concerns_keys(exc: redis.exceptions.RedisError) -> bool:
+    """Whether ``exc`` is a failure of the keys of one call, which the service answered.
+
+    redis-py's cluster client follows MOVED/ASK/TRYAGAIN replies itself and raises a plain
+    ``ClusterError`` ("TTL exhausted") when a slot keeps redirecting or refusing: a slot in
+    migration, one hash slot's problem.
+    """
+    if type(exc) is redis.exceptions.ClusterError or isinstance(exc, _KEY_ERRORS):
+        return True
+    if not isinstance(exc, redis.exceptions.ResponseError):
+        return False
+    code = _PIPELINE_ERROR.sub("", str(exc)).partition(" ")[0]
+    return code in _KEY_ERROR_CODES
+
+
 def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
     reason: Reason
     if isinstance(exc, redis.exceptions.TimeoutError):
         reason = Reason.BACKEND_SLOW
     elif isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.AuthenticationError)):
         reason = Reason.BACKEND_DOWN
-    elif isinstance(exc, redis.exceptions.OutOfMemoryError):  # also inside a pipeline, whose errors say "Command # n"
+    elif isinstance(exc, redis.exceptions.OutOfMemoryError) or (  # the class also inside a pipeline ("Command # n")
+            isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("OOM")):
         reason = Reason.BACKEND_FULL
+    elif _concerns_keys(exc):
+        return BackendKeyError(Reason.BACKEND_ERROR, f"redis {what}: {exc}")
     else:
         reason = Reason.BACKEND_ERROR
     return BackendError(reason, f"redis {what}: {exc}")
+
+
+def _bounded(seconds: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, waited for at most ``seconds``; the builtin TimeoutError after that.
+
+    ``fn`` runs on a thread of its own (made per call: nothing to rebuild after a fork), which
+    is left to end by itself when the time is up; redis-py's socket timeout ends it soon after.
+    A socket timeout alone bounds each read, not a call: redis-py may connect, retry, and
+    ask one sentinel or seed node after another within one call.
+    """
+    done = threading.Event()
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn(*args, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    try:
+        threading.Thread(target=run, name="recipecache-redis-call", daemon=True).start()
+    except RuntimeError:
+        # no new threads here (Python 3.12 in atexit handlers, which release the leases of
+        # compiles cut short): the call runs bounded per read, as a release must still happen
+        return fn(*args, **kwargs)
+    if not done.wait(seconds):
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 #: redis-py's own TLS settings, passed through in a ``rediss://`` URL's query
@@ -299,6 +379,9 @@ TTL_RANGE_S = (1.0, 10 * 365 * 86400.0)
 #: under 10 ms a loaded server answers nothing in time, and a stalled server holds a rank
 #: one timeout, which should not exceed how long a rank waits for another's compile (600 s)
 TIMEOUT_RANGE_S = (0.01, 600.0)
+#: Bytes per second a call that moves chunks is given on top of ``timeout``: a backend
+#: slower than this is a slow backend.
+MIN_RATE = 1024 * 1024
 #: The longest one ``lease_wait`` blocks in Redis; a caller waiting longer calls again.
 MAX_BLOCK_S = 30.0
 #: How long a released lease's wake list outlives the release: waiters that read the
@@ -312,8 +395,9 @@ def client_options(timeout: float) -> dict[str, Any]:
         "socket_connect_timeout": timeout,
         "health_check_interval": 30,
         # one quick retry for a dropped connection; redis-py's default retries turn a
-        # wrong password or a dead server into seconds of stall per call
-        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
+        # wrong password or a dead server into seconds of stall per call, and a retried
+        # timeout pays the timeout again
+        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1, supported_errors=(redis.exceptions.ConnectionError,)),
     }
 
 
@@ -374,12 +458,28 @@ class RedisBackend(Backend):
         self._cas = self._client.register_script(_COMPARE_AND_WRITE)
         self._renew = self._client.register_script(_RENEW)
         self._release = self._client.register_script(_RELEASE)
+        self._lease_add = self._client.register_script(_LEASE_ADD)
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` within ``timeout``; every failure a BackendError (see :meth:`_call_within`)."""
+        return self._call_within(self._timeout, what, fn, *args, **kwargs)
+
+    def _transfer_s(self, nbytes: int) -> float:
+        """The time a call that moves ``nbytes`` of chunks is given."""
+        return self._timeout + nbytes / MIN_RATE
+
+    def _call_within(self, seconds: float, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, given ``seconds`` as a whole; a BackendError for any failure or a late answer.
+
+        The whole call, not each read: a hung server (or sentinel, or seed node) costs the
+        caller one timeout, and the store's circuit breaker takes over from there.
+        """
         try:
-            return fn(*args, **kwargs)
+            return _bounded(seconds, fn, *args, **kwargs)
         except redis.exceptions.RedisError as exc:
             raise _error(exc, what) from None
+        except TimeoutError as exc:
+            raise BackendError(Reason.BACKEND_SLOW, f"redis {what}: {exc}") from None
 
     def ping(self) -> None:
         """Raise BackendError unless the server answers; used to validate a URL up front."""
@@ -438,7 +538,8 @@ class RedisBackend(Backend):
         batch = max(1, _MGET_BYTES // manifest.chunk_size)
         chunks: list[bytes | None] = []
         for i in range(0, len(names), batch):
-            chunks += self._call("mget", self._client.mget, names[i : i + batch])
+            chunks += self._call_within(self._transfer_s(batch * manifest.chunk_size), "mget", self._client.mget,
+                                        names[i : i + batch])
         if any(c is None for c in chunks):
             return None
         for i, chunk in enumerate(chunks):  # again: a chunk written over since its length was asked for
@@ -467,7 +568,7 @@ class RedisBackend(Backend):
         for name, chunk in zip(names, _chunks(parts, size), strict=True):
             pipe.set(name, chunk, px=PENDING_CHUNK_TTL_MS)
         try:
-            self._call("set chunks", pipe.execute)
+            self._call_within(self._transfer_s(total), "set chunks", pipe.execute)
         except BackendError:  # e.g. out of memory half-way: no manifest names what was written
             self._discard(names)
             raise
@@ -621,7 +722,7 @@ class RedisBackend(Backend):
 
     # -- leases --------------------------------------------------------------------
     def lease_add(self, name: str, token: str, ttl: float) -> bool:
-        return bool(self._call("lease", self._client.set, self._name("l", name), token, nx=True, px=int(ttl * 1000)))
+        return bool(self._call("lease", self._lease_add, keys=[self._name("l", name)], args=[token, int(ttl * 1000)]))
 
     def lease_renew(self, name: str, token: str, ttl: float) -> bool:
         return bool(self._call("lease renew", self._renew, keys=[self._name("l", name)], args=[token, int(ttl * 1000)]))
@@ -637,13 +738,14 @@ class RedisBackend(Backend):
         token, pttl = self._call("lease holder", pipe.execute)
         if token is None or pttl == -2:  # -2: released or expired between the two commands
             return None
-        # -1: a lease without expiry (not one of ours): look again after the longest block
-        return LeaseState(token.decode(errors="replace"), pttl / 1000 if pttl >= 0 else MAX_BLOCK_S)
+        # -1: a key without expiry is no lease (it would never expire): expired, for lease_add to take over
+        return LeaseState(token.decode(errors="replace"), pttl / 1000 if pttl >= 0 else 0.0)
 
     def lease_wait(self, name: str, token: str, timeout: float) -> bool:
         key = self._wake_key(name, token)
         block = min(max(timeout, 0.01), MAX_BLOCK_S)
-        return self._call("lease wait", self._blocking().blmove, key, key, block, "RIGHT", "LEFT") is not None
+        return self._call_within(block + self._timeout, "lease wait", self._blocking().blmove, key, key, block,
+                                 "RIGHT", "LEFT") is not None
 
     def _wake_key(self, name: str, token: str) -> str:
         return f"{self._name('w', name)}:{hashlib.sha256(token.encode()).hexdigest()[:16]}"

@@ -22,6 +22,7 @@ sends to learn the topology (:data:`CLUSTER_ACL_COMMANDS`).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -70,17 +71,29 @@ def _settings(url: StoreURL) -> dict[str, Any]:
     return url_settings(url)
 
 
-class _FailedPipeline:
-    """A pipeline of a cluster that could not be reached: it queues nothing and fails on execute."""
+class _DeferredPipeline:
+    """A cluster pipeline that queues its commands and connects on ``execute``.
 
-    def __init__(self, error: redis.exceptions.RedisError) -> None:
-        self._error = error
+    Making the cluster client asks the seed nodes; on ``execute`` that happens inside the
+    backend's bounded call (and its error handling), not where the pipeline is built.
+    """
+
+    def __init__(self, cluster: _LazyCluster, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._cluster, self._args, self._kwargs = cluster, args, kwargs
+        self._queued: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 
     def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: self
+        def queue(*args: Any, **kwargs: Any) -> _DeferredPipeline:
+            self._queued.append((name, args, kwargs))
+            return self
+
+        return queue
 
     def execute(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._error
+        pipe = self._cluster.connect().pipeline(*self._args, **self._kwargs)
+        for name, queued_args, queued_kwargs in self._queued:
+            getattr(pipe, name)(*queued_args, **queued_kwargs)
+        return pipe.execute(*args, **kwargs)
 
 
 class _LazyCluster:
@@ -107,11 +120,8 @@ class _LazyCluster:
     def register_script(self, script: str) -> Script:
         return Script(self, script)
 
-    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return self.connect().pipeline(*args, **kwargs)
-        except redis.exceptions.ConnectionError as exc:
-            return _FailedPipeline(exc)
+    def pipeline(self, *args: Any, **kwargs: Any) -> _DeferredPipeline:
+        return _DeferredPipeline(self, args, kwargs)
 
     def close(self) -> None:
         if self._client is not None:
@@ -147,13 +157,13 @@ class RedisClusterBackend(RedisBackend):
 
     def discover(self) -> None:
         try:
-            self._client.connect()
-        except redis.exceptions.ConnectionError as exc:
+            self._call("connect", self._client.connect)
+        except BackendError as exc:
             raise ConfigError(f"cache {self.url} is unreachable: {exc}") from None
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call_within(self, seconds: float, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return super()._call(what, fn, *args, **kwargs)
+            return super()._call_within(seconds, what, fn, *args, **kwargs)
         except RedisClusterException as exc:  # e.g. a slot whose primary is down
             raise BackendError(Reason.BACKEND_DOWN, f"redis cluster {what}: {exc}") from None
 
@@ -181,13 +191,13 @@ class RedisClusterBackend(RedisBackend):
         }
 
     def _scan_batches(self, pattern: str) -> Any:
-        batch: list[bytes] = []
-        for name in self._call("scan", lambda: list(self._client.scan_iter(match=pattern, count=500))):
-            batch.append(name)
-            if len(batch) == 500:
-                yield batch
-                batch = []
-        yield batch
+        """Batches of 500 names from redis-py's walk over every primary, each batch one bounded call."""
+        names = self._call("scan", lambda: iter(self._client.scan_iter(match=pattern, count=500)))
+        while True:
+            batch = self._call("scan", lambda: list(itertools.islice(names, 500)))
+            yield batch
+            if len(batch) < 500:
+                return
 
 
 class RedisSentinelBackend(RedisBackend):
@@ -203,7 +213,10 @@ class RedisSentinelBackend(RedisBackend):
             raise url.error(f"bad database {db!r}: use a number such as /{service}/0")
         credentials = _credentials(url)
         timeout = settings["timeout"]
-        sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": timeout})
+        # every sentinel gets its share of the timeout: a call that asks them one after another
+        # (a hung one first) still reaches the next within the backend's bound on the whole call
+        each = timeout / len(sentinels)
+        sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": each, **client_options(each)})
 
         def connect(socket_timeout: float) -> redis.Redis:
             return sentinel.master_for(service, db=int(db or 0), socket_timeout=socket_timeout,
@@ -217,6 +230,6 @@ class RedisSentinelBackend(RedisBackend):
 
     def discover(self) -> None:
         try:
-            self._sentinel.discover_master(self._service)
-        except redis.exceptions.RedisError as exc:
+            self._call("discover", self._sentinel.discover_master, self._service)
+        except BackendError as exc:
             raise ConfigError(f"cache {self.url}: no sentinel knows a primary for {self._service!r} ({exc})") from None
