@@ -68,6 +68,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
+import queue
 import re
 import secrets
 import struct
@@ -331,37 +333,77 @@ def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
     return BackendError(reason, f"redis {what}: {exc}")
 
 
-def _bounded(seconds: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``, waited for at most ``seconds``; the builtin TimeoutError after that.
+class _CallThreads:
+    """Daemon threads that run Redis calls, so a caller can stop waiting at its deadline.
 
-    ``fn`` runs on a thread of its own (made per call: nothing to rebuild after a fork), which
-    is left to end by itself when the time is up; redis-py's socket timeout ends it soon after.
     A socket timeout alone bounds each read, not a call: redis-py may connect, retry, and
-    ask one sentinel or seed node after another within one call.
+    ask one sentinel or seed node after another within one call. So each call runs on one
+    of these threads and the caller waits for it at most its bound; a call given up on is
+    left to end by itself (redis-py's socket timeout ends it soon after). The threads are
+    kept between calls (starting a thread per call cost several times a loopback round
+    trip) and one more is started whenever none is idle; they are daemons, so a call left
+    hanging never holds the interpreter's exit. A forked child starts with none
+    (:func:`_fresh_threads_after_fork`): the parent's threads do not exist there.
     """
-    done = threading.Event()
-    outcome: list[tuple[bool, Any]] = []
 
-    def run() -> None:
-        try:
-            outcome.append((True, fn(*args, **kwargs)))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            outcome.append((False, exc))
-        finally:
-            done.set()
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
 
-    try:
-        threading.Thread(target=run, name="recipecache-redis-call", daemon=True).start()
-    except RuntimeError:
-        # no new threads here (Python 3.12 in atexit handlers, which release the leases of
-        # compiles cut short): the call runs bounded per read, as a release must still happen
-        return fn(*args, **kwargs)
-    if not done.wait(seconds):
-        raise TimeoutError(f"no answer within {seconds:g} s")
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
+    def call(self, seconds: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, waited for at most ``seconds``; the builtin TimeoutError after that."""
+        done = threading.Event()
+        outcome: list[tuple[bool, Any]] = []
+
+        def task() -> None:
+            try:
+                outcome.append((True, fn(*args, **kwargs)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                outcome.append((False, exc))
+            finally:
+                done.set()
+
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1  # that idle thread takes this task
+        if start:
+            try:
+                threading.Thread(target=self._work, name="recipecache-redis-call", daemon=True).start()
+            except RuntimeError:
+                # no new threads here (Python 3.12 in atexit handlers, which release the leases of
+                # compiles cut short): the call runs bounded per read, as a release must still happen
+                return fn(*args, **kwargs)
+        self._tasks.put(task)
+        if not done.wait(seconds):
+            raise TimeoutError(f"no answer within {seconds:g} s")
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+    def _work(self) -> None:
+        while True:
+            self._tasks.get()()
+            with self._lock:
+                self._idle += 1
+
+
+_call_threads = _CallThreads()
+
+
+def _fresh_threads_after_fork() -> None:
+    global _call_threads
+    _call_threads = _CallThreads()
+
+
+os.register_at_fork(after_in_child=_fresh_threads_after_fork)
+
+
+def _bounded(seconds: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, waited for at most ``seconds`` (see :class:`_CallThreads`)."""
+    return _call_threads.call(seconds, fn, *args, **kwargs)
 
 
 #: redis-py's own TLS settings, passed through in a ``rediss://`` URL's query
