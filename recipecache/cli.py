@@ -22,6 +22,7 @@ from . import admin, doctor, explain, timeline
 from .argparsing import OneLineArgumentParser
 from .backends import command_line_password_warning
 from .errors import BackendError, ConfigError
+from .events import Skipped
 from .sizes import format_size, parse_size
 from .store import Store, open_store
 
@@ -114,14 +115,24 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 1 if refused else 0
 
 
+def _say_skipped(skipped: Skipped, where: str) -> None:
+    """One line on stderr when the readers of a run directory left something out."""
+    if skipped:
+        print(f"recipecache: {skipped.describe()} in {where}", file=sys.stderr)
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
-    groups = explain.explain(args.run_dir, key=args.key)
-    _emit(args, [g.to_dict() for g in groups], explain.format_groups(groups))
+    skipped = Skipped()
+    found = explain.explain(args.run_dir, key=args.key, skipped=skipped)
+    _say_skipped(skipped, ", ".join(args.run_dir))
+    _emit(args, [g.to_dict() for g in found.groups], explain.format_explanation(found))
     return 0
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    trace = timeline.write_trace(args.run_dir, args.output)
+    skipped = Skipped()
+    trace = timeline.write_trace(args.run_dir, args.output, skipped=skipped)
+    _say_skipped(skipped, args.run_dir)
     if args.png:
         timeline.draw(args.run_dir, args.png)
     events = trace["traceEvents"]
