@@ -4,10 +4,11 @@ Issue 18, items 4b and 13: a reviewer's 7,134 hostile run directories made ``exp
 ``trace`` raise on 17.5% of them (TypeError, OverflowError, UnicodeDecodeError,
 RecursionError, IsADirectoryError), and a FIFO named ``*.jsonl`` made them block forever.
 Here a run directory as a job leaves it (event logs, key records written by the real
-:class:`KeyLog`, metrics files) is damaged deterministically, case by case
-(``random.Random(seed)``): fields of the wrong type, huge numbers, NaN and infinities,
-deep nesting, invalid UTF-8, missing fields, torn lines, and directories, FIFOs and
-devices named like logs. Every damaged line must be skipped and counted, exactly once.
+:class:`KeyLog`, our metrics files and the Gaudi bridge's) is damaged deterministically,
+case by case (``random.Random(seed)``): fields of the wrong type, huge numbers, NaN and
+infinities, deep nesting, invalid UTF-8, missing fields, torn lines, and directories,
+FIFOs and devices named like logs. Every damaged line must be skipped and counted,
+exactly once, and a rank whose metrics file is damaged reported as unreadable.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from recipecache.events import Skipped
 from recipecache.explain import explain, format_explanation
 from recipecache.keyinfo import KeyLog
 from recipecache.timeline import write_trace
+from launcher import hpu_metrics
 from launcher.report import build_report, format_report, load_graphs, load_metrics
 
 CASES = 300
@@ -45,6 +47,8 @@ HOSTILE = [
 BAD_LINES = ["", "null", "[1, 2]", '{"event": "hit"}', "\xff\xfe not utf-8", '{"time": 1, "rank": 0, "ev']
 EVENT_FIELDS = ("time", "rank", "event", "key", "duration", "reason", "bytes", "step")
 KEY_FIELDS = (*EVENT_FIELDS, "components", "context", "graph", "env", "name", "shapes")
+HPU_FIELDS = ((0, "statistics", "TotalNumber"), (0, "statistics", "TotalTime"), (1, "statistics", "TotalHit"),
+              (1, "statistics"), (1, "metric_name"), (0,))
 METRIC_FIELDS = (("graph_compilation", "TotalNumber"), ("graph_compilation", "TotalTime"), ("cache", "TotalHit"),
                  ("waits",), ("wait_s",), ("saved_s",), ("fallbacks",), ("fallbacks", "backend_down"), ("host",),
                  ("pid",), ("wall_s",))
@@ -75,6 +79,11 @@ def write_run(run: Path) -> None:
                    "cache": {"TotalHit": 0, "TotalMiss": 1}, "waits": 0, "wait_s": 0.0, "saved_s": 0.0,
                    "refused": 0, "fallbacks": {"backend_down": 0}, "store": {"puts": 1}}
         (run / f"metrics-rank{rank}.json").write_text(json.dumps(metrics))
+        gaudi = [{"metric_name": "graph_compilation", "triggered_by": "process_exit",
+                  "statistics": {"TotalNumber": 2, "TotalTime": 10, "AvgTime": 5}},
+                 {"metric_name": "recipe_cache", "triggered_by": "process_exit",
+                  "statistics": {"TotalHit": 1, "TotalMiss": 2}}]
+        (run / f"hpu-metrics-rank{rank}.json").write_text(json.dumps(gaudi))
 
 
 @dataclass
@@ -121,7 +130,8 @@ def special_file(rng: random.Random, path: Path) -> None:
         path.symlink_to("/dev/zero")
 
 
-def damage_metrics(rng: random.Random, path: Path) -> None:
+def damage_metrics(rng: random.Random, path: Path, fields: tuple[tuple[Any, ...], ...]) -> None:
+    """Damage a metrics file (ours or the Gaudi bridge's): one field at ``fields``, or the whole file."""
     if rng.random() < 0.3:
         path.unlink()
         if rng.random() < 0.5:
@@ -130,7 +140,7 @@ def damage_metrics(rng: random.Random, path: Path) -> None:
             path.write_bytes(rng.choice([b"\xff\xfe{}", b"[" * 50_000, b"[1, 2]", b"1" + b"0" * 5000]))
         return
     data = json.loads(path.read_text())
-    where = rng.choice(METRIC_FIELDS)
+    where = rng.choice(fields)
     target = data
     for part in where[:-1]:
         target = target[part]
@@ -148,8 +158,10 @@ def hostile_run(run: Path, seed: int) -> Damage:
         damage.keys += damage_lines(rng, next((run / "events" / "keys").glob(f"keys-rank{rank}-*.jsonl")),
                                     KEY_FIELDS, ("time", "rank", "event", "key"))
         if rng.random() < 0.3:
-            damage_metrics(rng, run / f"metrics-rank{rank}.json")
+            damage_metrics(rng, run / f"metrics-rank{rank}.json", METRIC_FIELDS)
             damage.metrics.add(rank)
+        if rng.random() < 0.3:
+            damage_metrics(rng, run / f"hpu-metrics-rank{rank}.json", HPU_FIELDS)
     for directory, count in ((run / "events", "event_files"), (run / "events" / "keys", "key_files")):
         if rng.random() < 0.3:
             special_file(rng, directory / "hostile.jsonl")
@@ -176,7 +188,8 @@ def test_hostile_run_directories_never_break_explain_trace_or_the_report(tmp_pat
         assert (skipped.records, len(skipped.files)) == (damage.events + damage.keys,
                                                          damage.event_files + damage.key_files), why
 
-        report = build_report(load_metrics(run), range(2), graphs=load_graphs(run / "events"), exit_code=0)
+        report = build_report(load_metrics(run), range(2), graphs=load_graphs(run / "events"),
+                              hpu=hpu_metrics.load(run / hpu_metrics.DEFAULT_NAME), exit_code=0)
         format_report(report)
         json.dumps(report, allow_nan=False)
         assert report["skipped"]["records"] == damage.events + damage.keys, why
