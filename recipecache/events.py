@@ -152,6 +152,15 @@ def well_formed(rec: Any) -> bool:
             and _optional(rec, "bytes", int) and _optional(rec, "step", int))
 
 
+def parse_record(line: bytes) -> dict[str, Any] | None:
+    """The well-formed record on one log line, or None (not UTF-8, not JSON, too deep, :func:`well_formed` not)."""
+    try:
+        rec = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    return rec if well_formed(rec) else None
+
+
 def open_regular(path: Path) -> BinaryIO | None:
     """``path`` opened for reading if it is a regular file (links followed), else None; never blocks.
 
@@ -188,11 +197,8 @@ def read_events(path: str | os.PathLike[str], *, skipped: Skipped | None = None)
             continue
         with fh:
             for line in fh:
-                try:
-                    rec = json.loads(line.decode("utf-8"))
-                except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-                    rec = None
-                if well_formed(rec):
+                rec = parse_record(line)
+                if rec is not None:
                     yield rec
                 else:
                     skipped.records += 1

@@ -1,4 +1,4 @@
-"""explain, trace and the job report on hostile run directories: they never raise or hang, and say what they skipped.
+"""explain, trace, progress and the report on hostile run directories: never raise or hang, say what they skipped.
 
 Issue 18, items 4b and 13: a reviewer's 7,134 hostile run directories made ``explain`` and
 ``trace`` raise on 17.5% of them (TypeError, OverflowError, UnicodeDecodeError,
@@ -13,6 +13,7 @@ exactly once, and a rank whose metrics file is damaged reported as unreadable.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -30,6 +31,7 @@ from recipecache.explain import explain, format_explanation
 from recipecache.keyinfo import KeyLog
 from recipecache.timeline import write_trace
 from launcher import hpu_metrics
+from launcher.progress import Progress
 from launcher.report import build_report, format_report, load_graphs, load_metrics
 
 CASES = 300
@@ -162,9 +164,10 @@ def hostile_run(run: Path, seed: int) -> Damage:
             damage.metrics.add(rank)
         if rng.random() < 0.3:
             damage_metrics(rng, run / f"hpu-metrics-rank{rank}.json", HPU_FIELDS)
-    for directory, count in ((run / "events", "event_files"), (run / "events" / "keys", "key_files")):
+    for path, count in ((run / "events" / "events-rank9-1.jsonl", "event_files"),
+                        (run / "events" / "keys" / "keys-rank9-1.jsonl", "key_files")):
         if rng.random() < 0.3:
-            special_file(rng, directory / "hostile.jsonl")
+            special_file(rng, path)
             setattr(damage, count, 1)
     return damage
 
@@ -187,6 +190,8 @@ def test_hostile_run_directories_never_break_explain_trace_or_the_report(tmp_pat
         json.dumps(trace, allow_nan=False)
         assert (skipped.records, len(skipped.files)) == (damage.events + damage.keys,
                                                          damage.event_files + damage.key_files), why
+
+        Progress(run / "events", since=0.0, out=io.StringIO()).poll()  # the launcher's, while the job runs
 
         report = build_report(load_metrics(run), range(2), graphs=load_graphs(run / "events"),
                               hpu=hpu_metrics.load(run / hpu_metrics.DEFAULT_NAME), exit_code=0)
