@@ -3,8 +3,9 @@
 It lets ``recipecache-run`` enable the cache in every rank without a change to the
 training script: it prepares the rank's environment, calls ``recipecache.enable()`` when
 the launcher asked for it (``RECIPECACHE_AUTO_ENABLE=1``), then runs the script exactly as
-``python script args`` would (:func:`run_as_main`), and marks that the script finished
-(:mod:`launcher.exit_watch`), so the launcher can end a rank that then hangs on its way out.
+``python script args`` would (:func:`run_as_main`), writes the rank's metrics and marks that
+the script finished (:mod:`launcher.exit_watch`), so the launcher can end a rank that then
+hangs on its way out and still report it.
 
 ``RECIPECACHE_RANK_DIRS=DIR`` gives this rank its own ``TORCHINDUCTOR_CACHE_DIR`` and
 ``TMPDIR`` under ``DIR/rank<RANK>``, so ranks on one machine cannot share through torch's
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from recipecache import env
 from recipecache.errors import ConfigError
+from recipecache.torch_integration import write_metrics
 
 from .exit_watch import exit_status, mark_finished
 
@@ -89,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         status = exit_status(exc)
         raise
     finally:
+        write_metrics()  # before the atexit handlers: a rank ended for hanging in one still reports
         mark_finished(status)
 
 

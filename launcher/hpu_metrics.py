@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from recipecache.events import open_regular
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "PT_HPU_METRICS_FILE"
@@ -35,6 +37,8 @@ DUMP_TRIGGERS = "PT_HPU_METRICS_DUMP_TRIGGERS"
 #: the launcher's default file, under the run directory (the bridge adds ``-rank<N>``)
 DEFAULT_NAME = "hpu-metrics.json"
 
+#: no figure of the bridge's reaches this; a larger one is damage
+_MAX_FIGURE = 1e18
 #: report field -> (metric name, statistic)
 FIELDS = {
     "compiles": ("graph_compilation", "TotalNumber"),
@@ -62,7 +66,7 @@ def parse(text: str) -> dict[str, dict[str, Any]]:
     for candidate in (text, text.rstrip().rstrip(",") + "]"):
         try:
             entries = json.loads(candidate)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, a number too long to parse, nesting too deep
             continue
         if isinstance(entries, list):
             return {e["metric_name"]: e["statistics"] for e in entries
@@ -97,7 +101,12 @@ def load(base: Path, *, since: float | None = None) -> dict[int, dict[str, float
     out: dict[int, dict[str, float]] = {}
     for rank, path in rank_files(base, since=since).items():
         try:
-            metrics = parse(path.read_text(encoding="utf-8", errors="replace"))
+            fh = open_regular(path)  # a FIFO would block the report forever
+            if fh is None:
+                log.warning("%s is not a regular file; left out of the report", path)
+                continue
+            with fh:
+                metrics = parse(fh.read().decode("utf-8", errors="replace"))
         except OSError as exc:
             log.warning("cannot read %s: %s", path, exc)
             continue
@@ -107,7 +116,7 @@ def load(base: Path, *, since: float | None = None) -> dict[int, dict[str, float
         figures = {}
         for name, (metric, statistic) in FIELDS.items():
             value = metrics.get(metric, {}).get(statistic)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if type(value) in (int, float) and abs(value) < _MAX_FIGURE:  # not a bool, NaN, infinite or absurd
                 figures[name] = value
         out[rank] = figures
     return out

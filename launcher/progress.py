@@ -14,12 +14,12 @@ them off. Records older than the job (a reused run directory) are skipped.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from pathlib import Path
 from typing import Any, TextIO
 
+from recipecache.events import open_regular, parse_record
 from recipecache.keyinfo import KEYS_DIR, short_key
 
 PREFIX = "recipecache-run"
@@ -38,7 +38,10 @@ class _Tail:
 
     def lines(self) -> list[bytes]:
         try:
-            with open(self.path, "rb") as f:
+            f = open_regular(self.path)  # a FIFO would block this thread, and the launcher joining it
+            if f is None:
+                return []
+            with f:
                 f.seek(self.offset)
                 data = f.read()
         except OSError:
@@ -85,19 +88,16 @@ class Progress:
         for path in sorted(directory.glob(pattern)):
             tail = self._tails.setdefault(path, _Tail(path))
             for line in tail.lines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(rec, dict) and isinstance(rec.get("time"), (int, float)) and rec["time"] >= self.since:
+                rec = parse_record(line)  # damaged lines are skipped here; the report counts them
+                if rec is not None and rec["time"] >= self.since:
                     out.append(rec)
         return out
 
     def poll(self) -> None:
         """Read what the ranks appended since the last poll and print the lines it makes."""
         for rec in self._records(self.events_dir / KEYS_DIR, "keys-rank*.jsonl"):
-            if rec.get("event") == "key" and isinstance(rec.get("key"), str) and rec.get("label"):
-                self._labels[rec["key"]] = str(rec["label"])
+            if rec["event"] == "key" and isinstance(rec.get("key"), str) and isinstance(rec.get("label"), str):
+                self._labels[rec["key"]] = rec["label"]
         for rec in sorted(self._records(self.events_dir, "events-rank*.jsonl"), key=lambda r: r["time"]):
             line = self.describe(rec)
             if line is not None:

@@ -31,10 +31,11 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from recipecache.events import Skipped, is_seconds, open_regular
 from recipecache.explain import analyse_run
 from recipecache.fsutil import write_atomic
 
@@ -88,22 +89,52 @@ def load_metrics(run_dir: Path, *, since: float | None = None) -> dict[int, dict
             if since is not None and path.stat().st_mtime < since:
                 log.info("ignoring %s: written before this job started", path)
                 continue
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            found[int(match.group(1))] = Unreadable(f"{path.name}: {exc}")
+            fh = open_regular(path)  # a FIFO would block the report forever
+            if fh is None:
+                found[int(match.group(1))] = Unreadable(f"{path.name}: not a regular file")
+                continue
+            with fh:
+                data = json.loads(fh.read().decode("utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON, a huge number
+            found[int(match.group(1))] = Unreadable(f"{path.name}: {exc.__class__.__name__}: {str(exc)[:200]}")
             continue
-        if not isinstance(data, dict):
-            found[int(match.group(1))] = Unreadable(f"{path.name}: not a JSON object")
-            continue
-        found[int(match.group(1))] = data
+        problem = _damage(data)
+        found[int(match.group(1))] = Unreadable(f"{path.name}: {problem}") if problem else data
     return found
 
 
+def _count(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 2**63
+
+
+def _damage(data: Any) -> str | None:
+    """What makes ``data`` no metrics file (a field the report reads of the wrong type or range), or None."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    for name, path in (*_COUNTS.items(), *_SECONDS.items()):
+        value = _lookup(data, path)
+        if value is not None and not (_count(value) if name in _COUNTS else is_seconds(value)):
+            return f"{'.'.join(path)} is not a {'count' if name in _COUNTS else 'number of seconds'}"
+    fallbacks = data.get("fallbacks")
+    if fallbacks is not None and not (isinstance(fallbacks, dict) and all(map(_count, fallbacks.values()))):
+        return "fallbacks is not a map of counts"
+    for name, ok in (("host", lambda v: type(v) is str), ("pid", _count), ("wall_s", is_seconds)):
+        if data.get(name) is not None and not ok(data[name]):
+            return f"{name} is of the wrong type"
+    return None
+
+
 def load_graphs(events_dir: Path, *, since: float | None = None) -> dict[str, Any]:
-    """Duplicate compiles and misses of graphs others loaded, from the job's event logs (none without them)."""
+    """Duplicate compiles and misses of graphs others loaded, from the job's event logs (none without them).
+
+    Its ``skipped`` entry counts what the readers left out (:class:`recipecache.events.Skipped`: damaged
+    records, files that are not regular files), which the report shows.
+    """
     if not events_dir.is_dir():
         return {}
-    return analyse_run(events_dir, since=since).to_dict()
+    skipped = Skipped()
+    graphs = analyse_run(events_dir, since=since, skipped=skipped).to_dict()
+    return {**graphs, "skipped": asdict(skipped)}
 
 
 def _lookup(data: Mapping[str, Any], path: tuple[str, ...]) -> Any:
@@ -133,7 +164,7 @@ def build_report(
     expected_ranks: Iterable[int] | None,
     *,
     hpu: Mapping[int, Mapping[str, float]] | None = None,
-    graphs: Mapping[str, list[dict[str, Any]]] | None = None,
+    graphs: Mapping[str, Any] | None = None,
     **job: Any,
 ) -> dict[str, Any]:
     """The job report: ``ranks`` (sorted by rank; missing ones included), ``total`` and ``job`` fields.
@@ -142,7 +173,8 @@ def build_report(
     elastic rendezvous): the report then covers the ranks it found and says so. ``hpu``
     is each rank's Gaudi figures (:func:`launcher.hpu_metrics.load`), folded into its row
     and the total; ``graphs`` the ``duplicates`` and ``missed`` lists of
-    :meth:`recipecache.explain.Analysis.to_dict`, copied into the report.
+    :meth:`recipecache.explain.Analysis.to_dict`, copied into the report, and the ``skipped``
+    counts of :func:`load_graphs`.
     """
     expected = set(expected_ranks) if expected_ranks is not None else set()
     rows: list[dict[str, Any]] = []
@@ -176,6 +208,7 @@ def build_report(
         "ranks": rows,
         "duplicates": list((graphs or {}).get("duplicates", [])),
         "missed": list((graphs or {}).get("missed", [])),
+        "skipped": dict((graphs or {}).get("skipped", asdict(Skipped()))),
     }
 
 
@@ -215,6 +248,9 @@ def format_report(report: Mapping[str, Any]) -> str:
                      f"{report['exit_grace_s']:g} s after the script finished on every rank of this node; ended "
                      f"(the exit status is the scripts' own; see hung_ranks in the report)")
     lines += format_graphs(report)
+    skipped = Skipped(**report.get("skipped", {}))
+    if skipped:
+        lines.append(f"WARNING: reading the event logs {skipped.describe()}")
     return "\n".join(lines)
 
 

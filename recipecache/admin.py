@@ -7,7 +7,8 @@ where it is filed) before writing it. The CLI only parses, calls these and print
 
 An envelope names its namespace (the signature covers it), so an entry imported into
 another namespace is sealed anew there, signed with the importer's secret: moving signed
-entries between namespaces takes the secret.
+entries between namespaces takes the secret (or ``unsigned=True``, which drops the signatures
+on purpose).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from . import envelope
 from .buffers import Buffer
 from .errors import ConfigError, VerificationError
 from .keys import storage_key
+from .reasons import Reason
 from .store import Store
 
 #: first object of an export stream; the ``entries`` count lets import tell a whole file from a cut one
@@ -37,7 +39,7 @@ _COUNT = struct.Struct(">Q")
 
 @dataclass(frozen=True)
 class EntryReport:
-    """One entry as ``ls``/``verify`` see it; ``problem`` is None for a good entry."""
+    """One entry as ``ls``/``verify`` see it; ``problem`` and ``reason`` are None for a good entry."""
 
     storage_key: str
     size: int
@@ -45,10 +47,13 @@ class EntryReport:
     problem: str | None
     #: last read or write (Unix time) where the backend tracks it (the filesystem store), else None
     last_used: float | None = None
+    #: why the entry was refused: only ``corrupt`` is damage; the other refusals are entries this
+    #: process cannot accept (another secret, none, an older format) that other jobs may
+    reason: Reason | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"storage_key": self.storage_key, "size": self.size, "problem": self.problem,
-                               "last_used": self.last_used}
+                               "reason": self.reason, "last_used": self.last_used}
         if self.header is not None:
             out.update(self.header.to_dict())
         return out
@@ -58,19 +63,26 @@ class EntryReport:
 class VerifyResult:
     checked: int
     bad: list[EntryReport] = field(default_factory=list)
-    fixed: bool = False
+    #: the bad entries ``--fix`` removed: the corrupt ones (refused but intact ones stay)
+    removed: list[EntryReport] = field(default_factory=list)
 
 
-def check_entry(store: Store, skey: str, blob: Buffer) -> tuple[envelope.Header | None, str | None]:
-    """Verify one raw envelope filed under ``skey``; returns (header, problem)."""
+def check_entry(store: Store, skey: str, blob: Buffer) -> tuple[envelope.Header | None, VerificationError | None]:
+    """Verify one raw envelope filed under ``skey``; returns (header, the refusal or None)."""
     namespace = skey.split("/", 1)[0]
     try:
         header, _payload = envelope.open_envelope(blob, key=None, namespace=namespace, secret=store.settings.secret)
     except VerificationError as exc:
-        return None, f"{exc.reason}: {exc}"
+        return None, exc
     if storage_key(namespace, header.key) != skey:
-        return header, "corrupt: entry is filed under another key"
+        return header, VerificationError(Reason.CORRUPT, "entry is filed under another key")
     return header, None
+
+
+def _report(info_key: str, size: int, header: envelope.Header | None, refusal: VerificationError | None,
+            last_used: float | None) -> EntryReport:
+    problem = None if refusal is None else f"{refusal.reason}: {refusal}"
+    return EntryReport(info_key, size, header, problem, last_used, None if refusal is None else refusal.reason)
 
 
 def _read_entries(store: Store) -> Iterator[tuple[EntryReport, Buffer | None]]:
@@ -79,12 +91,12 @@ def _read_entries(store: Store) -> Iterator[tuple[EntryReport, Buffer | None]]:
         try:
             blob = store.read_raw(info.key)
         except VerificationError as exc:  # the backend's own framing of it is damaged
-            yield EntryReport(info.key, info.size, None, f"{exc.reason}: {exc}", info.atime or None), None
+            yield _report(info.key, info.size, None, exc, info.atime or None), None
             continue
         if blob is None:
             continue  # evicted or deleted while we listed
-        header, problem = check_entry(store, info.key, blob)
-        yield EntryReport(info.key, len(blob), header, problem, info.atime or None), blob
+        header, refusal = check_entry(store, info.key, blob)
+        yield _report(info.key, len(blob), header, refusal, info.atime or None), blob
 
 
 def inspect_entries(store: Store) -> Iterator[EntryReport]:
@@ -106,17 +118,22 @@ def namespace_sizes(store: Store) -> dict[str, Any]:
 
 
 def verify(store: Store, *, fix: bool) -> VerifyResult:
-    """Check every entry of the namespace; with ``fix``, delete the bad ones."""
+    """Check every entry of the namespace; with ``fix``, delete the corrupt ones.
+
+    Only damage is removed. An entry refused as ``unsigned``, ``bad_signature`` or
+    ``old_format`` is intact and may be what another job (with its secret, or an older
+    version) uses; a mistyped secret must not empty the store.
+    """
     checked = 0
     bad: list[EntryReport] = []
     for report in inspect_entries(store):
         checked += 1
         if report.problem is not None:
             bad.append(report)
-    if fix:
-        for report in bad:
-            store.delete_raw(report.storage_key)
-    return VerifyResult(checked, bad, fix)
+    removed = [report for report in bad if report.reason is Reason.CORRUPT] if fix else []
+    for report in removed:
+        store.delete_raw(report.storage_key)
+    return VerifyResult(checked, bad, removed)
 
 
 def prune(store: Store, max_bytes: int) -> int:
@@ -201,11 +218,32 @@ def _export_entries(fh: BinaryIO, path: Path) -> Iterator[bytes]:
         raise _Damaged(f"it ends after {seen} of {expected} entries")
 
 
-def import_file(store: Store, path: Path) -> tuple[int, int]:
+def _signed_elsewhere(fh: BinaryIO, path: Path, namespace: str) -> bool:
+    """Whether the export holds a signed entry of a namespace other than ``namespace``.
+
+    Such an entry is sealed anew on import; without a secret that drops its signature.
+    Headers only (no digest); damage is left to the import itself to report.
+    """
+    try:
+        for blob in _export_entries(fh, path):
+            try:
+                fields, _offset = envelope.read_header(blob)
+            except VerificationError:
+                continue
+            if "sig" in fields and fields["ns"] != namespace:
+                return True
+    except _Damaged:
+        pass
+    return False
+
+
+def import_file(store: Store, path: Path, *, unsigned: bool = False) -> tuple[int, int]:
     """Verify and write every entry of an export into the store's namespace; (imported, refused).
 
     A truncated or otherwise damaged file is a ConfigError that says how many entries
-    were imported before the damage (those stay: each one was verified).
+    were imported before the damage (those stay: each one was verified). Without a secret,
+    signed entries of another namespace would be sealed anew unsigned: that is a
+    ConfigError before anything is written, unless ``unsigned`` says it is wanted.
     """
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below
@@ -213,6 +251,12 @@ def import_file(store: Store, path: Path) -> tuple[int, int]:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     imported = refused = 0
     with fh:
+        if not store.settings.secret and not unsigned:
+            if _signed_elsewhere(fh, Path(path), store.namespace):
+                raise ConfigError(f"{path} holds signed entries of another namespace, and importing them into "
+                                  f"namespace {store.namespace} without a secret would drop their signatures: set "
+                                  f"RECIPECACHE_SECRET(_FILE) to sign them anew, or pass --unsigned")
+            fh.seek(0)
         try:
             for blob in _export_entries(fh, Path(path)):
                 try:

@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from . import admin, doctor, explain, timeline
 from .argparsing import OneLineArgumentParser
 from .backends import command_line_password_warning
 from .errors import BackendError, ConfigError
+from .events import Skipped
 from .sizes import format_size, parse_size
 from .store import Store, open_store
 
@@ -67,11 +69,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     store = _store(args)
     result = admin.verify(store, fix=args.fix)
-    verb = "removed" if result.fixed else "found"
-    _emit(args, {"checked": result.checked, "bad": [r.to_dict() for r in result.bad], "fixed": result.fixed},
-          "\n".join([f"bad {r.storage_key}: {r.problem}" for r in result.bad]
-                    + [f"{len(result.bad)} bad entries {verb} in namespace {store.namespace}"]))
-    return 1 if result.bad and not result.fixed else 0
+    removed = {r.storage_key for r in result.removed}
+    left = Counter(str(r.reason) for r in result.bad if r.storage_key not in removed)
+    lines = [f"bad {r.storage_key}: {r.problem}" for r in result.bad]
+    if args.fix:
+        lines.append(f"{len(removed)} corrupt entries removed from namespace {store.namespace}")
+        if left:
+            lines.append(f"{left.total()} refused entries left in place "
+                         f"({', '.join(f'{reason} {n}' for reason, n in sorted(left.items()))}): they are intact, "
+                         f"only not acceptable with this secret (is it the right one?); jobs that can use them still may")
+    else:
+        lines.append(f"{len(result.bad)} bad entries found in namespace {store.namespace}")
+    _emit(args, {"checked": result.checked, "bad": [r.to_dict() for r in result.bad], "fixed": args.fix,
+                 "removed": sorted(removed)}, "\n".join(lines))
+    return 1 if left else 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -98,20 +109,30 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     store = _store(args)
-    imported, refused = admin.import_file(store, Path(args.file))
+    imported, refused = admin.import_file(store, Path(args.file), unsigned=args.unsigned)
     _emit(args, {"imported": imported, "refused": refused},
           f"imported {imported} entries into namespace {store.namespace}; refused {refused} that failed verification")
     return 1 if refused else 0
 
 
+def _say_skipped(skipped: Skipped, where: str) -> None:
+    """One line on stderr when the readers of a run directory left something out."""
+    if skipped:
+        print(f"recipecache: {skipped.describe()} in {where}", file=sys.stderr)
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
-    groups = explain.explain(args.run_dir, key=args.key)
-    _emit(args, [g.to_dict() for g in groups], explain.format_groups(groups))
+    skipped = Skipped()
+    found = explain.explain(args.run_dir, key=args.key, skipped=skipped)
+    _say_skipped(skipped, ", ".join(args.run_dir))
+    _emit(args, [g.to_dict() for g in found.groups], explain.format_explanation(found))
     return 0
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    trace = timeline.write_trace(args.run_dir, args.output)
+    skipped = Skipped()
+    trace = timeline.write_trace(args.run_dir, args.output, skipped=skipped)
+    _say_skipped(skipped, args.run_dir)
     if args.png:
         timeline.draw(args.run_dir, args.png)
     events = trace["traceEvents"]
@@ -149,7 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("clear", cmd_clear, "remove every entry of a namespace").add_argument(
         "--all", action="store_true", help="every namespace")
     add("export", cmd_export, "write a namespace's verified entries to a file").add_argument("file")
-    add("import", cmd_import, "verify and load an exported file into a namespace").add_argument("file")
+    load = add("import", cmd_import, "verify and load an exported file into a namespace")
+    load.add_argument("file")
+    load.add_argument("--unsigned", action="store_true",
+                      help="without a secret, import signed entries of another namespace unsigned (drops their "
+                           "signatures; refused otherwise)")
     add("doctor", cmd_doctor, "check that this node can share artifacts: store, rights, clock, space, signing, "
                               "key inputs (exit 1 if a check fails)")
     why = sub.add_parser("explain", help="why graphs were compiled under different keys: the differing key components",

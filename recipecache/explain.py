@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .events import read_events
+from .events import Skipped, read_events
 from .keyinfo import KeyInfo, differing, graph_label, load_keys, short_key, torch_hash
 from .reasons import REFUSED, Reason
 
@@ -98,14 +98,16 @@ def events_dir(run_dir: str | os.PathLike[str]) -> Path:
     return base / "events" if (base / "events").is_dir() else base
 
 
-def load_events(run_dir: str | os.PathLike[str], *, since: float | None = None) -> list[dict[str, Any]]:
-    """A run's event records in time order; ``since`` (Unix time) drops those of earlier jobs."""
+def load_events(run_dir: str | os.PathLike[str], *, since: float | None = None,
+                skipped: Skipped | None = None) -> list[dict[str, Any]]:
+    """A run's event records in time order; ``since`` (Unix time) drops those of earlier jobs.
+
+    Damaged records and files that are not regular files are left out, counted in ``skipped``.
+    """
     directory = events_dir(run_dir)
     if not directory.is_dir():
         raise ConfigError(f"{run_dir} holds no event logs (expected {directory}/*.jsonl)")
-    records = [r for r in read_events(directory)
-               if isinstance(r.get("time"), (int, float)) and isinstance(r.get("rank"), int)
-               and (since is None or r["time"] >= since)]
+    records = [r for r in read_events(directory, skipped=skipped) if since is None or r["time"] >= since]
     return sorted(records, key=lambda r: r["time"])
 
 
@@ -203,9 +205,14 @@ def analyse(records: Sequence[dict[str, Any]], keys: Mapping[str, Sequence[KeyIn
     return analysis
 
 
-def analyse_run(run_dir: str | os.PathLike[str], *, since: float | None = None) -> Analysis:
-    """:func:`analyse` on a run directory (``since`` drops the records of earlier jobs in a reused one)."""
-    return analyse(load_events(run_dir, since=since), load_keys(run_dir, since=since))
+def analyse_run(run_dir: str | os.PathLike[str], *, since: float | None = None,
+                skipped: Skipped | None = None) -> Analysis:
+    """:func:`analyse` on a run directory (``since`` drops the records of earlier jobs in a reused one).
+
+    What the readers left out (damaged records, special files) is counted in ``skipped``.
+    """
+    return analyse(load_events(run_dir, since=since, skipped=skipped),
+                   load_keys(run_dir, since=since, skipped=skipped))
 
 
 # -- explain ------------------------------------------------------------------------------
@@ -226,19 +233,34 @@ class KeyGroup:
                 "context": list(self.context)}
 
 
-def explain(run_dirs: Sequence[str | os.PathLike[str]], *, key: str | None = None) -> list[KeyGroup]:
+@dataclass
+class Explanation:
+    """What :func:`explain` found: the graphs met under several keys, and what it could not look at."""
+
+    groups: list[KeyGroup]
+    #: run directories with event logs but no key records: their ranks asked the store for no graph
+    #: (torch's local cache served every one, or nothing was compiled), so no key can differ there
+    without_keys: list[str] = field(default_factory=list)
+
+
+def explain(run_dirs: Sequence[str | os.PathLike[str]], *, key: str | None = None,
+            skipped: Skipped | None = None) -> Explanation:
     """Every graph recorded under more than one key in ``run_dirs``, with the components that differ.
 
     ``key`` (a store key, or the start of torch's hash as reports print it) keeps only
-    the graph of that key. Raises ConfigError if no run directory holds key records, or
-    if ``key`` was never recorded.
+    the graph of that key. Raises ConfigError for a directory that holds neither key
+    records nor event logs (no run directory), or if ``key`` was never recorded. Damaged
+    records are left out, counted in ``skipped``.
     """
     infos: dict[str, list[KeyInfo]] = defaultdict(list)
+    without_keys: list[str] = []
     for run_dir in run_dirs:
-        found = load_keys(run_dir)
+        found = load_keys(run_dir, skipped=skipped)
         if not found:
-            raise ConfigError(f"{run_dir} holds no key records (events/keys/*.jsonl); was the job run with "
-                              f"recipecache-run or RECIPECACHE_EVENT_LOG set?")
+            if not events_dir(run_dir).is_dir():
+                raise ConfigError(f"{run_dir} holds no key records (events/keys/*.jsonl); was the job run with "
+                                  f"recipecache-run or RECIPECACHE_EVENT_LOG set?")
+            without_keys.append(str(run_dir))
         for k, recorded in found.items():
             infos[k].extend(i for i in recorded if all(j.rank != i.rank for j in infos[k]))
     if key is not None:
@@ -264,7 +286,17 @@ def explain(run_dirs: Sequence[str | os.PathLike[str]], *, key: str | None = Non
             differences=tuple((name, tuple(values)) for name, values in differing(representatives)),
             context=tuple(i.context for i in representatives),
         ))
-    return sorted(groups, key=lambda g: g.label)
+    return Explanation(sorted(groups, key=lambda g: g.label), without_keys)
+
+
+def format_explanation(found: Explanation) -> str:
+    """:func:`format_groups`, after a line for each run directory whose ranks recorded no key."""
+    notes = [f"{run_dir} holds no key records: its ranks asked the store for no graph (torch's local cache "
+             f"served every one, or nothing was compiled), so no key could differ there"
+             for run_dir in found.without_keys]
+    if notes and not found.groups:
+        return "\n".join(notes)
+    return "\n".join([*notes, format_groups(found.groups)])
 
 
 def format_groups(groups: Sequence[KeyGroup], *, width: int = 38) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import platform
 import re
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .env import process_rank
-from .events import EventLog, read_events
+from .events import EventLog, Skipped, read_events
 
 log = logging.getLogger(__name__)
 
@@ -209,30 +210,57 @@ def keys_dir(run_or_events_dir: str | os.PathLike[str]) -> Path:
     return base / "events" / KEYS_DIR
 
 
-def load_keys(run_or_events_dir: str | os.PathLike[str], *, since: float | None = None) -> dict[str, list[KeyInfo]]:
+def _components(value: Any) -> bool:
+    """Whether ``value`` is a components map as :class:`KeyLog` writes it: ``name -> [hash, shown value]``."""
+    return isinstance(value, dict) and all(
+        isinstance(v, list) and len(v) == 2 and all(type(x) is str for x in v) for v in value.values())
+
+
+def _scalar(value: Any) -> bool:
+    """A context value people can read: a string, a bool, None, or a number that prints and serialises."""
+    return (value is None or type(value) in (str, bool) or (type(value) is int and abs(value) < 2**63)
+            or (type(value) is float and math.isfinite(value)))
+
+
+def _key_record(rec: dict[str, Any]) -> bool:
+    """Whether a ``key_env`` or ``key`` record has every field :func:`load_keys` uses, of its type."""
+    if type(rec.get("key")) is not str or not _components(rec.get("components", {})):
+        return False
+    if rec["event"] == "key_env":
+        context = rec.get("context", {})
+        return isinstance(context, dict) and all(_scalar(v) for v in context.values())
+    return all(type(rec.get(name, "")) is str for name in ("graph", "env", "name", "shapes"))
+
+
+def load_keys(run_or_events_dir: str | os.PathLike[str], *, since: float | None = None,
+              skipped: Skipped | None = None) -> dict[str, list[KeyInfo]]:
     """Every recorded key of a run, ``key -> [KeyInfo per recording rank]`` (a key can be met on several ranks).
 
     ``since`` (Unix time) skips records written before it (an earlier job in a reused run dir).
+    Damaged records are left out, counted in ``skipped``.
     """
     directory = keys_dir(run_or_events_dir)
     if not directory.is_dir():
         return {}
+    skipped = Skipped() if skipped is None else skipped
     #: (rank, env digest) -> (components, context): the context is the recording process's
     envs: dict[tuple[int, str], tuple[dict[str, list[str]], dict[str, Any]]] = {}
     keys: list[dict[str, Any]] = []
-    for rec in read_events(directory):
-        if since is not None and float(rec.get("time", 0.0)) < since:
+    for rec in read_events(directory, skipped=skipped):
+        if since is not None and rec["time"] < since or rec["event"] not in ("key_env", "key"):
             continue
-        if rec["event"] == "key_env" and isinstance(rec.get("components"), dict):
-            envs[(rec.get("rank", -1), str(rec.get("key")))] = (rec["components"], rec.get("context") or {})
-        elif rec["event"] == "key" and isinstance(rec.get("key"), str):
+        if not _key_record(rec):
+            skipped.records += 1
+        elif rec["event"] == "key_env":
+            envs[(rec["rank"], rec["key"])] = (rec.get("components", {}), rec.get("context", {}))
+        else:
             keys.append(rec)
     out: dict[str, list[KeyInfo]] = {}
     for rec in keys:
-        env_components, context = envs.get((rec.get("rank", -1), str(rec.get("env"))), ({}, {}))
-        components = {**env_components, **(rec.get("components") or {})}
-        info = KeyInfo(rec["key"], int(rec.get("rank", -1)), str(rec.get("graph") or rec["key"]),
-                       str(rec.get("name") or ""), str(rec.get("shapes") or ""), components, dict(context))
+        env_components, context = envs.get((rec["rank"], rec.get("env", "")), ({}, {}))
+        components = {**env_components, **rec.get("components", {})}
+        info = KeyInfo(rec["key"], rec["rank"], rec.get("graph") or rec["key"],
+                       rec.get("name", ""), rec.get("shapes", ""), components, dict(context))
         known = out.setdefault(info.key, [])
         if all(k.rank != info.rank for k in known):
             known.append(info)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .events import Skipped
 from .explain import load_events, with_follower_hits
 from .fsutil import write_atomic
 from .keyinfo import KeyInfo, graph_label, load_keys
@@ -83,17 +84,23 @@ def build_trace(records: Sequence[dict[str, Any]], keys: Mapping[str, Sequence[K
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"origin_unix_s": origin}}
 
 
-def load_run(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], dict[str, list[KeyInfo]]]:
-    """A run directory's events (with followers' loads as hits) and key records; ConfigError if it holds no events."""
-    records = load_events(run_dir)
+def load_run(run_dir: str | os.PathLike[str], *,
+             skipped: Skipped | None = None) -> tuple[list[dict[str, Any]], dict[str, list[KeyInfo]]]:
+    """A run directory's events (with followers' loads as hits) and key records; ConfigError if it holds no events.
+
+    Damaged records and files that are not regular files are left out, counted in ``skipped``.
+    """
+    skipped = Skipped() if skipped is None else skipped
+    records = load_events(run_dir, skipped=skipped)
     if not records:
-        raise ConfigError(f"{run_dir} holds no events to draw")
-    return with_follower_hits(records), load_keys(run_dir)
+        raise ConfigError(f"{run_dir} holds no events to draw" + (f" ({skipped.describe()})" if skipped else ""))
+    return with_follower_hits(records), load_keys(run_dir, skipped=skipped)
 
 
-def write_trace(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> dict[str, Any]:
-    """Write the trace of ``run_dir`` to ``out`` (atomically); returns it."""
-    trace = build_trace(*load_run(run_dir))
+def write_trace(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
+                skipped: Skipped | None = None) -> dict[str, Any]:
+    """Write the trace of ``run_dir`` to ``out`` (atomically); returns it. ``skipped`` as in :func:`load_run`."""
+    trace = build_trace(*load_run(run_dir, skipped=skipped))
     write_atomic(Path(out), json.dumps(trace).encode())
     return trace
 

@@ -63,6 +63,59 @@ def test_verify_with_secret_flags_unsigned(url: str) -> None:
     assert proc.returncode == 1 and "unsigned" in proc.stdout
 
 
+SECRET = "s" * 16
+
+
+@pytest.fixture
+def signed_url(tmp_path: Path) -> str:
+    """A store whose namespace ``job`` holds three entries signed with SECRET."""
+    url = f"file://{tmp_path / 'signed'}"
+    store = recipecache.open_store(url, namespace="job", secret=SECRET)
+    for i in range(3):
+        store.put(f"graph-{i}", bytes(100 * (i + 1)))
+    return url
+
+
+def test_verify_fix_removes_damage_only_never_what_another_secret_refuses(signed_url: str) -> None:
+    """Issue 18, item 8: a mistyped secret made every entry bad_signature and --fix removed them all."""
+    store = recipecache.open_store(signed_url, namespace="job", secret=SECRET)
+    path = store.backend._object_path(storage_key("job", "graph-1"))  # type: ignore[attr-defined]
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    mistyped = {"RECIPECACHE_SECRET": "t" * 16}
+    proc = run("verify", "--url", signed_url, "--namespace", "job", "--fix", env=mistyped)
+    assert proc.returncode == 1, proc.stdout
+    assert "1 corrupt entries removed" in proc.stdout
+    assert "2 refused entries left in place (bad_signature 2)" in proc.stdout
+    assert store.get("graph-0") == bytes(100) and store.get("graph-2") == bytes(300) and store.get("graph-1") is None
+    unsigned_reader = run("verify", "--url", signed_url, "--namespace", "job", "--fix", "--json")
+    assert unsigned_reader.returncode == 0 and json.loads(unsigned_reader.stdout)["removed"] == []
+    with_secret = run("verify", "--url", signed_url, "--namespace", "job", "--fix", "--json",
+                      env={"RECIPECACHE_SECRET": SECRET})
+    assert with_secret.returncode == 0 and json.loads(with_secret.stdout)["checked"] == 2
+
+
+def test_import_without_secret_refuses_to_drop_signatures_unless_unsigned(signed_url: str, tmp_path: Path) -> None:
+    """Issue 18, item 8: import into another namespace without a secret stripped signatures silently."""
+    dump = tmp_path / "job.rcx"
+    assert run("export", "--url", signed_url, "--namespace", "job", str(dump)).returncode == 0
+    target = f"file://{tmp_path / 'new'}"
+    proc = run("import", "--url", target, "--namespace", "warm", str(dump))
+    assert proc.returncode == 2 and "--unsigned" in proc.stderr and "signatures" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert recipecache.open_store(target, namespace="warm").get("graph-0") is None, "nothing is written"
+    same = run("import", "--url", target, "--namespace", "job", str(dump))  # nothing to re-seal: signatures kept
+    assert same.returncode == 0 and "imported 3" in same.stdout, same.stderr
+    assert recipecache.open_store(target, namespace="job", secret=SECRET).get("graph-0") == bytes(100)
+    signed = run("import", "--url", target, "--namespace", "signed", str(dump), env={"RECIPECACHE_SECRET": SECRET})
+    assert signed.returncode == 0 and "imported 3" in signed.stdout, signed.stderr
+    assert recipecache.open_store(target, namespace="signed", secret=SECRET).get("graph-2") == bytes(300)
+    stripped = run("import", "--url", target, "--namespace", "warm", "--unsigned", str(dump))
+    assert stripped.returncode == 0 and "imported 3" in stripped.stdout, stripped.stderr
+    assert recipecache.open_store(target, namespace="warm").get("graph-1") == bytes(200)
+
+
 def test_prune_and_clear(url: str) -> None:
     assert run("prune", "--url", url, "--max-size", "800").returncode == 0
     assert json.loads(run("stats", "--url", url, "--json").stdout)["bytes"] <= 800

@@ -612,6 +612,52 @@ def test_rank_hanging_after_its_work_is_reported_and_ended(tmp_path: Path, scrip
     assert [p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".finished")] == []
 
 
+HANG_AFTER_METRICS = (
+    "import atexit, os, signal, time\n"
+    "import recipecache\n"
+    "store = recipecache.enable()  # already enabled by the bootstrap: the same store\n"
+    "for i in range(5):\n"
+    "    store.get(f'never-put-{i}')  # figures only this script makes: five not_found misses\n"
+    "if os.environ['RANK'] == '1':\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "    atexit.register(time.sleep, 3600)  # registered after enable(): it runs before recipecache's handler\n"
+)
+
+
+@pytest.mark.multirank
+def test_rank_ended_for_hanging_at_exit_still_reports_its_metrics(tmp_path: Path) -> None:
+    """Issue 18, item 15: the metrics were written by an atexit handler that a hung handler kept from running,
+    so the report said "no usable metrics from rank(s) 1" for the rank the launcher had to end."""
+    script = tmp_path / "hangs_after_metrics.py"
+    script.write_text(HANG_AFTER_METRICS)
+    proc = run_launcher("--nproc", "2", "--master-port", str(free_port()), "--exit-grace", "10",
+                        "--run-dir", str(tmp_path / "run"), str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert 1 in [r["rank"] for r in report["hung_ranks"]]  # (rank 0 too if its exit took longer, on a busy machine)
+    assert report["missing_ranks"] == [] and "no usable metrics" not in proc.stderr, proc.stderr
+    assert [r["status"] for r in report["ranks"]] == ["ok", "ok"]
+    for rank in (0, 1):
+        metrics = json.loads((tmp_path / "run" / f"metrics-rank{rank}.json").read_text())
+        assert metrics["store"]["misses_by_reason"]["not_found"] >= 5, metrics["store"]
+
+
+def test_metrics_are_rewritten_at_exit_only_when_a_figure_changed(tmp_path: Path) -> None:
+    """The bootstrap writes the metrics when the script returns; the exit handler rewrites them only if changed."""
+    from recipecache.torch_integration.metrics import Metrics
+
+    store = recipecache.open_store("memory://", namespace="m")
+    path = tmp_path / "metrics-rank0.json"
+    metrics = Metrics(store, path, flush=False)
+    metrics.write()
+    path.unlink()
+    metrics.write(if_changed=True)
+    assert not path.exists(), "nothing changed: not rewritten"
+    store.get("absent")
+    metrics.write(if_changed=True)
+    assert json.loads(path.read_text())["store"]["misses_by_reason"] == {"not_found": 1}
+
+
 @pytest.mark.multirank
 def test_job_status_and_report_survive_an_agent_that_will_not_stop(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,7 +39,7 @@ from ..reasons import Reason
 from ..store import Store, open_store
 from .metrics import Metrics, metrics_path
 
-__all__ = ["disable", "enable", "mark_step", "metrics"]
+__all__ = ["disable", "enable", "mark_step", "metrics", "write_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,18 @@ def metrics() -> dict[str, Any]:
     return {} if current is None else current.snapshot()
 
 
+def write_metrics() -> None:
+    """Write this process's metrics file now (a no-op before enable() or without a metrics file).
+
+    ``recipecache-run``'s bootstrap calls it as soon as the script's body returns: the
+    ``atexit`` handler that writes the file otherwise runs after the script's own handlers
+    (they run last registered first), and a rank that hangs in one of those is ended by the
+    launcher before its figures are written.
+    """
+    if _session.metrics is not None:
+        _session.metrics.write()
+
+
 def mark_step(step: int | None = None) -> None:
     """Record that training step ``step`` (default: the next index) ended, for the simulator's trace.
 
@@ -153,4 +165,4 @@ def _at_exit() -> None:
 
         _hooks.release_leases()
     if _session.metrics is not None:
-        _session.metrics.write()
+        _session.metrics.write(if_changed=True)  # unchanged since the script returned: the file is right

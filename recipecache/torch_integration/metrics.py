@@ -8,8 +8,11 @@ once per reason: the integration never raises into training, so these counters a
 how an operator learns that the cache is not helping.
 
 The file (``RECIPECACHE_METRICS_FILE`` or ``enable(metrics_file=...)``, ``{rank}``
-replaced by the rank) is written at exit and, with ``RECIPECACHE_METRICS_FLUSH=1``,
-after every change, so a killed rank still leaves its latest numbers.
+replaced by the rank) is written when the script's body returns (``recipecache-run``'s
+bootstrap: before the ``atexit`` handlers, one of which may hang, so a rank ended for
+hanging still reports), again at exit if a figure changed since, and, with
+``RECIPECACHE_METRICS_FLUSH=1``, after every change, so a killed rank still leaves its
+latest numbers.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class Metrics:
         self._precompile_fallbacks: Counter[str] = Counter()
         self._stale_sources = 0
         self._write_failed = False
+        #: the figures last written (all but ``wall_s``), to skip a rewrite that would change nothing
+        self._written: dict[str, Any] | None = None
         #: torch's own local-cache hits (``{"fx": n, "aot": m}``), set by the hooks: a graph
         #: torch found in its local cache never reaches the store, so the store's counters
         #: alone would make a warm rerun look as if the cache did nothing
@@ -167,13 +172,21 @@ class Metrics:
             }
         return out
 
-    def write(self) -> None:
-        """Write the snapshot atomically to :attr:`path`; a failure is logged once and never raised."""
+    def write(self, *, if_changed: bool = False) -> None:
+        """Write the snapshot atomically to :attr:`path`; a failure is logged once and never raised.
+
+        ``if_changed``: only if a figure (other than ``wall_s``) changed since the last write.
+        """
         if self.path is None:
+            return
+        snapshot = self.snapshot()
+        figures = {name: value for name, value in snapshot.items() if name != "wall_s"}
+        if if_changed and figures == self._written:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path, json.dumps(self.snapshot(), indent=1).encode())
+            write_atomic(self.path, json.dumps(snapshot, indent=1).encode())
+            self._written = figures
         except OSError as exc:
             if not self._write_failed:
                 self._write_failed = True
