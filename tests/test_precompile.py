@@ -286,12 +286,13 @@ def test_two_rank_job_one_rank_precompiles_and_the_other_loads(tmp_path: Path) -
 
 # -- in process, no compiles ------------------------------------------------------------------
 def test_precompiled_artifact_round_trip_and_refusals() -> None:
-    art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32),), 2.5)
+    art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32, ("SHIFT",)),), 2.5)
     assert Precompiled.unpack(art.pack()) == art
     verdict = Precompiled(b"", (), 1.0, "Unsupported: graph break")
     assert Precompiled.unpack(verdict.pack()).unsupported == "Unsupported: graph break"
     good = msgpack.unpackb(art.pack())
-    for broken in ({**good, "format": "other/1"}, {**good, "sources": [["/m.py", b"short"]]},
+    for broken in ({**good, "format": "other/1"}, {**good, "sources": [["/m.py", b"short", []]]},
+                   {**good, "sources": [["/m.py", b"\1" * 32, [3]]]},
                    {**good, "compile_s": -1.0}, {**good, "entry": "text"}, {**good, "unsupported": 3}):
         with pytest.raises(ArtifactError):
             Precompiled.unpack(msgpack.packb(broken))
@@ -332,29 +333,35 @@ def test_code_digests_follow_the_code_this_process_runs_not_the_file(tmp_path: P
     path = tmp_path / "cd_model.py"
     path.write_text(CODE_V1)
     v1 = _load(path, monkeypatch)
-    ran_v1 = code_digest.of_traced([v1.f.__code__, v1.helper.__code__])
-    assert [s.path for s in ran_v1] == [str(path)] and code_digest.stale(ran_v1) == []
+    ran_v1 = code_digest.of_traced([v1.f.__code__, v1.helper.__code__])  # what dynamo traced
+    assert [(s.path, s.names) for s in ran_v1] == [(str(path), ("SHIFT", "helper"))]
+    assert code_digest.stale(ran_v1) == []
     path.write_text(CODE_V1.replace("x + SHIFT", "x - 5"))  # the shared checkout is edited
     assert code_digest.stale(ran_v1) == [], "this process still runs v1"
-    assert code_digest.current([str(path)]) == ran_v1, "the lookup key names v1 too"
+    assert code_digest.current(ran_v1) == ran_v1, "the lookup key names v1 too"
     v2 = _load(path, monkeypatch)  # as another process would import it now
-    ran_v2 = code_digest.of_traced([v2.f.__code__])
+    ran_v2 = code_digest.of_traced([v2.f.__code__, v2.helper.__code__])
     assert ran_v2 != ran_v1
     monkeypatch.setitem(sys.modules, "cd_model", v1)
     assert code_digest.stale(ran_v2) == [str(path)], "v2's artifact is not loaded by the process running v1"
 
-    path.write_text(CODE_V1.replace("SHIFT = 2", "SHIFT = 3"))  # same code, another global: baked into a graph
-    assert code_digest.of_traced([_load(path, monkeypatch).f.__code__]) != ran_v1
-    path.write_text(CODE_V1)  # v1 again, in a process with another hash seed: the same digest
+    monkeypatch.setattr(v1, "NAMES", {"other"})  # a global the traced code does not read
+    assert code_digest.stale(ran_v1) == []
+    monkeypatch.setattr(v1, "SHIFT", 3)  # one it reads: baked into the graph (aot_compile drops global guards)
+    assert code_digest.stale(ran_v1) == [str(path)]
+    monkeypatch.setattr(v1, "SHIFT", 2)
+
+    path.write_text(CODE_V1)  # v1 again, in processes with other hash seeds: the same digest
     script = (f"import importlib.util, sys; spec = importlib.util.spec_from_file_location('cd_model', {str(path)!r}); "
               "m = importlib.util.module_from_spec(spec); sys.modules['cd_model'] = m; spec.loader.exec_module(m); "
               "from recipecache.torch_integration import code_digest; "
-              f"print(code_digest.current([{str(path)!r}])[0].digest.hex())")
+              "print(code_digest.of_traced([m.f.__code__, m.helper.__code__])[0].digest.hex())")
     for seed in ("1", "2"):
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONHASHSEED": seed})
         assert bytes.fromhex(out.stdout.strip()) == ran_v1[0].digest
-    assert code_digest.stale([SourceFile(str(tmp_path / "gone.py"), ran_v1[0].digest)]) == [str(tmp_path / "gone.py")]
+    gone = SourceFile(str(tmp_path / "gone.py"), ran_v1[0].digest)
+    assert code_digest.stale([gone]) == [gone.path], "a file this process holds no code of"
 
 
 def test_keys_leave_dynamic_sizes_to_the_guards() -> None:

@@ -13,10 +13,13 @@ process holds from it:
   functions and lambdas through their parent's constants; each with its bytecode,
   constants, names, argument layout and line table (the bytecode is the unspecialised
   ``co_code``, stable within one Python version, which is in the key);
-* the values those modules' globals named by that code hold now: plain values (numbers,
-  strings, containers of them, dataclasses, torch dtypes and devices) by value;
-  functions, classes and modules by qualified name; other objects by type only (their
-  state is often per process, a logger's level say).
+* the values that the globals the traced code reads (``LOAD_GLOBAL``; their names are
+  recorded in the artifact) hold now in those modules: plain values (numbers, strings,
+  containers of them, dataclasses, torch dtypes and devices) by value; functions,
+  classes and modules by qualified name; other objects by type only (their state is
+  often per process, a logger's level say). Only the traced code's globals: a global that
+  other code of the file changes at run time (a counter, a cache) must not make every
+  artifact a miss.
 
 Two processes that imported the same source (and set the same globals) get the same
 digest; any change of what a process runs changes it, whatever the disk holds. A file
@@ -27,6 +30,7 @@ module does not import torch.
 from __future__ import annotations
 
 import dataclasses
+import dis
 import enum
 import functools
 import hashlib
@@ -56,22 +60,26 @@ def of_traced(codes: Iterable[types.CodeType]) -> tuple[SourceFile, ...]:
     for code in codes:
         by_file.setdefault(code.co_filename, []).append(code)
     namespaces = _namespaces(by_file)
-    return tuple(SourceFile(path, _digest(path, namespaces.get(path, []), by_file[path]) or MISSING)
-                 for path in sorted(by_file))
+    out = []
+    for path in sorted(by_file):
+        names = tuple(sorted({name for code in by_file[path] for c in _nested(code) for name in _globals_read(c)}))
+        out.append(SourceFile(path, _digest(path, namespaces.get(path, []), names, by_file[path]), names))
+    return tuple(out)
 
 
-def current(paths: Iterable[str]) -> tuple[SourceFile, ...]:
-    """``paths`` with the digests of what this process runs from them (:data:`MISSING` for none)."""
-    wanted = sorted(set(paths))
-    namespaces = _namespaces(wanted)
-    return tuple(SourceFile(path, _digest(path, namespaces.get(path, []), ()) or MISSING) for path in wanted)
+def current(sources: Iterable[SourceFile]) -> tuple[SourceFile, ...]:
+    """``sources`` (an artifact's) with the digests of what this process runs from their files."""
+    sources = list(sources)
+    namespaces = _namespaces(s.path for s in sources)
+    return tuple(SourceFile(s.path, _digest(s.path, namespaces.get(s.path, []), s.names, ()), s.names)
+                 for s in sources)
 
 
 def stale(sources: Iterable[SourceFile]) -> list[str]:
     """The paths among ``sources`` whose code in this process differs from the recorded digest (or is absent)."""
     sources = list(sources)
-    ours = {s.path: s.digest for s in current(s.path for s in sources)}
-    return [s.path for s in sources if ours[s.path] == MISSING or ours[s.path] != s.digest]
+    ours = current(sources)
+    return [s.path for s, mine in zip(sources, ours) if mine.digest == MISSING or mine.digest != s.digest]
 
 
 def _namespaces(paths: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
@@ -88,23 +96,28 @@ def _namespaces(paths: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def _digest(path: str, namespaces: list[dict[str, Any]], roots: Iterable[types.CodeType]) -> bytes | None:
+def _digest(path: str, namespaces: list[dict[str, Any]], names: Iterable[str],
+            roots: Iterable[types.CodeType]) -> bytes:
+    """The digest of ``path``'s code in ``namespaces`` (plus ``roots``) and of its globals ``names``; or MISSING."""
     codes: dict[int, types.CodeType] = {}
     for namespace in namespaces:
         _reachable_code(list(namespace.values()), path, codes)
     covered = {id(c) for code in codes.values() for c in _nested(code)}
     codes.update((id(c), c) for c in roots if id(c) not in covered)
     if not namespaces and not codes:
-        return None
-    names = {name for code in codes.values() for c in _nested(code) for name in c.co_names}
-    named = {f"{name}={_value(namespace[name])}" for namespace in namespaces for name in names if name in namespace}
+        return MISSING
     h = hashlib.sha256()
     for part in sorted(_code_digest(code) for code in codes.values()):
         _feed(h, part)
-    _feed(h, b"globals")
-    for item in sorted(named):
-        _feed(h, item.encode())
+    for name in sorted(set(names)):
+        values = sorted(_readable(namespace[name]) for namespace in namespaces if name in namespace)
+        _feed(h, f"{name}={values}".encode())  # [] for a builtin
     return h.digest()
+
+
+def _globals_read(code: types.CodeType) -> Iterable[str]:
+    """The global names ``code`` itself reads (not its attribute names, which ``co_names`` holds too)."""
+    return (str(ins.argval) for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"))
 
 
 def _reachable_code(stack: list[Any], path: str, out: dict[int, types.CodeType]) -> None:
@@ -158,6 +171,14 @@ def _code_digest(code: types.CodeType) -> bytes:
 def _feed(h: Any, part: bytes) -> None:
     h.update(len(part).to_bytes(8, "little"))
     h.update(part)
+
+
+def _readable(value: Any) -> str:
+    """:func:`_value`, or the type of a value that fails to describe itself (a broken ``__repr__``, say)."""
+    try:
+        return _value(value)
+    except Exception:  # noqa: BLE001 - described as well as it can be; equal values still compare equal
+        return f"unreadable:{type(value).__module__}.{type(value).__qualname__}"
 
 
 def _value(value: Any, depth: int = 0) -> str:

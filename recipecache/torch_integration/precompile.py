@@ -32,7 +32,7 @@ process) covers the compiler's view of ``-march=native`` with its version, the C
 features torch reads and the machine. The code dynamo traced is known only
 after tracing, so, as vLLM does, the artifact lists its files with digests, and a
 loader checks them before torch unpickles anything. The digests are of the code the
-process runs (:mod:`.code_digest`: its code objects and the globals they name), never
+process runs (:mod:`.code_digest`: its code objects and the globals the traced code reads), never
 of the files on disk, which a shared checkout may have changed since the process
 imported them: other code never loads; the lookup moves on to the key that names the
 code this process runs (published next to the latest one), and a miss there is
@@ -378,7 +378,7 @@ class Tier:
         self.metrics.stale_sources()
         log.info("recipecache: %s was precompiled from other code (%s); looking for the code this process runs",
                  key, ", ".join(changed))
-        versioned = versioned_key(key, code_digest.current(s.path for s in found.sources))
+        versioned = versioned_key(key, code_digest.current(found.sources))
         found = self._fetch(target, key, versioned, args, kwargs)
         if not isinstance(found, Precompiled):
             return found

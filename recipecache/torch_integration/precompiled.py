@@ -5,14 +5,16 @@ A precompiled artifact lets a fresh process skip dynamo: it carries torch's seri
 the forward and backward graphs), so loading it runs neither the tracer nor a compiler.
 The bytecode was derived from the code of every function dynamo traced, so the artifact
 also lists their files, each with a digest of the code the producer ran from it
-(:mod:`.code_digest`: its code objects and the globals they name, not the file on disk):
+(:mod:`.code_digest`: its code objects and the globals the traced code reads, not the file on
+disk):
 a process that runs other code must not load it (a changed model is a miss, not a stale
 load), and it can tell so before torch unpickles anything.
 
 Framing is one msgpack map (never pickle)::
 
     {"format": "recipecache-precompiled/2", "entry": <bytes>, "compile_s": <float>,
-     "sources": [[<path>, <code digest, 32 bytes>], ...], "unsupported": <detail> | None}
+     "sources": [[<path>, <code digest, 32 bytes>, [<global name>, ...]], ...],
+     "unsupported": <detail> | None}
 
 ``entry`` is torch's own serialization and stays opaque here; only torch unpickles it,
 and only after the store verified the envelope and :func:`.code_digest.stale` found
@@ -42,6 +44,8 @@ class SourceFile:
 
     path: str
     digest: bytes
+    #: the globals the traced code of this file reads, whose values the digest covers
+    names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class Precompiled:
                 "format": FORMAT,
                 "entry": self.entry,
                 "compile_s": float(self.compile_s),
-                "sources": [[s.path, s.digest] for s in self.sources],
+                "sources": [[s.path, s.digest, list(s.names)] for s in self.sources],
                 "unsupported": self.unsupported,
             },
             use_bin_type=True,
@@ -77,11 +81,12 @@ class Precompiled:
         if unsupported is not None and not isinstance(unsupported, str):
             raise ArtifactError("precompiled verdict malformed")
         if not isinstance(sources, list) or not all(
-            isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and isinstance(s[1], bytes)
-            and len(s[1]) == 32 for s in sources
+            isinstance(s, list) and len(s) == 3 and isinstance(s[0], str) and isinstance(s[1], bytes)
+            and len(s[1]) == 32 and isinstance(s[2], list) and all(isinstance(n, str) for n in s[2]) for s in sources
         ):
             raise ArtifactError("precompiled source list malformed")
-        return cls(entry, tuple(SourceFile(path, digest) for path, digest in sources), compile_s, unsupported)
+        return cls(entry, tuple(SourceFile(path, digest, tuple(names)) for path, digest, names in sources),
+                   compile_s, unsupported)
 
 
 def versioned_key(key: str, sources: Iterable[SourceFile]) -> str:
