@@ -114,10 +114,12 @@ class Flight:
     #: backend failure); None for a hit
     miss_reason: Reason | None = None
     lease: HeldLease | None = field(default=None, repr=False)
+    #: whether the flight is in the event log (:meth:`Store.begin`'s ``trace``)
+    trace: bool = True
 
     def publish(self, data: Buffer, *, meta: dict[str, Any] | None = None) -> bool:
         """Store ``data`` (described by ``meta``, see :meth:`Store.put`) and release the lease; False if not taken."""
-        stored = self.store.put(self.key, data, meta=meta)
+        stored = self.store.put(self.key, data, meta=meta, trace=self.trace)
         self.release()
         return stored
 
@@ -436,6 +438,7 @@ class Store:
         wait_timeout: float | None = None,
         stale: Buffer | None = None,
         stale_reason: Reason = Reason.GUARD_REJECTED,
+        trace: bool = True,
     ) -> Flight:
         """Look ``key`` up; on a miss either wait for the process compiling it or become its compiler.
 
@@ -445,15 +448,16 @@ class Store:
         and compiles what it needs, or waits for the lease holder to publish something
         else. The caller counted its own lookup, so this one is not counted again. With
         ``stale`` the backend itself is read, never a node copy (the stale value may be
-        that copy), and what it holds refreshes the node copy.
+        that copy), and what it holds refreshes the node copy. ``trace=False`` keeps the
+        flight (lookup, wait, compile start, publish) out of the event log, as for :meth:`lookup`.
         """
         if stale is None:
-            first = self.lookup(key)
+            first = self.lookup(key, trace=trace)
             if first.data is not None:
-                return Flight(self, key, Role.HIT, data=first.data)
+                return Flight(self, key, Role.HIT, data=first.data, trace=trace)
             miss = first.reason
-            if first.failed:
-                return self._fallback(key, first.reason, miss_reason=miss)  # the backend failed: no lease to take
+            if first.failed:  # the backend failed: no lease to take
+                return self._fallback(key, first.reason, miss_reason=miss, trace=trace)
         else:
             miss = stale_reason
         timeout = self.settings.wait_timeout if wait_timeout is None else wait_timeout
@@ -464,28 +468,35 @@ class Store:
         try:
             outcome = self._call("lease", self._flight.run, storage_key(self.namespace, key), fetch, timeout)
         except BackendError as exc:
-            return self._fallback(key, exc.reason, miss_reason=miss)
+            return self._fallback(key, exc.reason, miss_reason=miss, trace=trace)
         if outcome.waited_s:
             self._stats.count("waits")
             self._stats.add_seconds("wait_s", outcome.waited_s)
-            self.events.record("wait", key, outcome.waited_s)
+            if trace:
+                self.events.record("wait", key, outcome.waited_s)
         if outcome.role is Role.TIMEOUT:
-            return self._fallback(key, Reason.WAIT_TIMEOUT, waited_s=outcome.waited_s, miss_reason=miss)
+            return self._fallback(key, Reason.WAIT_TIMEOUT, waited_s=outcome.waited_s, miss_reason=miss, trace=trace)
         if outcome.role is Role.FOLLOWER:
             self._stats.count("follower")
             self._stats.count("hits")
-            return Flight(self, key, Role.FOLLOWER, data=outcome.value, waited_s=outcome.waited_s, miss_reason=miss)
+            return Flight(self, key, Role.FOLLOWER, data=outcome.value, waited_s=outcome.waited_s, miss_reason=miss,
+                          trace=trace)
         self._stats.count("leader")
         if outcome.takeover:
             self._stats.count("takeovers")
-            self.events.record("takeover", key)
-        self.events.record("compile_start", key)
-        return Flight(self, key, Role.LEADER, lease=outcome.lease, waited_s=outcome.waited_s, miss_reason=miss)
+            if trace:
+                self.events.record("takeover", key)
+        if trace:
+            self.events.record("compile_start", key)
+        return Flight(self, key, Role.LEADER, lease=outcome.lease, waited_s=outcome.waited_s, miss_reason=miss,
+                      trace=trace)
 
-    def _fallback(self, key: str, reason: Reason, *, miss_reason: Reason | None, waited_s: float = 0.0) -> Flight:
+    def _fallback(self, key: str, reason: Reason, *, miss_reason: Reason | None, waited_s: float = 0.0,
+                  trace: bool = True) -> Flight:
         self._stats.reason("fallback", reason)
-        self.events.record("fallback", key, reason=reason)
-        return Flight(self, key, Role.FALLBACK, reason=reason, waited_s=waited_s, miss_reason=miss_reason)
+        if trace:
+            self.events.record("fallback", key, reason=reason)
+        return Flight(self, key, Role.FALLBACK, reason=reason, waited_s=waited_s, miss_reason=miss_reason, trace=trace)
 
     def get_or_compile(
         self, key: str, compile_fn: Callable[[], Buffer], *, wait_timeout: float | None = None

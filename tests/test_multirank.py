@@ -44,6 +44,7 @@ pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1200)]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 PGO_WORKER = Path(__file__).resolve().parent / "workers" / "pgo_ranks.py"
+PROBE_WORKER = Path(__file__).resolve().parent / "workers" / "isa_probe_ranks.py"
 #: rounds of simultaneous PGO writes (each rank adds one decision per round)
 PGO_ROUNDS = 6
 BUCKETS = (16, 32)
@@ -162,11 +163,37 @@ def test_fresh_rank_hits_the_other_ranks_artifact(jobs: dict[str, Job]) -> None:
 
 def test_cold_ranks_share_the_cpu_probes(jobs: dict[str, Job]) -> None:
     """Both ranks compile their first graph at once, so both probe the CPU: each starts at its own share
-    of torch's probes and installs the probe libraries the other rank built instead of building them too."""
+    of torch's probes and installs the probe libraries the other rank built instead of building them too.
+
+    On any CPU: each probe is single-flighted, so on a CPU with one ISA to probe one rank builds it and the
+    other installs it (a rank that comes later installs the complete set)."""
     cold = jobs["cold"]
     assert cold.metrics is not None
     assert sum(m["lookups"]["isa"]["hit"] for m in cold.metrics) >= 1, [m["lookups"]["isa"] for m in cold.metrics]
     assert all(m["fallbacks"] == {} for m in cold.metrics)
+
+
+def test_ranks_probing_the_same_isa_at_once_build_it_once(tmp_path: Path) -> None:
+    """Issue 18 item 17: on a CPU with one vector ISA to probe (AVX2, no AVX-512: a Zen 3) both ranks of a
+    cold job start with the same probe; one builds it, the other waits for it and installs it."""
+    import torch
+
+    if not torch.cpu._is_avx2_supported():
+        pytest.skip("the job restricts torch's view of the CPU to AVX2, which this CPU lacks")
+    out = tmp_path / "probes"
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", f"file://{tmp_path / 'store'}",
+         "--namespace", "probes", "--run-dir", str(tmp_path / "run"), "--rank-dirs", str(tmp_path / "dirs"),
+         str(PROBE_WORKER), str(out)],
+        check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    reports = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(RANKS)]
+    assert all(r["valid"] == ["avx2"] and r["fallbacks"] == {} for r in reports), reports
+    lookups = [r["isa"] for r in reports]
+    assert sum(n["put"] for n in lookups) == 1, f"the probe was built and published by one rank only: {lookups}"
+    assert sum(n["hit"] for n in lookups) == RANKS - 1, f"the other rank installed it: {lookups}"
 
 
 def test_warm_job_compiles_nothing(jobs: dict[str, Job]) -> None:

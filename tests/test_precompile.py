@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,13 +37,14 @@ import recipecache
 from recipecache.events import read_events
 from recipecache.keys import storage_key
 from recipecache.torch_integration.artifact import ArtifactError
-from recipecache.torch_integration.precompiled import Precompiled, SourceDigests, SourceFile, sources_digest
+from recipecache.torch_integration.precompiled import Precompiled, SourceFile
 
 from test_torch_integration import base  # noqa: F401 - the module's temp dir with the logging g++ first on PATH
 
 pytestmark = pytest.mark.torch
 
 WORKER = Path(__file__).parent / "workers" / "precompile_worker.py"
+VERSION_WORKER = Path(__file__).parent / "workers" / "precompile_version.py"
 NAMESPACE = "precompiletest"
 SECRET = "precompile-test-secret"
 MODEL_SOURCE = '''import torch
@@ -89,7 +91,7 @@ def _model_dir(base: Path, name: str, scale: str = "") -> Path:
 
 
 def _start(base: Path, name: str, mode: str, model_dir: Path, *args: str,
-           store: Path | None = None) -> tuple[subprocess.Popen[str], Path]:
+           store: Path | None = None, worker: Path = WORKER) -> tuple[subprocess.Popen[str], Path]:
     run_dir = base / name
     for sub in ("cache", "tmp"):
         (run_dir / sub).mkdir(parents=True)
@@ -100,7 +102,7 @@ def _start(base: Path, name: str, mode: str, model_dir: Path, *args: str,
     if store is not None:
         env.update(RECIPECACHE_URL=f"file://{store}", RECIPECACHE_NAMESPACE=NAMESPACE, RECIPECACHE_SECRET=SECRET,
                    RECIPECACHE_EVENT_LOG=str(run_dir / "events"))
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(run_dir / "out.json"), mode, str(model_dir), *args],
+    proc = subprocess.Popen([sys.executable, str(worker), str(run_dir / "out.json"), mode, str(model_dir), *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, run_dir
 
@@ -213,6 +215,50 @@ def test_a_corrupted_artifact_is_refused_and_falls_back(cold: Cold, followups: F
     assert corrupt.report["model_digest"] == cold.plain.report["model_digest"]
 
 
+# -- the code a process runs, not the file on disk ---------------------------------------------
+VERSION_SOURCE = """import torch
+
+
+def f(x):
+    return helper(x).sum()
+
+
+def helper(x):
+    return x {op}
+"""
+
+
+def test_a_process_runs_the_code_it_imported_when_the_file_changed_since(base: Path) -> None:
+    """Issue 18 item 5: a long job imported v1; the checkout then became v2 and another job published v2.
+
+    The long job must run its own v1 (1 + 2 = 3 per element): not load v2's artifact (1 - 5 = -4) for a
+    signature v2 published, and not publish its v1 compile under v2's name for one it compiles itself,
+    which a fresh v2 process would then load.
+    """
+    model_dir = base / "versions"
+    model_dir.mkdir()
+    source = model_dir / "pv_model.py"
+    source.write_text(VERSION_SOURCE.format(op="+ 2"))
+    store, go = base / "versions-store", base / "versions-go"
+    started = _start(base, "v1-long-job", "rc", model_dir, "1,2", "--go", str(go), store=store, worker=VERSION_WORKER)
+    proc, run_dir = started
+    while not (run_dir / "out.ready").exists():
+        assert proc.poll() is None, proc.communicate()[0][-4000:]
+        time.sleep(0.1)
+    source.write_text(VERSION_SOURCE.format(op="- 5"))
+    v2 = _finish(_start(base, "v2-job", "rc", model_dir, "1", store=store, worker=VERSION_WORKER))
+    assert v2.report["results"] == [-4.0] and v2.precompiled["put"] == 1
+    go.touch()
+    v1 = _finish(started)
+    assert v1.report["results"] == [3.0, 6.0], "the long job ran its own code"
+    assert v1.metrics["stale_sources"] == 1, "v2's artifact was seen and refused"
+    assert v1.precompiled == {"hit": 0, "miss": 2, "put": 2}
+    fresh = _finish(_start(base, "v2-fresh", "rc", model_dir, "1,2", store=store, worker=VERSION_WORKER))
+    assert fresh.report["results"] == [-4.0, -8.0], "v1's artifacts are not taken for v2's"
+    assert fresh.metrics["stale_sources"] == 2
+    assert fresh.precompiled == {"hit": 1, "miss": 1, "put": 1}, "v2's own artifact is found under its version"
+
+
 # -- two ranks --------------------------------------------------------------------------------
 @pytest.mark.multirank
 @pytest.mark.timeout(1500)
@@ -240,12 +286,13 @@ def test_two_rank_job_one_rank_precompiles_and_the_other_loads(tmp_path: Path) -
 
 # -- in process, no compiles ------------------------------------------------------------------
 def test_precompiled_artifact_round_trip_and_refusals() -> None:
-    art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32),), 2.5)
+    art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32, ("SHIFT",)),), 2.5)
     assert Precompiled.unpack(art.pack()) == art
     verdict = Precompiled(b"", (), 1.0, "Unsupported: graph break")
     assert Precompiled.unpack(verdict.pack()).unsupported == "Unsupported: graph break"
     good = msgpack.unpackb(art.pack())
-    for broken in ({**good, "format": "other/1"}, {**good, "sources": [["/m.py", b"short"]]},
+    for broken in ({**good, "format": "other/1"}, {**good, "sources": [["/m.py", b"short", []]]},
+                   {**good, "sources": [["/m.py", b"\1" * 32, [3]]]},
                    {**good, "compile_s": -1.0}, {**good, "entry": "text"}, {**good, "unsupported": 3}):
         with pytest.raises(ArtifactError):
             Precompiled.unpack(msgpack.packb(broken))
@@ -253,17 +300,68 @@ def test_precompiled_artifact_round_trip_and_refusals() -> None:
         Precompiled.unpack(b"\x80\x04K\x01.")  # a pickle is not an artifact
 
 
-def test_source_digests_notice_changed_and_missing_files(tmp_path: Path) -> None:
-    digests = SourceDigests()
-    a, b = tmp_path / "a.py", tmp_path / "b.py"
-    a.write_text("x = 1\n")
-    b.write_text("y = 2\n")
-    recorded = digests.describe([str(a), str(b)])
-    assert digests.stale(recorded) == []
-    a.write_text("x = 10\n")
-    b.unlink()
-    assert digests.stale(recorded) == [str(a), str(b)]
-    assert sources_digest(digests.current([str(a), str(b)])) != sources_digest(recorded)
+CODE_V1 = """NAMES = {"a", "b", "c"}
+SHIFT = 2
+
+
+def f(x):
+    return helper(x) if x not in {"p", "q"} else None
+
+
+def helper(x):
+    return x + SHIFT
+"""
+
+
+def _load(path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Import ``path`` as module ``cd_model`` (replacing any earlier one), as this process's version of it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cd_model", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "cd_model", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_code_digests_follow_the_code_this_process_runs_not_the_file(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18 item 5: a process that imported v1 refuses v2's artifact although the file now holds v2."""
+    from recipecache.torch_integration import code_digest
+
+    path = tmp_path / "cd_model.py"
+    path.write_text(CODE_V1)
+    v1 = _load(path, monkeypatch)
+    ran_v1 = code_digest.of_traced([v1.f.__code__, v1.helper.__code__])  # what dynamo traced
+    assert [(s.path, s.names) for s in ran_v1] == [(str(path), ("SHIFT", "helper"))]
+    assert code_digest.stale(ran_v1) == []
+    path.write_text(CODE_V1.replace("x + SHIFT", "x - 5"))  # the shared checkout is edited
+    assert code_digest.stale(ran_v1) == [], "this process still runs v1"
+    assert code_digest.current(ran_v1) == ran_v1, "the lookup key names v1 too"
+    v2 = _load(path, monkeypatch)  # as another process would import it now
+    ran_v2 = code_digest.of_traced([v2.f.__code__, v2.helper.__code__])
+    assert ran_v2 != ran_v1
+    monkeypatch.setitem(sys.modules, "cd_model", v1)
+    assert code_digest.stale(ran_v2) == [str(path)], "v2's artifact is not loaded by the process running v1"
+
+    monkeypatch.setattr(v1, "NAMES", {"other"})  # a global the traced code does not read
+    assert code_digest.stale(ran_v1) == []
+    monkeypatch.setattr(v1, "SHIFT", 3)  # one it reads: baked into the graph (aot_compile drops global guards)
+    assert code_digest.stale(ran_v1) == [str(path)]
+    monkeypatch.setattr(v1, "SHIFT", 2)
+
+    path.write_text(CODE_V1)  # v1 again, in processes with other hash seeds: the same digest
+    script = (f"import importlib.util, sys; spec = importlib.util.spec_from_file_location('cd_model', {str(path)!r}); "
+              "m = importlib.util.module_from_spec(spec); sys.modules['cd_model'] = m; spec.loader.exec_module(m); "
+              "from recipecache.torch_integration import code_digest; "
+              "print(code_digest.of_traced([m.f.__code__, m.helper.__code__])[0].digest.hex())")
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed})
+        assert bytes.fromhex(out.stdout.strip()) == ran_v1[0].digest
+    gone = SourceFile(str(tmp_path / "gone.py"), ran_v1[0].digest)
+    assert code_digest.stale([gone]) == [gone.path], "a file this process holds no code of"
 
 
 def test_keys_leave_dynamic_sizes_to_the_guards() -> None:

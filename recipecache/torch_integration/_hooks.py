@@ -171,7 +171,11 @@ class Integration:
         found = self.store.lookup(key, trace=False, node=kind != "pgo")
         if found.failed:
             self.metrics.fallback(found.reason, f"store {self.store.url} did not answer; compiling locally")
-        artifact = None if found.data is None else self._unpack(key, found.data, kind)
+        return self._take(kind, key, found.data)
+
+    def _take(self, kind: str, key: str, data: memoryview | None) -> Artifact | None:
+        """The artifact in ``data`` (what the store had under ``key``) with its kernels installed, or None; counted."""
+        artifact = None if data is None else self._unpack(key, data, kind)
         if artifact is None or not self._install(key, artifact, artifact.entries[0]):
             self.metrics.miss(kind)
             return None
@@ -208,9 +212,11 @@ class Integration:
             self._flights.pop(id(flight), None)
         flight.release()
 
-    def _put(self, kind: str, key: str, blob: bytes) -> None:
-        """Publish an AOTAutograd or probe artifact (written once per key, so a plain put); kept out of the trace."""
-        if self.store.put(key, blob, trace=False, meta={"kind": KIND_NAMES[kind]}):
+    def _put(self, kind: str, key: str, blob: bytes, flight: Flight | None = None) -> None:
+        """Publish an AOTAutograd or probe artifact (written once per key, so a plain put, or through the
+        untraced ``flight`` that leads it); kept out of the trace."""
+        meta = {"kind": KIND_NAMES[kind]}
+        if flight.publish(blob, meta=meta) if flight is not None else self.store.put(key, blob, trace=False, meta=meta):
             self.metrics.put(kind)
 
     def end_attempt(self) -> None:
@@ -528,29 +534,48 @@ class Integration:
             bool(isa)
 
     def probe(self, check_build: Callable[[VecISA, str], bool], isa: VecISA, code: str) -> bool:
-        """torch's probe build of ``code`` for ``isa``, with the library another rank built if there is one.
+        """torch's probe build of ``code`` for ``isa``, built by one process of the job and installed by the others.
 
         In a job of several processes, until this host kind's complete set is here, each
-        probe library this process builds is published on its own, so ranks probing at the
-        same time share them.
+        probe is single-flighted on its own key (:meth:`probe_flight`): ranks that ask for
+        the same probe at once (all of them, on a CPU with one vector ISA) build it once;
+        the others wait, install its library, and torch's check finds it built.
         """
         attempt = self.attempt
         shared = not self._isa_done and process_world_size() > 1
         key = self.guarded(self.probe_key, isa, code) if shared else None
-        built_here = key is not None and self.guarded(self.fetch, "isa", key) is None
+        flight = None if key is None else self.guarded(self.probe_flight, key)
         attempt.in_isa_probe, attempt.probe_library = True, None
         try:
             return check_build(isa, code)
         finally:
             attempt.in_isa_probe = False
-            if built_here and attempt.probe_library is not None:
-                self.guarded(self.publish_probe, key, [attempt.probe_library])
+            if flight is not None:
+                built = [] if attempt.probe_library is None else [attempt.probe_library]
+                self.guarded(self.publish_probe, flight.key, built, flight)
+                flight.release()  # published (which released it) or not: its waiters go on
 
-    def publish_probe(self, key: str, libraries: Iterable[str]) -> None:
-        """Publish the probe libraries among ``libraries`` that were built (an ISA the compiler lacks has none)."""
+    def probe_flight(self, key: str) -> Flight | None:
+        """The flight under which this process builds the probe of ``key``, or None: another process built it
+        (installed now, counted as a hit) or its artifact is unusable (counted; torch builds it here)."""
+        flight = self.store.begin(key, wait_timeout=self.wait_timeout, trace=False)
+        if flight.reason is not None:
+            self.metrics.fallback(flight.reason, f"{key}: {flight.reason}; probing the CPU without other ranks")
+        if flight.data is None:
+            self.metrics.miss("isa")
+            return flight
+        self._take("isa", key, flight.data)
+        return None
+
+    def publish_probe(self, key: str, libraries: Iterable[str], flight: Flight | None = None) -> None:
+        """Publish the probe libraries among ``libraries`` that were built (an ISA the compiler lacks has none).
+
+        Through ``flight`` even when none was built: its waiters then take that answer and
+        probe at once, all together, rather than one after the other as each takes the lease.
+        """
         files, _missing = collect(libraries, Path(cache_dir()))
-        if files:
-            self._put("isa", key, Artifact.single("isa", b"", files).pack())
+        if files or flight is not None:
+            self._put("isa", key, Artifact.single("isa", b"", files).pack(), flight)
             self.metrics.kernels(shipped=len(files))
 
     def publish_isa_probe(self) -> None:

@@ -124,7 +124,7 @@ class Metrics:
         self.changed()
 
     def stale_sources(self) -> None:
-        """A precompiled artifact was found for another version of the traced sources (so not loaded)."""
+        """A precompiled artifact was found for other code than this process runs (so not loaded)."""
         with self._lock:
             self._stale_sources += 1
         self.changed()

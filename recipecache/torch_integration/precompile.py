@@ -29,11 +29,14 @@ there). Keys are CPU keys like every artifact holding compiled CPU code
 (``torch3:cpu-<host-CPU fingerprint>:precompiled:<digest>``, :meth:`Integration.cpu_key
 <._hooks.Integration.cpu_key>`): the fingerprint (:mod:`.host_cpu`, computed once per
 process) covers the compiler's view of ``-march=native`` with its version, the CPU
-features torch reads and the machine. The source files dynamo traced are
-known only after tracing, so, as vLLM does, the artifact lists them with digests and a
-loader checks them before torch unpickles anything: a changed source never loads; the
-lookup moves on to the key that names the current sources (published next to the
-latest one), and a miss there is precompiled afresh.
+features torch reads and the machine. The code dynamo traced is known only
+after tracing, so, as vLLM does, the artifact lists its files with digests, and a
+loader checks them before torch unpickles anything. The digests are of the code the
+process runs (:mod:`.code_digest`: its code objects and the globals the traced code reads), never
+of the files on disk, which a shared checkout may have changed since the process
+imported them: other code never loads; the lookup moves on to the key that names the
+code this process runs (published next to the latest one), and a miss there is
+precompiled afresh.
 
 ``torch.compile`` is wrapped only while enabled, so compile after ``enable()``. A
 ``DistributedDataParallel`` model runs DDP's forward eagerly around a precompiled inner
@@ -50,7 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +64,10 @@ from torch.utils import _pytree as pytree
 from ..keys import make_key
 from ..reasons import REFUSED, Reason
 from ..store import Flight, Store
-from . import aoti_files, describe
+from . import aoti_files, code_digest, describe
 from .artifact import ArtifactError
 from .metrics import Metrics
-from .precompiled import FORMAT, Precompiled, SourceDigests, versioned_key
+from .precompiled import FORMAT, Precompiled, versioned_key
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +253,7 @@ def module_state(module: torch.nn.Module) -> list[Any]:
     ]
 
 
-# -- traced files ------------------------------------------------------------------------
+# -- traced code ---------------------------------------------------------------------------
 _tracing = threading.local()
 _trace_lock = threading.Lock()
 _trace_users = 0
@@ -258,40 +261,42 @@ _trace_original: Any = None
 
 
 @contextmanager
-def traced_files(first: str) -> Iterator[set[str]]:
-    """The files of every function dynamo inlines in this thread while in the block (plus ``first``).
+def traced_code(first: Any) -> Iterator[set[Any]]:
+    """The code objects of every function dynamo inlines in this thread while in the block (plus ``first``).
 
-    Files of torch itself are left out: the torch build is in the key already.
+    Code of torch itself is left out (the torch build is in the key already), and so is
+    code that comes from no file (generated code).
     """
     from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
     global _trace_users, _trace_original
-    files: set[str] = {first}
+    codes: set[Any] = {first}
     with _trace_lock:
         if _trace_users == 0:
             _trace_original = InliningInstructionTranslator.inline_call_
             original = _trace_original
 
             def inline_call_(self: Any) -> Any:
-                collecting = getattr(_tracing, "files", None)
+                collecting = getattr(_tracing, "codes", None)
                 if collecting is not None:
-                    collecting.add(self.f_code.co_filename)
+                    collecting.add(self.f_code)
                 return original(self)
 
             InliningInstructionTranslator.inline_call_ = inline_call_  # type: ignore[method-assign]
         _trace_users += 1
-    previous = getattr(_tracing, "files", None)
-    _tracing.files = files
+    previous = getattr(_tracing, "codes", None)
+    _tracing.codes = codes
     try:
-        yield files
+        yield codes
     finally:
-        _tracing.files = previous
+        _tracing.codes = previous
         with _trace_lock:
             _trace_users -= 1
             if _trace_users == 0:
                 InliningInstructionTranslator.inline_call_ = _trace_original  # type: ignore[method-assign]
                 _trace_original = None
-        files.difference_update({f for f in files if f.startswith(_TORCH_DIR) or not os.path.isfile(f)})
+        codes.difference_update({c for c in codes
+                                 if c.co_filename.startswith(_TORCH_DIR) or not os.path.isfile(c.co_filename)})
 
 
 # -- the tier ------------------------------------------------------------------------------
@@ -306,7 +311,6 @@ class Tier:
     #: graph hooks' :meth:`~._hooks.Integration.cpu_key`: one prefix and CPU fingerprint for all)
     cpu_key: Callable[[str], str]
     active: bool = True
-    digests: SourceDigests = field(default_factory=SourceDigests)
     _original_compile: Any = None
 
     # -- torch.compile -------------------------------------------------------------------
@@ -367,19 +371,19 @@ class Tier:
         found = self._fetch(target, key, key, args, kwargs)
         if not isinstance(found, Precompiled):
             return found
-        changed = self.digests.stale(found.sources)
+        changed = code_digest.stale(found.sources)
         if not changed:
             return self._load(target, key, found, args, kwargs)
         # another version of the code: look under the key naming this process's sources
         self.metrics.stale_sources()
-        log.info("recipecache: %s was precompiled from other sources (%s); looking for this version",
+        log.info("recipecache: %s was precompiled from other code (%s); looking for the code this process runs",
                  key, ", ".join(changed))
-        versioned = versioned_key(key, self.digests.current(s.path for s in found.sources))
+        versioned = versioned_key(key, code_digest.current(found.sources))
         found = self._fetch(target, key, versioned, args, kwargs)
         if not isinstance(found, Precompiled):
             return found
-        if self.digests.stale(found.sources):
-            return self.fallback("source_changed", f"{versioned} does not match this process's sources")
+        if code_digest.stale(found.sources):
+            return self.fallback("source_changed", f"{versioned} does not match the code this process runs")
         return self._load(target, versioned, found, args, kwargs)
 
     def _fetch(self, target: Target, key: str, lookup: str, args: tuple[Any, ...],
@@ -447,7 +451,7 @@ class Tier:
         start = time.perf_counter()
         verdict: str | None = None
         why = ""
-        with traced_files(target.code.co_filename) as files:
+        with traced_code(target.code) as codes:
             try:
                 fn = aot_compile_fullgraph(target.traced, (args, kwargs), hooks=Hooks(),
                                            backend=target.settings.aoti_backend(), dynamic=target.settings.dynamic)
@@ -462,10 +466,7 @@ class Tier:
         # the trace (the simulator's input) sees the precompile as this key's compile; the store's
         # compile counters already count the graphs inductor compiled for it
         self.store.events.record("compile", flight.key, seconds)
-        try:
-            sources = self.digests.describe(files)
-        except OSError as exc:
-            return self.fallback("precompile_failed", f"{target.name}: cannot read a traced file: {exc}")
+        sources = code_digest.of_traced(codes)
         meta = {**describe.graph_meta(target.name, describe.input_shapes(pytree.tree_leaves((args, kwargs))), seconds),
                 "kind": KIND_NAME}
         if verdict is not None:  # the same sources trace the same way everywhere: tell the other processes

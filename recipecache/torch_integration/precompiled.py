@@ -3,19 +3,22 @@
 A precompiled artifact lets a fresh process skip dynamo: it carries torch's serialized
 ``AOTCompiledFunction`` (dynamo's bytecode and guards plus the AOTInductor libraries of
 the forward and backward graphs), so loading it runs neither the tracer nor a compiler.
-The bytecode was derived from the Python source of every file dynamo traced, so the
-artifact also lists those files with the sha256 of their content: a process whose files
-differ must not load it (a changed model is a miss, not a stale load), and it can tell
-so before torch unpickles anything.
+The bytecode was derived from the code of every function dynamo traced, so the artifact
+also lists their files, each with a digest of the code the producer ran from it
+(:mod:`.code_digest`: its code objects and the globals the traced code reads, not the file on
+disk):
+a process that runs other code must not load it (a changed model is a miss, not a stale
+load), and it can tell so before torch unpickles anything.
 
 Framing is one msgpack map (never pickle)::
 
-    {"format": "recipecache-precompiled/1", "entry": <bytes>, "compile_s": <float>,
-     "sources": [[<path>, <sha256 32 bytes>], ...], "unsupported": <detail> | None}
+    {"format": "recipecache-precompiled/2", "entry": <bytes>, "compile_s": <float>,
+     "sources": [[<path>, <code digest, 32 bytes>, [<global name>, ...]], ...],
+     "unsupported": <detail> | None}
 
 ``entry`` is torch's own serialization and stays opaque here; only torch unpickles it,
-and only after the store verified the envelope and :meth:`SourceDigests.stale` found
-every listed file unchanged. ``unsupported`` marks a function that cannot be
+and only after the store verified the envelope and :func:`.code_digest.stale` found
+this process running the same code from every listed file. ``unsupported`` marks a function that cannot be
 precompiled for these sources (``graph_break``: dynamo cannot trace it whole;
 ``dynamic_shapes``: its graph takes sizes as inputs): ranks that read it go straight
 to the normal path instead of each tracing it again. This module does not import torch.
@@ -24,8 +27,6 @@ to the normal path instead of each tracing it again. This module does not import
 from __future__ import annotations
 
 import hashlib
-import os
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -33,15 +34,18 @@ import msgpack
 
 from .artifact import ArtifactError, decode
 
-FORMAT = "recipecache-precompiled/1"
+FORMAT = "recipecache-precompiled/2"
 
 
 @dataclass(frozen=True)
 class SourceFile:
-    """A file dynamo traced: its path as the producer's code objects name it, and its content's sha256."""
+    """A file dynamo traced: its path as the producer's code objects name it, and the digest of the code
+    the producer ran from it (:mod:`.code_digest`)."""
 
     path: str
-    sha256: bytes
+    digest: bytes
+    #: the globals the traced code of this file reads, whose values the digest covers
+    names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class Precompiled:
                 "format": FORMAT,
                 "entry": self.entry,
                 "compile_s": float(self.compile_s),
-                "sources": [[s.path, s.sha256] for s in self.sources],
+                "sources": [[s.path, s.digest, list(s.names)] for s in self.sources],
                 "unsupported": self.unsupported,
             },
             use_bin_type=True,
@@ -77,58 +81,12 @@ class Precompiled:
         if unsupported is not None and not isinstance(unsupported, str):
             raise ArtifactError("precompiled verdict malformed")
         if not isinstance(sources, list) or not all(
-            isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and isinstance(s[1], bytes)
-            and len(s[1]) == 32 for s in sources
+            isinstance(s, list) and len(s) == 3 and isinstance(s[0], str) and isinstance(s[1], bytes)
+            and len(s[1]) == 32 and isinstance(s[2], list) and all(isinstance(n, str) for n in s[2]) for s in sources
         ):
             raise ArtifactError("precompiled source list malformed")
-        return cls(entry, tuple(SourceFile(path, digest) for path, digest in sources), compile_s, unsupported)
-
-
-class SourceDigests:
-    """sha256 of source files, remembered per (path, size, mtime) so a process hashes each file once."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._known: dict[tuple[str, int, int], bytes] = {}
-
-    def digest(self, path: str) -> bytes:
-        """The sha256 of the file at ``path``; raises OSError if it cannot be read."""
-        st = os.stat(path)
-        stamp = (path, st.st_size, st.st_mtime_ns)
-        with self._lock:
-            known = self._known.get(stamp)
-        if known is not None:
-            return known
-        with open(path, "rb") as f:
-            value = hashlib.sha256(f.read()).digest()
-        with self._lock:
-            self._known[stamp] = value
-        return value
-
-    def describe(self, paths: Iterable[str]) -> tuple[SourceFile, ...]:
-        """The files at ``paths`` with their digests, sorted by path; raises OSError for an unreadable one."""
-        return tuple(SourceFile(path, self.digest(path)) for path in sorted(set(paths)))
-
-    def current(self, paths: Iterable[str]) -> tuple[SourceFile, ...]:
-        """Like :meth:`describe`, but a file that cannot be read gets an all-zero digest instead of an error."""
-        out = []
-        for path in sorted(set(paths)):
-            try:
-                out.append(SourceFile(path, self.digest(path)))
-            except OSError:
-                out.append(SourceFile(path, bytes(32)))
-        return tuple(out)
-
-    def stale(self, sources: Iterable[SourceFile]) -> list[str]:
-        """The paths among ``sources`` whose content here differs from the recorded one (or that are missing)."""
-        changed = []
-        for source in sources:
-            try:
-                if self.digest(source.path) != source.sha256:
-                    changed.append(source.path)
-            except OSError:
-                changed.append(source.path)
-        return changed
+        return cls(entry, tuple(SourceFile(path, digest, tuple(names)) for path, digest, names in sources),
+                   compile_s, unsupported)
 
 
 def versioned_key(key: str, sources: Iterable[SourceFile]) -> str:
@@ -142,5 +100,5 @@ def sources_digest(sources: Iterable[SourceFile]) -> str:
     for source in sorted(sources, key=lambda s: s.path):
         h.update(source.path.encode())
         h.update(b"\0")
-        h.update(source.sha256)
+        h.update(source.digest)
     return h.hexdigest()
