@@ -440,6 +440,33 @@ def test_aoti_files_go_only_into_private_directories(tmp_path: Path) -> None:
     assert not (elsewhere / "victim").exists(), "replaced, never written through"
 
 
+def test_calls_off_the_cpu_run_on_the_normal_path_counted() -> None:
+    """The tier is checked on the CPU only (a cold precompile on CUDA crashed its process): a call whose inputs,
+    parameters or buffers live elsewhere is a counted ``device_unchecked`` fallback, decided before any compile."""
+    import torch
+
+    from recipecache import torch_integration
+    from recipecache.torch_integration.precompile import Fallback, signature, unchecked_devices
+
+    torch_integration.enable("memory://", namespace=NAMESPACE, precompile=True)
+    try:
+        decided = {}
+        for name, device, input_device in (("cpu", "cpu", "cpu"), ("inputs", "cpu", "meta"),
+                                           ("parameters", "meta", "cpu")):
+            module = torch.nn.Linear(2, 2, device=device)
+            dispatcher = torch.compile(module).forward
+            args = (torch.zeros(3, 2, device=input_device),)
+            target = dispatcher.target(module)
+            decided[name] = unchecked_devices(target, signature(module, args, {}))
+            if decided[name]:
+                fallback = dispatcher._resolve(module, signature(module, args, {}), args, {})
+                assert isinstance(fallback, Fallback) and fallback.detail == "device_unchecked"
+        assert decided == {"cpu": set(), "inputs": {"meta"}, "parameters": {"meta"}}
+        assert torch_integration.metrics()["precompile_fallbacks"] == {"device_unchecked": 2}
+    finally:
+        torch_integration.disable()
+
+
 def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     """One prefix and host-CPU fingerprint for every CPU artifact: another CPU kind gets another key."""
     import torch

@@ -46,6 +46,7 @@ module, as dynamo itself does (it skips DDP's frames and compiles the inner forw
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import platform
@@ -205,6 +206,20 @@ def devices_fingerprint(devices: set[str]) -> str:
             module = getattr(torch, kind)
             parts.append(f"{device}={module.get_device_name(device)}|{getattr(torch.version, kind, None)}")
     return ";".join(parts)
+
+
+#: device types the tier precompiles for: on CUDA (H200, torch 2.11) a cold ``aot_compile``
+#: died of a segmentation fault, which no fallback can catch (docs/torch-integration-notes.md)
+CHECKED_DEVICES = frozenset({"cpu"})
+
+
+def unchecked_devices(target: Target, sig: tuple[Any, ...]) -> set[str]:
+    """Device types of the inputs, parameters and buffers of a call that the tier was not checked on."""
+    devices = {leaf[3].split(":")[0] for leaf in sig[1] if leaf[0] == "tensor"}
+    owner = target.prefix[0] if target.prefix else None
+    if isinstance(owner, torch.nn.Module):
+        devices |= {t.device.type for t in itertools.chain(owner.parameters(), owner.buffers())}
+    return devices - CHECKED_DEVICES
 
 
 def global_state() -> tuple[Any, ...]:
@@ -587,7 +602,12 @@ class Dispatcher:
             if decided is None:
                 target = self.target(subject)
                 key = self.key(target, sig)
-                if key in self._loaded:  # that very artifact is here, and its guards just said no
+                unchecked = unchecked_devices(target, sig)
+                if unchecked:
+                    decided = self.tier.fallback(
+                        "device_unchecked", f"{target.name} runs on {', '.join(sorted(unchecked))}, where the "
+                        "precompiled tier is not checked (a cold precompile on CUDA crashed its process)")
+                elif key in self._loaded:  # that very artifact is here, and its guards just said no
                     decided = self.tier.fallback(
                         "guard_failed", f"the guards of {target.name}'s precompiled artifact reject these inputs")
                 else:
