@@ -29,7 +29,7 @@ from .store import Store, open_store
 
 def _store(args: argparse.Namespace) -> Store:
     store = open_store(args.url, namespace=args.namespace)
-    store.backend.discover()  # a cluster URL whose seed nodes none answers is bad input (exit 2)
+    store.discover()  # a cluster URL whose seed nodes none answers is bad input (exit 2)
     return store
 
 

@@ -17,3 +17,13 @@ def test_each_backend_lives_in_its_own_module() -> None:
         defined = {name for name, obj in vars(module).items()
                    if inspect.isclass(obj) and issubclass(obj, Backend) and obj.__module__ == module_name}
         assert defined == {class_name}, (scheme, module_name, defined)
+
+
+def test_doctor_and_cli_reach_the_backend_only_through_the_store() -> None:
+    """They resolve nothing, open no bare backend and seal nothing by hand: the Store does it for them."""
+    from recipecache import cli, doctor
+
+    for module in (cli, doctor):
+        source = inspect.getsource(module)
+        for bypass in ("open_backend", "envelope.", "import storage_key", ".backend.", "env.NAMESPACE"):
+            assert bypass not in source, (module.__name__, bypass)
