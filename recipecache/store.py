@@ -49,8 +49,8 @@ from .backends import open_backend
 from .buffers import Buffer, byte_view
 from .settings import StoreSettings
 from .errors import BackendError, BackendKeyError, VerificationError
-from .events import EventLog
-from .health import HealthCheck
+from .runs.events import EventLog
+from .tools.health import HealthCheck
 from .keys import storage_key
 from .lease import HeldLease, SingleFlight
 from .node_tier import NodeTier
@@ -532,7 +532,7 @@ class Store:
         self._stats.reason("misses", reason)
         self.events.record("miss", key, reason=reason)
 
-    # -- admin: whole-store operations on raw entries (recipecache.admin builds on these) --
+    # -- admin: whole-store operations on raw entries (recipecache.tools.admin builds on these) --
     # They talk to the backend directly, outside the circuit breaker: an operator wants
     # the backend's error (BackendError), not a silent fallback.
     def scan(self, *, all_namespaces: bool = False) -> list[EntryInfo]:

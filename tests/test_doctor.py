@@ -13,7 +13,7 @@ from redis_server import free_port
 from deploy_support import JOB_PASSWORD, start_deployed
 
 import recipecache
-from recipecache import doctor
+from recipecache.tools import doctor
 from recipecache.backends import open_backend
 from recipecache.backends.redis import ACL_COMMANDS
 from recipecache.backends.redis_cluster import CLUSTER_ACL_COMMANDS
@@ -37,7 +37,7 @@ def by_name(checks: list[doctor.HealthCheck]) -> dict[str, doctor.HealthCheck]:
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("RECIPECACHE_")} | (env or {})
-    return subprocess.run([sys.executable, "-m", "recipecache.cli", "doctor", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "recipecache.tools.cli", "doctor", *args], capture_output=True, text=True,
                           env=environ, timeout=120, check=False)
 
 

@@ -21,9 +21,23 @@ def test_each_backend_lives_in_its_own_module() -> None:
 
 def test_doctor_and_cli_reach_the_backend_only_through_the_store() -> None:
     """They resolve nothing, open no bare backend and seal nothing by hand: the Store does it for them."""
-    from recipecache import cli, doctor
+    from recipecache.tools import cli, doctor
 
     for module in (cli, doctor):
         source = inspect.getsource(module)
         for bypass in ("open_backend", "envelope.", "import storage_key", ".backend.", "env.NAMESPACE"):
             assert bypass not in source, (module.__name__, bypass)
+
+
+def test_the_folders_show_core_tools_and_run_analysis() -> None:
+    """Operator tools live in ``recipecache.tools``, run analysis in ``recipecache.runs``; no shims at the old paths."""
+    from pathlib import Path
+
+    import recipecache
+
+    top = Path(recipecache.__file__).parent
+    assert {p.stem for p in (top / "tools").glob("*.py")} == {"__init__", "cli", "admin", "doctor", "health"}
+    assert {p.stem for p in (top / "runs").glob("*.py")} == {"__init__", "events", "keyinfo", "explain", "timeline"}
+    assert {p.stem for p in top.glob("*.py")} == {
+        "__init__", "_lazy", "argparsing", "buffers", "env", "envelope", "errors", "fsutil", "keys", "lease",
+        "node_tier", "reasons", "settings", "sizes", "stats", "store"}

@@ -15,7 +15,7 @@ from recipecache.backends.base import Backend
 from recipecache.backends.memory import MemoryBackend
 from recipecache.settings import StoreSettings
 from recipecache.errors import BackendError, BackendKeyError, ConfigError, VerificationError
-from recipecache.events import EventLog, read_events
+from recipecache.runs.events import EventLog, read_events
 from recipecache.keys import storage_key
 from recipecache.store import Store
 

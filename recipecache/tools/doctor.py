@@ -1,6 +1,6 @@
 """``recipecache doctor``: is this node set up so that its ranks share compiled artifacts?
 
-Each check is one line (:class:`~recipecache.health.HealthCheck`): the store answers and
+Each check is one line (:class:`~recipecache.tools.health.HealthCheck`): the store answers and
 keeps what it is given (a round trip of a signed envelope, and a lease), the backend's
 own checks (the Redis user's rights and clock, the filesystem store's permissions, free
 space and clock), the node tier's directory (private, as ``enable()`` requires), torch's
@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import env
-from .errors import BackendError, ConfigError, URLError, VerificationError
-from .events import EventLog
+from .. import env
+from ..errors import BackendError, ConfigError, URLError, VerificationError
+from ..runs.events import EventLog
 from .health import FAIL, PASS, WARN, HealthCheck, free_space, private, writable
-from .keyinfo import cpu_fingerprint
-from .node_tier import default_node_dir
-from .settings import StoreSettings, node_dir, read_secret, resolve_namespace, resolve_url
-from .store import Store
+from ..runs.keyinfo import cpu_fingerprint
+from ..node_tier import default_node_dir
+from ..settings import StoreSettings, node_dir, read_secret, resolve_namespace, resolve_url
+from ..store import Store
 
 #: variables that change torch's cache keys or what it compiles (besides OMP_NUM_THREADS)
 KEY_VARIABLE_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TORCHDYNAMO_")
@@ -145,7 +145,7 @@ def _signing_check() -> HealthCheck:
 
 def _hpu_checks() -> list[HealthCheck]:
     """Under Gaudi (``PT_HPU_RECIPE_CACHE_CONFIG`` set), the node's recipe directory: private, with room."""
-    from .hpu.recipe_cache_config import ENV_VAR, parse_config
+    from ..hpu.recipe_cache_config import ENV_VAR, parse_config
 
     if not os.environ.get(ENV_VAR):
         return []
