@@ -78,6 +78,14 @@ def test_malformed_urls_are_bad_input() -> None:
             doctor.run_checks(url)
 
 
+def test_a_bad_namespace_is_one_line_of_bad_input(tmp_path: Path) -> None:
+    """Doctor resolves the namespace as every other command does (argument, else environment), checked."""
+    for args, env in ((["--namespace", "../x"], {}), ([], {"RECIPECACHE_NAMESPACE": "../x"})):
+        proc = run_cli("--url", f"file://{tmp_path / 'store'}", *args, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "'../x'" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_unsafe_store_directory_is_a_failed_check(tmp_path: Path) -> None:
     store = tmp_path / "shared"
     store.mkdir(mode=0o777)
