@@ -179,7 +179,7 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
 
     ``tree`` is the checkout whose launcher and recipecache run (the job script is always this one).
     """
-    from recipecache.events import read_events
+    from recipecache.runs.events import read_events
 
     name = f"{case}-{rep}-{scenario.replace(' ', '-')}"
     out = work / f"{name}.json"
@@ -215,7 +215,7 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
 
 def timeline(run: Run) -> str:
     """Per rank, the slow steps and the compile and wait events, in time order (seconds since the job's start)."""
-    from recipecache.keyinfo import short_key
+    from recipecache.runs.keyinfo import short_key
 
     t0 = min(r["start"] for r in run.ranks)
     rows: list[tuple[float, float, int, str]] = []
@@ -342,7 +342,7 @@ def main() -> None:
     p.add_argument("--compare-tree", type=Path, metavar="DIR",
                    help="also run recipecache-run cold and fresh from this checkout (e.g. /work/main), interleaved")
     args = p.parse_args()
-    sys.path.insert(0, str(ROOT))  # recipecache.events, to read the runs' event logs
+    sys.path.insert(0, str(ROOT))  # recipecache.runs.events, to read the runs' event logs
     cases = [c for c in args.cases.split(",") if c]
     if not cases or any(c not in TARGETS for c in cases):
         p.error(f"--cases takes a comma-separated list of {', '.join(TARGETS)}")

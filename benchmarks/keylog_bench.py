@@ -1,7 +1,7 @@
 """What recording key components costs a rank: time per graph key and bytes on disk.
 
 The torch integration records, for every graph key it looks up in the store, the
-components torch hashed into it (``recipecache.keyinfo.KeyLog``), so ``recipecache explain``
+components torch hashed into it (``recipecache.runs.keyinfo.KeyLog``), so ``recipecache explain``
 works after the job. This script captures the hash details of a real compile (one
 torch.compile of a small MLP step, forward and backward), then records them under many
 distinct keys and prints the median microseconds per key, the bytes per key record and
@@ -53,7 +53,7 @@ def main() -> None:
 
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")
         details, compile_s = capture_details()
-        from recipecache.keyinfo import KeyLog
+        from recipecache.runs.keyinfo import KeyLog
 
         per_key_us = []
         for repeat in range(args.repeats):

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from recipecache.events import open_regular
+from recipecache.runs.events import open_regular
 
 log = logging.getLogger(__name__)
 

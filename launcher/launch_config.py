@@ -21,11 +21,10 @@ from pathlib import Path
 
 from recipecache import env
 from recipecache.backends import StoreURL, backend_class, open_backend
-from recipecache.settings import (DEFAULT_WAIT_TIMEOUT, default_url, lease_ttl, node_max_size, read_secret,
-                                  read_secret_file)
+from recipecache.settings import (DEFAULT_WAIT_TIMEOUT, lease_ttl, node_max_size, read_secret,
+                                  read_secret_file, resolve_namespace, resolve_url)
 from recipecache.errors import BackendError, ConfigError
 from recipecache.fsutil import private_directory
-from recipecache.keys import check_namespace
 from recipecache.node_tier import default_node_dir
 
 from . import hpu_metrics
@@ -167,12 +166,12 @@ class LaunchConfig:
         if not script.is_file():
             raise ConfigError(f"script {args.script!r} not found")
         nproc = _nproc(args.nproc or os.environ.get("PET_NPROC_PER_NODE") or "1")
-        cache_url = args.cache or default_url()
+        cache_url = resolve_url(args.cache)
         parsed = StoreURL.parse(cache_url)
         if not backend_class(parsed).SHARED:
             raise ConfigError(f"{parsed.scheme}:// lives inside one process and cannot be shared by ranks; "
                               "use file:// or redis://")
-        namespace = check_namespace(args.namespace or os.environ.get(env.NAMESPACE) or namespace_for(script))
+        namespace = resolve_namespace(args.namespace, default=namespace_for(script))
         run_dir = Path(args.run_dir or Path("recipecache-runs") / time.strftime("%Y%m%d-%H%M%S"))
         run_dir = run_dir.absolute()
         options = tuple((opt.name, getattr(args, opt.dest) if opt.takes_value else None)

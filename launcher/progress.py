@@ -1,7 +1,7 @@
 """Progress while the job runs: one line per compile start and finish, per rank, as they happen.
 
 The ranks already write every cache event to their event logs (``<run dir>/events``,
-:mod:`recipecache.events`), flushed line by line; :class:`Progress` follows those files
+:mod:`recipecache.runs.events`), flushed line by line; :class:`Progress` follows those files
 from a thread of the launcher, the way ``tail -f`` would, and prints
 
 * ``compile_start`` (the rank took the lease and compiles) and ``compile`` (it finished,
@@ -19,8 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-from recipecache.events import open_regular, parse_record
-from recipecache.keyinfo import KEYS_DIR, short_key
+from recipecache.runs.events import open_regular, parse_record
+from recipecache.runs.keyinfo import KEYS_DIR, short_key
 
 PREFIX = "recipecache-run"
 #: seconds between two looks at the event logs

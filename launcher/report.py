@@ -17,7 +17,7 @@ Per rank:
   (:mod:`launcher.hpu_metrics`).
 
 The report also lists graphs compiled by more than one rank and ranks that compiled a
-graph others had loaded, with the reason (:mod:`recipecache.explain`).
+graph others had loaded, with the reason (:mod:`recipecache.runs.explain`).
 
 The launcher adds the job's fields, among them ``hung_ranks``: the ranks it had to end
 because they were still running ``exit_grace_s`` after their script finished on every
@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from recipecache.events import Skipped, is_seconds, open_regular
-from recipecache.explain import analyse_run
+from recipecache.runs.events import Skipped, is_seconds, open_regular
+from recipecache.runs.explain import analyse_run
 from recipecache.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def _damage(data: Any) -> str | None:
 def load_graphs(events_dir: Path, *, since: float | None = None) -> dict[str, Any]:
     """Duplicate compiles and misses of graphs others loaded, from the job's event logs (none without them).
 
-    Its ``skipped`` entry counts what the readers left out (:class:`recipecache.events.Skipped`: damaged
+    Its ``skipped`` entry counts what the readers left out (:class:`recipecache.runs.events.Skipped`: damaged
     records, files that are not regular files), which the report shows.
     """
     if not events_dir.is_dir():
@@ -173,7 +173,7 @@ def build_report(
     elastic rendezvous): the report then covers the ranks it found and says so. ``hpu``
     is each rank's Gaudi figures (:func:`launcher.hpu_metrics.load`), folded into its row
     and the total; ``graphs`` the ``duplicates`` and ``missed`` lists of
-    :meth:`recipecache.explain.Analysis.to_dict`, copied into the report, and the ``skipped``
+    :meth:`recipecache.runs.explain.Analysis.to_dict`, copied into the report, and the ``skipped``
     counts of :func:`load_graphs`.
     """
     expected = set(expected_ranks) if expected_ranks is not None else set()

@@ -30,13 +30,29 @@ DEFAULT_NODE_MAX_SIZE = 20 * 1024**3
 MIN_SECRET_BYTES = 16
 
 
-def default_url() -> str:
-    """``$RECIPECACHE_URL``, else the filesystem store in ``$RECIPECACHE_DIR`` or ``~/.cache/recipecache``."""
+def resolve_url(url: str | None = None) -> str:
+    """The store URL: the argument, else ``$RECIPECACHE_URL``, else the filesystem store in
+    ``$RECIPECACHE_DIR`` or ``~/.cache/recipecache``.
+
+    The one place that order is written, so the library, the CLI, doctor and the launcher
+    (which hands the result to every rank) agree on which store a process means.
+    """
+    if url:
+        return url
     url = os.environ.get(env.URL)
     if url:
         return url
     directory = os.environ.get(env.DIR) or str(Path.home() / ".cache" / "recipecache")
     return "file://" + str(Path(directory).expanduser().absolute())
+
+
+def resolve_namespace(namespace: str | None = None, *, default: str = DEFAULT_NAMESPACE) -> str:
+    """The namespace: the argument, else ``$RECIPECACHE_NAMESPACE``, else ``default``; checked.
+
+    ``default`` is the caller's fallback (the launcher's is the script's name); a bad
+    namespace from any of the three is a one-line ConfigError.
+    """
+    return check_namespace(namespace or os.environ.get(env.NAMESPACE) or default)
 
 
 def check_secret(value: bytes, source: str) -> bytes:
@@ -102,8 +118,8 @@ class StoreSettings:
         secret: str | bytes | None = None,
     ) -> StoreSettings:
         return cls(
-            url=url or default_url(),
-            namespace=check_namespace(namespace or os.environ.get(env.NAMESPACE) or DEFAULT_NAMESPACE),
+            url=resolve_url(url),
+            namespace=resolve_namespace(namespace),
             secret=read_secret(secret),
             wait_timeout=env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT),
             lease_ttl=lease_ttl(),

@@ -36,6 +36,7 @@ import contextlib
 import functools
 import logging
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -48,7 +49,8 @@ from .backends import open_backend
 from .buffers import Buffer, byte_view
 from .settings import StoreSettings
 from .errors import BackendError, BackendKeyError, VerificationError
-from .events import EventLog
+from .runs.events import EventLog
+from .tools.health import HealthCheck
 from .keys import storage_key
 from .lease import HeldLease, SingleFlight
 from .node_tier import NodeTier
@@ -231,6 +233,15 @@ class Store:
             settings.node_dir, max_size=settings.node_max_size, lease_ttl=settings.lease_ttl,
             wait_timeout=settings.wait_timeout, stats=self._stats)
 
+    @classmethod
+    def open(cls, settings: StoreSettings, *, events: EventLog | None = None, **backend_defaults: object) -> Store:
+        """A store on the backend ``settings.url`` names; ConfigError for a malformed URL or unusable directory.
+
+        ``backend_defaults`` are backend options unless the URL sets them (doctor's short
+        ``timeout``; see :func:`~recipecache.backends.open_backend`).
+        """
+        return cls(open_backend(settings.url, **backend_defaults), settings, events=events)
+
     @property
     def url(self) -> str:
         return self.backend.url
@@ -248,10 +259,10 @@ class Store:
         """
         if self.node is None or not node:
             return self._fetch(key)[0]
-        return self.node.read(storage_key(self.namespace, key), functools.partial(self._open, key),
+        return self.node.read(storage_key(self.namespace, key), functools.partial(self.open_entry, key),
                               functools.partial(self._fetch_verified, key), self._node_hit)
 
-    def _open(self, key: str, blob: Buffer) -> memoryview:
+    def open_entry(self, key: str, blob: Buffer) -> memoryview:
         """The payload of ``blob`` filed under ``key``; VerificationError unless every check passes."""
         return envelope.open_envelope(blob, key=key, namespace=self.namespace, secret=self.settings.secret)[1]
 
@@ -278,7 +289,7 @@ class Store:
         if blob is None:
             return Lookup(None, Reason.NOT_FOUND), None
         try:
-            payload = self._open(key, blob)
+            payload = self.open_entry(key, blob)
         except VerificationError as exc:
             log.warning("recipecache: refusing entry %s: %s", key, exc)
             if exc.reason is Reason.CORRUPT and self._delete_damaged(skey, blob):
@@ -532,7 +543,7 @@ class Store:
         self._stats.reason("misses", reason)
         self.events.record("miss", key, reason=reason)
 
-    # -- admin: whole-store operations on raw entries (recipecache.admin builds on these) --
+    # -- admin: whole-store operations on raw entries (recipecache.tools.admin builds on these) --
     # They talk to the backend directly, outside the circuit breaker: an operator wants
     # the backend's error (BackendError), not a silent fallback.
     def scan(self, *, all_namespaces: bool = False) -> list[EntryInfo]:
@@ -552,6 +563,42 @@ class Store:
 
     def delete_raw(self, storage_key: str) -> None:
         self.backend.delete(storage_key)
+
+    def storage_key(self, key: str) -> str:
+        """The backend key of caller key ``key`` in this store's namespace (what :meth:`scan` lists)."""
+        return storage_key(self.namespace, key)
+
+    def write_sealed(self, key: str, data: Buffer) -> None:
+        """Seal (and sign) ``data`` under ``key`` as :meth:`put` does and write it, raising BackendError.
+
+        For operator checks (``recipecache doctor``'s round trip) that want the backend's own
+        error, and no node copy, stats or event.
+        """
+        data = byte_view(data)
+        self.backend.put(self.storage_key(key), self._seal(key, data), data)
+
+    def lease_is_exclusive(self, key: str, ttl: float = 30.0) -> bool:
+        """Take a lease on ``key``, try it again as another owner, release it: True when only the first got it.
+
+        Single-flight rests on this (without it every rank compiles every graph); doctor
+        asks it of the backend itself, BackendError raised.
+        """
+        name, token = self.storage_key(key), secrets.token_hex(8)
+        taken = self.backend.lease_add(name, token, ttl)
+        again = self.backend.lease_add(name, "someone-else", ttl)
+        self.backend.lease_release(name, token)
+        return taken and not again
+
+    def health_checks(self, key: str) -> list[HealthCheck]:
+        """The backend's own checks (:meth:`Backend.health_checks`), probing under ``key``."""
+        return self.backend.health_checks(self.storage_key(key))
+
+    def discover(self) -> None:
+        """ConfigError when the URL names no usable service at all (a cluster none of whose seeds answers).
+
+        The CLI asks before an operation, so that such a URL is bad input, not a run of failures.
+        """
+        self.backend.discover()
 
     def evict(self, max_bytes: int) -> int:
         """Delete least-recently-used entries (of every namespace) down to ``max_bytes``; returns bytes freed."""
@@ -584,5 +631,4 @@ def open_store(
     directory; a backend that is merely unreachable is not an error here (the store
     degrades at use).
     """
-    settings = StoreSettings.resolve(url, namespace=namespace, secret=secret)
-    return Store(open_backend(settings.url), settings)
+    return Store.open(StoreSettings.resolve(url, namespace=namespace, secret=secret))

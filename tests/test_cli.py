@@ -15,7 +15,7 @@ from recipecache.keys import storage_key
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "recipecache.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "recipecache.tools.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=60)
 
 

@@ -13,7 +13,7 @@ from redis_server import free_port
 from deploy_support import JOB_PASSWORD, start_deployed
 
 import recipecache
-from recipecache import doctor
+from recipecache.tools import doctor
 from recipecache.backends import open_backend
 from recipecache.backends.redis import ACL_COMMANDS
 from recipecache.backends.redis_cluster import CLUSTER_ACL_COMMANDS
@@ -37,7 +37,7 @@ def by_name(checks: list[doctor.HealthCheck]) -> dict[str, doctor.HealthCheck]:
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("RECIPECACHE_")} | (env or {})
-    return subprocess.run([sys.executable, "-m", "recipecache.cli", "doctor", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "recipecache.tools.cli", "doctor", *args], capture_output=True, text=True,
                           env=environ, timeout=120, check=False)
 
 
@@ -76,6 +76,14 @@ def test_malformed_urls_are_bad_input() -> None:
     for url in ("foo://x", "redis://h:6379/0?bogus=1", "file://relative/path", "file:///x?max_size=lots", "nourl"):
         with pytest.raises(URLError):
             doctor.run_checks(url)
+
+
+def test_a_bad_namespace_is_one_line_of_bad_input(tmp_path: Path) -> None:
+    """Doctor resolves the namespace as every other command does (argument, else environment), checked."""
+    for args, env in ((["--namespace", "../x"], {}), ([], {"RECIPECACHE_NAMESPACE": "../x"})):
+        proc = run_cli("--url", f"file://{tmp_path / 'store'}", *args, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "'../x'" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_unsafe_store_directory_is_a_failed_check(tmp_path: Path) -> None:

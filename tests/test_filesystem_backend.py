@@ -17,7 +17,7 @@ import filelock
 import pytest
 
 import recipecache
-from recipecache import admin, cli
+from recipecache.tools import admin, cli
 from recipecache.backends import filesystem
 from recipecache.backends.filesystem import STALE_TEMP_S, FilesystemBackend
 from recipecache.backends import open_backend

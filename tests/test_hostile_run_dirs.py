@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from recipecache.events import Skipped
-from recipecache.explain import explain, format_explanation
-from recipecache.keyinfo import KeyLog
-from recipecache.timeline import write_trace
+from recipecache.runs.events import Skipped
+from recipecache.runs.explain import explain, format_explanation
+from recipecache.runs.keyinfo import KeyLog
+from recipecache.runs.timeline import write_trace
 from launcher import hpu_metrics
 from launcher.progress import Progress
 from launcher.report import build_report, format_report, load_graphs, load_metrics
@@ -202,7 +202,7 @@ def test_hostile_run_directories_never_break_explain_trace_or_the_report(tmp_pat
 
 
 def recipecache(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "recipecache.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "recipecache.tools.cli", *args], capture_output=True, text=True,
                           timeout=60, check=False)
 
 

@@ -27,7 +27,7 @@ from hpu_bridge_sim import lookup, recipe_bytes, write
 import recipecache
 from recipecache import envelope
 from recipecache.errors import ConfigError
-from recipecache.events import read_events
+from recipecache.runs.events import read_events
 from recipecache.hpu import (
     ENV_VAR,
     HpuSyncAgent,

@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from recipecache.events import read_events
+from recipecache.runs.events import read_events
 
 #: the three jobs run in the first test's fixture; generous because other work may share the 2 cores
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1200)]

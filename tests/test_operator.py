@@ -17,10 +17,10 @@ import pytest
 import recipecache
 from recipecache import envelope
 from recipecache.errors import ConfigError
-from recipecache.events import EventLog
-from recipecache.explain import analyse, explain, format_groups
-from recipecache.keyinfo import KeyLog, differing, graph_identity, load_keys, parse_details, short_key
-from recipecache.timeline import build_trace
+from recipecache.runs.events import EventLog
+from recipecache.runs.explain import analyse, explain, format_groups
+from recipecache.runs.keyinfo import KeyLog, differing, graph_identity, load_keys, parse_details, short_key
+from recipecache.runs.timeline import build_trace
 from launcher import hpu_metrics
 from launcher.main import build_parser
 from launcher.launch_config import LaunchConfig
@@ -134,7 +134,7 @@ def job(tmp_path: Path) -> Path:
 
 
 def test_analysis_names_duplicates_and_misses_with_reasons(job: Path) -> None:
-    from recipecache.explain import analyse_run
+    from recipecache.runs.explain import analyse_run
 
     result = analyse_run(job).to_dict()
     assert len(result["duplicates"]) == 1
@@ -186,7 +186,7 @@ def test_explain_puts_the_differing_components_side_by_side(job: Path) -> None:
 
 
 def test_differing_shows_absent_components() -> None:
-    from recipecache.keyinfo import KeyInfo
+    from recipecache.runs.keyinfo import KeyInfo
 
     a = KeyInfo("a", 0, "g", "f", "", {"x": ["1", "1"], "y": ["2", "2"]})
     b = KeyInfo("b", 1, "g", "f", "", {"x": ["1", "1"]})
@@ -194,7 +194,7 @@ def test_differing_shows_absent_components() -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "recipecache.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "recipecache.tools.cli", *args], capture_output=True, text=True,
                           timeout=120, check=False)
 
 
@@ -213,7 +213,7 @@ def test_explain_and_trace_cli(job: Path, tmp_path: Path) -> None:
 
 
 def test_trace_has_a_track_per_rank_and_named_spans(job: Path) -> None:
-    from recipecache.timeline import load_run
+    from recipecache.runs.timeline import load_run
 
     trace = json.loads(json.dumps(build_trace(*load_run(job))))
     events = trace["traceEvents"]
@@ -232,7 +232,7 @@ def test_trace_has_a_track_per_rank_and_named_spans(job: Path) -> None:
 
 
 def test_png_is_drawn(job: Path, tmp_path: Path) -> None:
-    from recipecache.timeline import draw
+    from recipecache.runs.timeline import draw
 
     draw(job, tmp_path / "t.png")
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -247,7 +247,7 @@ def metrics_file(run_dir: Path, rank: int, **fields: Any) -> None:
 
 
 def test_report_shows_local_hits_gaudi_figures_and_duplicates(job: Path) -> None:
-    from recipecache.explain import analyse_run
+    from recipecache.runs.explain import analyse_run
 
     metrics_file(job, 0)
     metrics_file(job, 1, local_hits={})  # a torch without the counters

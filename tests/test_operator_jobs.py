@@ -52,7 +52,7 @@ def launch(tmp: Path, name: str, store: str, dirs: str, script: Path, *extra: st
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "recipecache.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "recipecache.tools.cli", *args], capture_output=True, text=True,
                           env=_env(), timeout=300, check=False)
 
 

@@ -34,7 +34,7 @@ import msgpack
 import pytest
 
 import recipecache
-from recipecache.events import read_events
+from recipecache.runs.events import read_events
 from recipecache.keys import storage_key
 from recipecache.torch_integration.artifact import ArtifactError
 from recipecache.torch_integration.precompiled import Precompiled, SourceFile

@@ -351,7 +351,7 @@ def test_a_manifest_whose_chunks_are_gone_is_not_published(redis_url: str, monke
 
 def test_prune_and_clear_sweep_chunks_that_never_expire_and_that_no_manifest_names(redis_url: str) -> None:
     """What earlier versions left when a put failed; chunks of a put in flight (they expire) are left alone."""
-    from recipecache import admin
+    from recipecache.tools import admin
 
     namespace = "v" + secrets.token_hex(4)
     store = recipecache.open_store(redis_url + "?chunk_size=4KiB", namespace=namespace)
@@ -383,7 +383,7 @@ def test_stray_keys_are_skipped_and_counted_not_fatal(tmp_path: Path) -> None:
         # ls and verify list the namespace (three strays), the others every namespace (all four)
         for command, seen in ((["ls"], 3), (["verify"], 3), (["stats"], 4), (["prune", "--max-size", "1TiB"], 4),
                               (["clear", "--all"], 4)):
-            proc = subprocess.run([sys.executable, "-m", "recipecache.cli", *command, "--url", server.url,
+            proc = subprocess.run([sys.executable, "-m", "recipecache.tools.cli", *command, "--url", server.url,
                                    "--namespace", "job"], capture_output=True, text=True, timeout=60, check=False)
             assert proc.returncode == 0, (command, proc.stderr)
             assert "Traceback" not in proc.stderr
@@ -445,7 +445,7 @@ def test_stats_through_a_hung_sentinel_is_one_line_within_the_timeout() -> None:
     with HungPeer() as peer:
         url = f"redis+sentinel://127.0.0.1:{peer.port}/svc?timeout=3"
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "recipecache.cli", "stats", "--url", url],
+        proc = subprocess.run([sys.executable, "-m", "recipecache.tools.cli", "stats", "--url", url],
                               capture_output=True, text=True, timeout=120, check=False)
         took = time.monotonic() - start
     assert proc.returncode == 2, proc.stderr

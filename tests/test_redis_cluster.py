@@ -23,7 +23,7 @@ from redis_cluster import RedisCluster
 from redis_server import free_port
 
 import recipecache
-from recipecache.events import read_events
+from recipecache.runs.events import read_events
 from recipecache.keys import storage_key
 from launcher.main import main as launcher_main
 
@@ -88,7 +88,7 @@ def _bad_cluster_urls() -> dict[str, tuple[str, str]]:
 def test_bad_cluster_urls_are_one_line_and_exit_2(case: str, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     url, message = _bad_cluster_urls()[case]
-    cli = subprocess.run([sys.executable, "-m", "recipecache.cli", "stats", "--url", url], capture_output=True,
+    cli = subprocess.run([sys.executable, "-m", "recipecache.tools.cli", "stats", "--url", url], capture_output=True,
                          text=True, check=False, timeout=60)
     assert cli.returncode == 2, cli.stderr
     assert len(cli.stderr.strip().splitlines()) == 1 and message in cli.stderr and "Traceback" not in cli.stderr

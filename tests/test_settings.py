@@ -122,3 +122,25 @@ def test_signed_reports_the_truth(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RECIPECACHE_SECRET_FILE", raising=False)
     assert recipecache.open_store("memory://").stats()["signed"] is False
     assert recipecache.open_store("memory://", secret="k" * MIN_SECRET_BYTES).stats()["signed"] is True
+
+
+def test_url_and_namespace_resolve_argument_then_environment_then_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One order for every caller (library, CLI, doctor, launcher); only the last fallback is the caller's."""
+    from recipecache.settings import resolve_namespace, resolve_url
+
+    monkeypatch.delenv("RECIPECACHE_URL", raising=False)
+    monkeypatch.delenv("RECIPECACHE_NAMESPACE", raising=False)
+    monkeypatch.setenv("RECIPECACHE_DIR", str(tmp_path))
+    assert resolve_url() == f"file://{tmp_path}"
+    assert (resolve_namespace(), resolve_namespace(default="train")) == ("default", "train")
+    monkeypatch.setenv("RECIPECACHE_URL", "memory://")
+    monkeypatch.setenv("RECIPECACHE_NAMESPACE", "env-ns")
+    assert (resolve_url(), resolve_namespace(default="train")) == ("memory://", "env-ns")
+    assert (resolve_url("redis://h:1/0"), resolve_namespace("arg", default="train")) == ("redis://h:1/0", "arg")
+    settings = StoreSettings.resolve()
+    assert (settings.url, settings.namespace) == ("memory://", "env-ns")
+    monkeypatch.setenv("RECIPECACHE_NAMESPACE", "../evil")
+    with pytest.raises(ConfigError, match="namespace"):
+        resolve_namespace(default="train")

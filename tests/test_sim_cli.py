@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_sim_trace import two_rank_run
 
-from recipecache.cli import main
+from recipecache.tools.cli import main
 
 
 def sim(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -14,8 +14,8 @@ from recipecache import envelope
 from recipecache.backends.base import Backend
 from recipecache.backends.memory import MemoryBackend
 from recipecache.settings import StoreSettings
-from recipecache.errors import BackendError, BackendKeyError, ConfigError
-from recipecache.events import EventLog, read_events
+from recipecache.errors import BackendError, BackendKeyError, ConfigError, VerificationError
+from recipecache.runs.events import EventLog, read_events
 from recipecache.keys import storage_key
 from recipecache.store import Store
 
@@ -394,3 +394,22 @@ def test_update_from_racing_processes_loses_nothing(kind: str, tmp_path: Path, r
     assert [p.returncode for p in procs] == [0] * 4
     value = recipecache.open_store(url, namespace=namespace).get("pgo")
     assert value is not None and int(bytes(value[:16])) == 80, f"lost updates ({sum(conflicts)} conflicts)"
+
+
+def test_operator_probes_go_through_the_stores_own_sealing() -> None:
+    """What doctor and the CLI need from a store: its backend keys, sealing, leases, checks and discovery."""
+    secret = secrets.token_bytes(32)
+    store = make_store(secret=secret, namespace="ops")
+    store.discover()  # a memory store always names a usable service
+    store.write_sealed("probe", b"payload")
+    skey = store.storage_key("probe")
+    assert skey == storage_key("ops", "probe")
+    blob = store.read_raw(skey)
+    assert blob is not None and store.open_entry("probe", blob) == b"payload"
+    assert store.get("probe") == b"payload"  # sealed and signed as put does
+    with pytest.raises(VerificationError):
+        store.open_entry("other", blob)
+    assert store.lease_is_exclusive("probe")
+    assert store.lease_is_exclusive("probe")  # released: free again
+    assert store.health_checks("probe") == []
+    assert store.stats()["puts"] == 0  # probes are not the job's puts

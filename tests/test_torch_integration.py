@@ -36,7 +36,7 @@ import pytest
 
 import recipecache
 from recipecache.envelope import read_header
-from recipecache.events import read_events
+from recipecache.runs.events import read_events
 from recipecache.torch_integration import pgo
 from recipecache.errors import ConfigError
 from recipecache.torch_integration.artifact import (

@@ -23,8 +23,8 @@ SCHEMES: dict[str, str] = {
     "rediss": "recipecache.backends.redis:RedisBackend",
     "redis+cluster": "recipecache.backends.redis_cluster:RedisClusterBackend",
     "rediss+cluster": "recipecache.backends.redis_cluster:RedisClusterBackend",
-    "redis+sentinel": "recipecache.backends.redis_cluster:RedisSentinelBackend",
-    "rediss+sentinel": "recipecache.backends.redis_cluster:RedisSentinelBackend",
+    "redis+sentinel": "recipecache.backends.redis_sentinel:RedisSentinelBackend",
+    "rediss+sentinel": "recipecache.backends.redis_sentinel:RedisSentinelBackend",
     "memory": "recipecache.backends.memory:MemoryBackend",
 }
 

@@ -87,7 +87,7 @@ from redis.retry import Retry
 
 from ..buffers import Buffer
 from ..errors import BackendError, BackendKeyError, VerificationError
-from ..health import FAIL, PASS, WARN, HealthCheck
+from ..tools.health import FAIL, PASS, WARN, HealthCheck
 from ..reasons import Reason
 from .base import Backend, EntryInfo, LeaseState, check_key, is_key, value_matches
 from .url import StoreURL
@@ -451,8 +451,31 @@ def tls_options(url: StoreURL) -> dict[str, str]:
     return tls
 
 
+def client_credentials(url: StoreURL) -> dict[str, Any]:
+    """The user, password and TLS settings in ``url``, as redis-py connection arguments.
+
+    For the clients that take them as arguments rather than from a URL (cluster, sentinel).
+    """
+    out: dict[str, Any] = {}
+    if url.parts.username:
+        out["username"] = urllib.parse.unquote(url.parts.username)
+    if url.parts.password is not None:
+        out["password"] = urllib.parse.unquote(url.parts.password)
+    tls = tls_options(url)
+    if url.scheme.startswith("rediss"):
+        out["ssl"] = True
+        out.update(tls)
+        if "ssl_check_hostname" in out:
+            out["ssl_check_hostname"] = out["ssl_check_hostname"].lower() in ("1", "true", "yes")
+    return out
+
+
 def url_settings(url: StoreURL) -> dict[str, Any]:
-    """The backend settings every Redis URL form carries in its options (``ttl``, ``chunk_size``, ``timeout``)."""
+    """The backend settings every Redis URL form carries in its options (``ttl``, ``chunk_size``, ``timeout``).
+
+    Checks the options first: every Redis URL form takes the same ones.
+    """
+    url.check_options(RedisBackend.URL_OPTIONS)
     return {
         "redacted_url": url.redacted,
         "ttl": url.seconds("ttl", None, TTL_RANGE_S),
@@ -467,14 +490,14 @@ class RedisBackend(Backend):
     @classmethod
     def from_url(cls, url: StoreURL) -> RedisBackend:
         """``redis[s]://[user:password@]host:port/db[?ttl=S&chunk_size=SIZE&timeout=S&ssl_*=...]``."""
-        url.check_options(cls.URL_OPTIONS)
+        settings = url_settings(url)
         if not url.parts.hostname:
             raise url.error("use redis://[user:password@]host:port/db")
         db = url.parts.path.lstrip("/")
         if db and not db.isdigit():
             raise url.error(f"bad database {db!r}: use a number such as /0")
         plain_url = urllib.parse.urlunsplit(url.parts._replace(query=urllib.parse.urlencode(tls_options(url))))
-        return cls(plain_url, **url_settings(url))
+        return cls(plain_url, **settings)
 
     def __init__(
         self,

@@ -1,30 +1,25 @@
-"""Redis Cluster and Redis Sentinel: the Redis backend (:mod:`.redis`) through another client.
+"""Redis Cluster: the Redis backend (:mod:`.redis`) through redis-py's cluster client.
 
-* ``redis+cluster://[user:password@]host:port[,host:port...][/0][?options]`` (TLS:
-  ``rediss+cluster://``): redis-py's ``RedisCluster``, which learns the cluster's slots
-  from the first seed node that answers and follows them as they move. Every Redis key
-  of one entry (value, chunks, lease, wake list) carries the entry's key as its hash tag
-  (``rc:e:{ns/hex}``, ``rc:c:{ns/hex}:<gen>:<i>``, ``rc:l:{ns/hex}``, ...), so they live in
-  one hash slot, and the Lua scripts (which touch several of them) and the atomic publish
-  run on one primary, unchanged. A cluster has one database: any other than 0 is bad input.
-  The client is made on first use, not when the store opens: its constructor contacts the
-  seed nodes, and a cluster that is down must degrade a job, not fail it. ``SCAN`` walks
-  every primary.
-* ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db][?options]``
-  (TLS: ``rediss+sentinel://``): one primary with failover; redis-py's ``Sentinel`` asks the
-  sentinels for the primary of ``service`` and follows a failover. The sentinels are asked
-  without a password (they usually have none); the user and password are the primary's.
+``redis+cluster://[user:password@]host:port[,host:port...][/0][?options]`` (TLS:
+``rediss+cluster://``): redis-py's ``RedisCluster``, which learns the cluster's slots
+from the first seed node that answers and follows them as they move. Every Redis key
+of one entry (value, chunks, lease, wake list) carries the entry's key as its hash tag
+(``rc:e:{ns/hex}``, ``rc:c:{ns/hex}:<gen>:<i>``, ``rc:l:{ns/hex}``, ...), so they live in
+one hash slot, and the Lua scripts (which touch several of them) and the atomic publish
+run on one primary, unchanged. A cluster has one database: any other than 0 is bad input.
+The client is made on first use, not when the store opens: its constructor contacts the
+seed nodes, and a cluster that is down must degrade a job, not fail it. ``SCAN`` walks
+every primary.
 
 The options are the Redis backend's (``ttl``, ``chunk_size``, ``timeout``, TLS). The ACL
 user is the same as for one server (``deploy/README.md``), plus what the cluster client
-sends to learn the topology (:data:`CLUSTER_ACL_COMMANDS`).
+sends to learn the topology (:data:`CLUSTER_ACL_COMMANDS`). Sentinel: :mod:`.redis_sentinel`.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -34,41 +29,18 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
 from redis.connection import Encoder
 from redis.exceptions import RedisClusterException
-from redis.sentinel import Sentinel
 
 from ..errors import BackendError, ConfigError
 from ..reasons import Reason
 from .base import check_key
-from .redis import RedisBackend, client_options, tls_options, url_settings
+from .redis import RedisBackend, client_credentials, client_options, url_settings
 from .url import StoreURL
 
 DEFAULT_PORT = 6379
-DEFAULT_SENTINEL_PORT = 26379
 #: What RedisCluster sends besides the backend's own commands: the slot map when it starts or
 #: a slot moves, the command table it routes by, and ASKING while a slot migrates. deploy/
 #: grants them to the job user of a cluster (render-acl.sh with REDIS_CLUSTER=1).
 CLUSTER_ACL_COMMANDS = ("cluster|slots", "command", "asking")
-
-
-def _credentials(url: StoreURL) -> dict[str, Any]:
-    """The user, password and TLS settings in ``url``, as redis-py connection arguments."""
-    out: dict[str, Any] = {}
-    if url.parts.username:
-        out["username"] = urllib.parse.unquote(url.parts.username)
-    if url.parts.password is not None:
-        out["password"] = urllib.parse.unquote(url.parts.password)
-    tls = tls_options(url)
-    if url.scheme.startswith("rediss"):
-        out["ssl"] = True
-        out.update(tls)
-        if "ssl_check_hostname" in out:
-            out["ssl_check_hostname"] = out["ssl_check_hostname"].lower() in ("1", "true", "yes")
-    return out
-
-
-def _settings(url: StoreURL) -> dict[str, Any]:
-    url.check_options(RedisBackend.URL_OPTIONS)
-    return url_settings(url)
 
 
 class _DeferredPipeline:
@@ -140,11 +112,11 @@ class RedisClusterBackend(RedisBackend):
     @classmethod
     def from_url(cls, url: StoreURL) -> RedisClusterBackend:
         """``redis[s]+cluster://[user:password@]host:port[,host:port...][/0][?options]``."""
-        settings = _settings(url)
+        settings = url_settings(url)
         seeds = url.hosts(DEFAULT_PORT)
         if url.parts.path.strip("/") not in ("", "0"):
             raise url.error(f"a Redis Cluster has only database 0, not {url.parts.path.strip('/')!r}")
-        credentials = _credentials(url)
+        credentials = client_credentials(url)
 
         def connect(socket_timeout: float) -> _LazyCluster:
             return _LazyCluster(lambda: RedisCluster(
@@ -198,38 +170,3 @@ class RedisClusterBackend(RedisBackend):
             yield batch
             if len(batch) < 500:
                 return
-
-
-class RedisSentinelBackend(RedisBackend):
-    @classmethod
-    def from_url(cls, url: StoreURL) -> RedisSentinelBackend:
-        """``redis[s]+sentinel://[user:password@]host:port[,host:port...]/service[/db][?options]``."""
-        settings = _settings(url)
-        sentinels = url.hosts(DEFAULT_SENTINEL_PORT)
-        service, _, db = url.parts.path.strip("/").partition("/")
-        if not service:
-            raise url.error(f"name the service: {url.scheme}://host:port[,host:port...]/service")
-        if db and not db.isdigit():
-            raise url.error(f"bad database {db!r}: use a number such as /{service}/0")
-        credentials = _credentials(url)
-        timeout = settings["timeout"]
-        # every sentinel gets its share of the timeout: a call that asks them one after another
-        # (a hung one first) still reaches the next within the backend's bound on the whole call
-        each = timeout / len(sentinels)
-        sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": each, **client_options(each)})
-
-        def connect(socket_timeout: float) -> redis.Redis:
-            return sentinel.master_for(service, db=int(db or 0), socket_timeout=socket_timeout,
-                                       **client_options(timeout), **credentials)
-
-        return cls(url.raw, sentinel=sentinel, service=service, connect=connect, **settings)
-
-    def __init__(self, url: str, *, sentinel: Sentinel, service: str, **options: Any) -> None:
-        super().__init__(url, **options)
-        self._sentinel, self._service = sentinel, service
-
-    def discover(self) -> None:
-        try:
-            self._call("discover", self._sentinel.discover_master, self._service)
-        except BackendError as exc:
-            raise ConfigError(f"cache {self.url}: no sentinel knows a primary for {self._service!r} ({exc})") from None

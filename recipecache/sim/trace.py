@@ -1,4 +1,4 @@
-"""Replay of recorded event logs (``RECIPECACHE_EVENT_LOG``, format in ``recipecache.events``).
+"""Replay of recorded event logs (``RECIPECACHE_EVENT_LOG``, format in ``recipecache.runs.events``).
 
 Each rank's records, in time order, are cut into steps:
 
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..events import EVENT_KINDS, read_events
+from ..runs.events import EVENT_KINDS, read_events
 from .model import Scenario, Workload
 
 log = logging.getLogger(__name__)

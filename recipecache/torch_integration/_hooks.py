@@ -28,7 +28,7 @@ In short:
   compiles against. The kernel's key was computed before the header is attached, so
   the skip changes no key; a compile still gets torch's fast precompiled-header build.
 * ``codecache.compiled_fx_graph_hash`` is wrapped to record what each FX key is made of
-  (:mod:`recipecache.keyinfo`, for ``recipecache explain``) and what the graph is (its
+  (:mod:`recipecache.runs.keyinfo`, for ``recipecache explain``) and what the graph is (its
   function and input shapes, the ``meta`` of the artifact it publishes).
 * ``compile_fx.fx_codegen_and_compile`` is wrapped to count and time the graphs inductor
   actually compiles here; ``compile_fx._compile_fx_inner`` bounds one graph's compile, so
@@ -63,7 +63,7 @@ from torch._inductor.runtime.runtime_utils import cache_dir
 
 from ..env import process_rank, process_world_size
 from ..errors import ConfigError
-from ..keyinfo import KeyLog
+from ..runs.keyinfo import KeyLog
 from ..reasons import Reason
 from ..store import Flight, Store
 from . import describe, host_cpu, pgo

@@ -9,7 +9,7 @@ under different keys differ in some of these, and which ones is the answer to "w
 it not hit".
 
 The torch integration hands every key it computes, with those lines, to :class:`KeyLog`,
-which writes JSON lines (the event-log format, :mod:`recipecache.events`) to
+which writes JSON lines (the event-log format, :mod:`recipecache.runs.events`) to
 ``<event log dir>/keys/keys-rank<R>-<pid>.jsonl``:
 
 * ``{"event": "key_env", "key": <env digest>, "components": {...}, "context": {...}}``
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .env import process_rank
+from ..env import process_rank
 from .events import EventLog, Skipped, read_events
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The vocabulary of ``recipecache doctor``: one check's outcome, and the checks every directory gets.
 
 Backends report their own checks (:meth:`recipecache.backends.base.Backend.health_checks`)
-with :class:`HealthCheck`; :mod:`recipecache.doctor` adds the checks that need no
+with :class:`HealthCheck`; :mod:`recipecache.tools.doctor` adds the checks that need no
 backend. Each check is one line for people: what was checked, what was found, and for a
 check that did not pass, how to fix it.
 """
@@ -13,9 +13,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError
-from .fsutil import private_directory
-from .sizes import format_size
+from ..errors import ConfigError
+from ..fsutil import private_directory
+from ..sizes import format_size
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 #: free space below which a directory of artifacts fails the check (one large graph's kernels)

@@ -20,10 +20,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .events import Skipped
 from .explain import load_events, with_follower_hits
-from .fsutil import write_atomic
+from ..fsutil import write_atomic
 from .keyinfo import KeyInfo, graph_label, load_keys
 
 #: event kind -> the verb of its duration event (hits are fetches: the store read and verify)

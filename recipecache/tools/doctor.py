@@ -1,6 +1,6 @@
 """``recipecache doctor``: is this node set up so that its ranks share compiled artifacts?
 
-Each check is one line (:class:`~recipecache.health.HealthCheck`): the store answers and
+Each check is one line (:class:`~recipecache.tools.health.HealthCheck`): the store answers and
 keeps what it is given (a round trip of a signed envelope, and a lease), the backend's
 own checks (the Redis user's rights and clock, the filesystem store's permissions, free
 space and clock), the node tier's directory (private, as ``enable()`` requires), torch's
@@ -24,15 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import envelope, env
-from .backends import open_backend
-from .backends.base import Backend
-from .errors import BackendError, ConfigError, URLError, VerificationError
+from .. import env
+from ..errors import BackendError, ConfigError, URLError, VerificationError
+from ..runs.events import EventLog
 from .health import FAIL, PASS, WARN, HealthCheck, free_space, private, writable
-from .keyinfo import cpu_fingerprint
-from .keys import storage_key
-from .node_tier import default_node_dir
-from .settings import default_url, node_dir, read_secret
+from ..runs.keyinfo import cpu_fingerprint
+from ..node_tier import default_node_dir
+from ..settings import StoreSettings, node_dir, read_secret, resolve_namespace, resolve_url
+from ..store import Store
 
 #: variables that change torch's cache keys or what it compiles (besides OMP_NUM_THREADS)
 KEY_VARIABLE_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TORCHDYNAMO_")
@@ -42,8 +41,7 @@ PROBE_TIMEOUT_S = 3.0
 
 def run_checks(url: str | None = None, *, namespace: str | None = None) -> list[HealthCheck]:
     """Every check, in the order printed; raises URLError for a malformed ``url``."""
-    url = url or default_url()
-    checks = _store_checks(url, namespace or os.environ.get(env.NAMESPACE) or "default")
+    checks = _store_checks(url, namespace)
     checks += [*_node_checks(), _signing_check(), *_torch_checks(), *_hpu_checks()]
     return checks
 
@@ -61,62 +59,60 @@ def format_checks(checks: list[HealthCheck]) -> str:
 
 
 # -- the store ---------------------------------------------------------------------------
-def _store_checks(url: str, namespace: str) -> list[HealthCheck]:
+def _store_checks(url: str | None, namespace: str | None) -> list[HealthCheck]:
     try:
-        backend = open_backend(url, timeout=PROBE_TIMEOUT_S)
+        secret = read_secret()
+    except ConfigError:
+        secret = None  # the signing check reports it
+    settings = StoreSettings(url=resolve_url(url), namespace=resolve_namespace(namespace), secret=secret)
+    try:
+        store = Store.open(settings, events=EventLog(None), timeout=PROBE_TIMEOUT_S)
     except URLError:
         raise
     except ConfigError as exc:  # a well-formed URL naming something unusable (a directory others can write)
         return [HealthCheck("store", FAIL, str(exc), "see the message")]
     try:
-        probe = storage_key(namespace, f"recipecache-doctor:{secrets.token_hex(8)}")
-        round_trip = _round_trip(backend, probe)
+        probe = f"recipecache-doctor:{secrets.token_hex(8)}"
+        round_trip = _round_trip(store, probe)
         if round_trip.failed:
             return [round_trip]
-        return [round_trip, _lease_check(backend, probe), *backend.health_checks(probe)]
+        return [round_trip, _lease_check(store, probe), *store.health_checks(probe)]
     finally:
-        backend.close()
+        store.close()
 
 
-def _round_trip(backend: Backend, skey: str) -> HealthCheck:
+def _round_trip(store: Store, key: str) -> HealthCheck:
     """Write a sealed (and, with a secret, signed) entry, read it back, verify it, delete it."""
-    namespace, key = skey.split("/", 1)
-    try:
-        secret = read_secret()
-    except ConfigError:
-        secret = None  # the signing check reports it
     payload = secrets.token_bytes(4096)
+    skey = store.storage_key(key)
     start = time.perf_counter()
     try:
-        backend.put(skey, envelope.seal(key, payload, namespace=namespace, secret=secret))
-        blob = backend.get(skey)
-        backend.delete(skey)
+        store.write_sealed(key, payload)
+        blob = store.read_raw(skey)
+        store.delete_raw(skey)
     except BackendError as exc:
-        return HealthCheck("store", FAIL, f"{backend.url}: {exc.reason}: {exc}",
+        return HealthCheck("store", FAIL, f"{store.url}: {exc.reason}: {exc}",
                            "start the server, or correct the URL, password or mount")
     elapsed_ms = (time.perf_counter() - start) * 1000
     if blob is None:
-        return HealthCheck("store", FAIL, f"{backend.url}: an entry written was not there to read back",
+        return HealthCheck("store", FAIL, f"{store.url}: an entry written was not there to read back",
                            "check for an eviction policy or a full store")
     try:
-        _header, read = envelope.open_envelope(blob, key=key, namespace=namespace, secret=secret)
+        read = store.open_entry(key, blob)
     except VerificationError as exc:
-        return HealthCheck("store", FAIL, f"{backend.url}: the entry read back failed verification ({exc.reason})",
+        return HealthCheck("store", FAIL, f"{store.url}: the entry read back failed verification ({exc.reason})",
                            "something rewrites values in this store; use another one")
     if bytes(read) != payload:
-        return HealthCheck("store", FAIL, f"{backend.url}: read back other bytes than written", "use another store")
-    return HealthCheck("store", PASS, f"{backend.url}: write, read, verify, delete in {elapsed_ms:.1f} ms")
+        return HealthCheck("store", FAIL, f"{store.url}: read back other bytes than written", "use another store")
+    return HealthCheck("store", PASS, f"{store.url}: write, read, verify, delete in {elapsed_ms:.1f} ms")
 
 
-def _lease_check(backend: Backend, name: str) -> HealthCheck:
-    token = secrets.token_hex(8)
+def _lease_check(store: Store, key: str) -> HealthCheck:
     try:
-        taken = backend.lease_add(name, token, 30.0)
-        again = backend.lease_add(name, "someone-else", 30.0)
-        backend.lease_release(name, token)
+        exclusive = store.lease_is_exclusive(key)
     except BackendError as exc:
         return HealthCheck("leases", FAIL, f"{exc.reason}: {exc}", "without leases every rank compiles every graph")
-    if not taken or again:
+    if not exclusive:
         return HealthCheck("leases", FAIL, "a lease could not be taken, or was taken twice",
                            "the store does not coordinate; check the backend")
     return HealthCheck("leases", PASS, "a lease is taken once and released")
@@ -149,7 +145,7 @@ def _signing_check() -> HealthCheck:
 
 def _hpu_checks() -> list[HealthCheck]:
     """Under Gaudi (``PT_HPU_RECIPE_CACHE_CONFIG`` set), the node's recipe directory: private, with room."""
-    from .hpu.recipe_cache_config import ENV_VAR, parse_config
+    from ..hpu.recipe_cache_config import ENV_VAR, parse_config
 
     if not os.environ.get(ENV_VAR):
         return []

@@ -3,7 +3,7 @@
 Exit status: 0 on success, 1 when the operation found a problem (bad entries left by
 ``verify``, a backend that failed, a failed ``doctor`` check), 2 for bad input. Errors are
 one line on stderr. ``explain``, ``trace`` and ``doctor`` live in their own modules
-(:mod:`recipecache.explain`, :mod:`recipecache.timeline`, :mod:`recipecache.doctor`).
+(:mod:`recipecache.runs.explain`, :mod:`recipecache.runs.timeline`, :mod:`recipecache.tools.doctor`).
 """
 
 from __future__ import annotations
@@ -18,18 +18,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import admin, doctor, explain, timeline
-from .argparsing import OneLineArgumentParser
-from .backends import command_line_password_warning
-from .errors import BackendError, ConfigError
-from .events import Skipped
-from .sizes import format_size, parse_size
-from .store import Store, open_store
+from ..argparsing import OneLineArgumentParser
+from ..backends import command_line_password_warning
+from ..errors import BackendError, ConfigError
+from ..runs import explain, timeline
+from ..runs.events import Skipped
+from ..sizes import format_size, parse_size
+from ..store import Store, open_store
+from . import admin, doctor
 
 
 def _store(args: argparse.Namespace) -> Store:
     store = open_store(args.url, namespace=args.namespace)
-    store.backend.discover()  # a cluster URL whose seed nodes none answers is bad input (exit 2)
+    store.discover()  # a cluster URL whose seed nodes none answers is bad input (exit 2)
     return store
 
 
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sim_parser(sub: Any) -> None:
-    from .sim.cli import add_parser
+    from ..sim.cli import add_parser
 
     add_parser(sub)
 

@@ -1,15 +1,15 @@
 """Why graphs were compiled more than once: a job's event logs and key records, read after the job.
 
 recipecache exists so that each graph is compiled once per job. :func:`analyse` reads a
-run directory (``<run dir>/events``, :mod:`recipecache.events`, and the key records of
-:mod:`recipecache.keyinfo`) and lists
+run directory (``<run dir>/events``, :mod:`recipecache.runs.events`, and the key records of
+:mod:`recipecache.runs.keyinfo`) and lists
 
 * **duplicate compiles**: every graph compiled by more than one rank, each compile with
   the reason it was not served from the store when the reason is known;
 * **misses others hit**: every rank that compiled a graph other ranks had already loaded
   from the store (or loaded under another key), with the reason.
 
-A graph is known by its *graph identity* (:func:`recipecache.keyinfo.graph_identity`), so
+A graph is known by its *graph identity* (:func:`recipecache.runs.keyinfo.graph_identity`), so
 two ranks compiling the same graph under different keys (a different thread count, say)
 count as a duplicate whose reason is "different key" and the components that differ.
 :func:`explain` puts those components side by side for every graph met under more than
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .events import Skipped, read_events
 from .keyinfo import KeyInfo, differing, graph_label, load_keys, short_key, torch_hash
-from .reasons import REFUSED, Reason
+from ..reasons import REFUSED, Reason
 
 #: why a rank compiled a graph it could have loaded, by the reason its events name
 _REASON_TEXT = {

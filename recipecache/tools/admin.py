@@ -23,12 +23,12 @@ from typing import Any, BinaryIO
 
 import msgpack
 
-from . import envelope
-from .buffers import Buffer
-from .errors import ConfigError, VerificationError
-from .keys import storage_key
-from .reasons import Reason
-from .store import Store
+from .. import envelope
+from ..buffers import Buffer
+from ..errors import ConfigError, VerificationError
+from ..keys import storage_key
+from ..reasons import Reason
+from ..store import Store
 
 #: first object of an export stream; the ``entries`` count lets import tell a whole file from a cut one
 EXPORT_FORMAT = "recipecache-export-v2"

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import env
-from .env import process_rank
+from .. import env
+from ..env import process_rank
 
 log = logging.getLogger(__name__)
 
