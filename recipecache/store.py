@@ -50,7 +50,7 @@ from .buffers import Buffer, byte_view
 from .settings import StoreSettings
 from .errors import BackendError, BackendKeyError, VerificationError
 from .runs.events import EventLog
-from .tools.health import HealthCheck
+from .health import HealthCheck
 from .keys import storage_key
 from .lease import HeldLease, SingleFlight
 from .node_tier import NodeTier

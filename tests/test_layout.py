@@ -36,8 +36,8 @@ def test_the_folders_show_core_tools_and_run_analysis() -> None:
     import recipecache
 
     top = Path(recipecache.__file__).parent
-    assert {p.stem for p in (top / "tools").glob("*.py")} == {"__init__", "cli", "admin", "doctor", "health"}
+    assert {p.stem for p in (top / "tools").glob("*.py")} == {"__init__", "cli", "admin", "doctor"}
     assert {p.stem for p in (top / "runs").glob("*.py")} == {"__init__", "events", "keyinfo", "explain", "timeline"}
     assert {p.stem for p in top.glob("*.py")} == {
-        "__init__", "_lazy", "argparsing", "buffers", "env", "envelope", "errors", "fsutil", "keys", "lease",
+        "__init__", "_lazy", "argparsing", "buffers", "env", "envelope", "errors", "fsutil", "health", "keys", "lease",
         "node_tier", "reasons", "settings", "sizes", "stats", "store"}

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..buffers import Buffer
 from ..errors import ConfigError
-from ..tools.health import HealthCheck
+from ..health import HealthCheck
 
 if TYPE_CHECKING:
     from .url import StoreURL

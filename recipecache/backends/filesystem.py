@@ -68,7 +68,7 @@ from ..fsutil import (
     write_atomic,
     write_temp,
 )
-from ..tools.health import FAIL, PASS, HealthCheck, free_space, private
+from ..health import FAIL, PASS, HealthCheck, free_space, private
 from ..reasons import Reason
 from .base import Backend, Clock, EntryInfo, LeaseState, check_key, is_key, value_matches
 from .url import StoreURL

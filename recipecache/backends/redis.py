@@ -87,7 +87,7 @@ from redis.retry import Retry
 
 from ..buffers import Buffer
 from ..errors import BackendError, BackendKeyError, VerificationError
-from ..tools.health import FAIL, PASS, WARN, HealthCheck
+from ..health import FAIL, PASS, WARN, HealthCheck
 from ..reasons import Reason
 from .base import Backend, EntryInfo, LeaseState, check_key, is_key, value_matches
 from .url import StoreURL

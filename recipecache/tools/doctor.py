@@ -1,6 +1,6 @@
 """``recipecache doctor``: is this node set up so that its ranks share compiled artifacts?
 
-Each check is one line (:class:`~recipecache.tools.health.HealthCheck`): the store answers and
+Each check is one line (:class:`~recipecache.health.HealthCheck`): the store answers and
 keeps what it is given (a round trip of a signed envelope, and a lease), the backend's
 own checks (the Redis user's rights and clock, the filesystem store's permissions, free
 space and clock), the node tier's directory (private, as ``enable()`` requires), torch's
@@ -27,7 +27,7 @@ from typing import Any
 from .. import env
 from ..errors import BackendError, ConfigError, URLError, VerificationError
 from ..runs.events import EventLog
-from .health import FAIL, PASS, WARN, HealthCheck, free_space, private, writable
+from ..health import FAIL, PASS, WARN, HealthCheck, free_space, private, writable
 from ..runs.keyinfo import cpu_fingerprint
 from ..node_tier import default_node_dir
 from ..settings import StoreSettings, node_dir, read_secret, resolve_namespace, resolve_url

@@ -13,9 +13,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..fsutil import private_directory
-from ..sizes import format_size
+from .errors import ConfigError
+from .fsutil import private_directory
+from .sizes import format_size
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 #: free space below which a directory of artifacts fails the check (one large graph's kernels)
