@@ -702,6 +702,26 @@ def test_an_unsafe_cache_dir_means_no_install_and_a_counted_fallback(
     assert integration.attempt.flight is None, "compiled here without the lease: the stored variant is fine for others"
 
 
+def test_a_probe_library_travels_with_torchs_loaded_marker(integration: Any, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.14 skips its dlopen probe (a Python subprocess per ISA) for a library beside which it
+    left ``<lib>.load_ok``; a warm local cache has them, so a fresh process must get them too
+    (without them the hit spent 0.75 s more than torch's warm cache on probes)."""
+    library = tmp_path / "inductor" / "ab" / "cprobe.so"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"probe library")
+    (tmp_path / "inductor" / "ab" / "cprobe.so.load_ok").write_bytes(b"")
+    (tmp_path / "inductor" / "ab" / "cother.so").write_bytes(b"built, never loaded (or torch 2.13)")
+    integration.publish_probe(integration.isa_key(), [str(library), str(library.parent / "cother.so")])
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "fresh"))
+    (tmp_path / "fresh").mkdir()
+    fresh = _another(integration)
+    fresh.install_isa_probe()
+    assert sorted(p.name for p in (tmp_path / "fresh" / "ab").iterdir()) == ["cother.so", "cprobe.so",
+                                                                         "cprobe.so.load_ok"]
+
+
 def test_the_header_is_skipped_only_for_a_kernel_already_built(integration: Any, tmp_path: Path) -> None:
     source = tmp_path / "ab" / "kernel.main.cpp"
     integration.record_write("main.cpp", str(source))

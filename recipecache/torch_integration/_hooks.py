@@ -67,7 +67,7 @@ from ..keyinfo import KeyLog
 from ..reasons import Reason
 from ..store import Flight, Store
 from . import describe, host_cpu, pgo
-from .artifact import Artifact, ArtifactError, Entry, collect, install, torch_pickle
+from .artifact import PROBE_LOADED, Artifact, ArtifactError, Entry, collect, install, torch_pickle
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -539,8 +539,13 @@ class Integration:
                 self.guarded(self.publish_probe, key, [attempt.probe_library])
 
     def publish_probe(self, key: str, libraries: Iterable[str]) -> None:
-        """Publish the probe libraries among ``libraries`` that were built (an ISA the compiler lacks has none)."""
-        files, _missing = collect(libraries, Path(cache_dir()))
+        """Publish the probe libraries among ``libraries`` that were built (an ISA the compiler lacks has none).
+
+        With each goes torch's marker that its dlopen probe loaded it, where torch (>= 2.14)
+        wrote one: a library without it is probed again (a Python subprocess per ISA,
+        ~0.15 s each) by every fresh process, which a warm local cache never pays.
+        """
+        files, _missing = collect([f for lib in libraries for f in (lib, lib + PROBE_LOADED)], Path(cache_dir()))
         if files:
             self._put("isa", key, Artifact.single("isa", b"", files).pack())
             self.metrics.kernels(shipped=len(files))
