@@ -17,9 +17,10 @@ from recipecache.backends import open_backend
 from recipecache.backends.redis import ACL_COMMANDS
 from recipecache.backends.redis_cluster import CLUSTER_ACL_COMMANDS
 from recipecache.errors import URLError
+from recipecache.torch_integration.compat import HOOKS
 
 EXPECTED = ["store", "leases", "permissions", "free space", "clock", "signing", "torch cache", "torch cache", "torch",
-            "threads", "compile", "cpu", "key inputs"]
+            *["hook"] * len(HOOKS), "threads", "compile", "cpu", "key inputs"]
 
 
 @pytest.fixture(autouse=True)

@@ -757,17 +757,64 @@ def test_a_rank_that_waited_builds_the_skipped_header_once_in_the_background(int
     assert built == ["waited"]
 
 
-def test_a_torch_without_the_hook_points_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def _unchecked_release_without_two_interfaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Play a torch 2.15 that dropped ``_precompile_header`` and changed ``check_build``'s parameters."""
+    import torch
+    from torch._inductor import codecache
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    def check_build(self: Any, source: str, flags: str) -> bool:
+        raise AssertionError("a hook whose interface changed must not be installed")
+
+    monkeypatch.setattr(torch, "__version__", "2.15.0")
+    monkeypatch.delattr(codecache, "_precompile_header")
+    monkeypatch.setattr(VecISA, "check_build", check_build)
+
+
+def test_on_an_unchecked_release_the_hooks_that_fit_are_on_and_one_warning_names_the_rest(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Every hook was checked on 2.13 and 2.14; on another release (a newer one, or torch 2.11 on a
+    GPU machine) those whose interface is there are installed, the others left off, with one warning
+    naming them; nothing is counted as hook_error. Before, one missing attribute left torch unhooked."""
     import torch._inductor.config as inductor_config
-    from torch._inductor import compile_fx
+    from torch._inductor import codecache, compile_fx
+    from torch._inductor.cpu_vec_isa import VecISA
 
     from recipecache import torch_integration
 
-    monkeypatch.delattr(compile_fx, "_compile_fx_inner")
-    before = (inductor_config.fx_graph_remote_cache, inductor_config.cpp_cache_precompile_headers)
-    torch_integration.enable("memory://", namespace=NAMESPACE)
+    _unchecked_release_without_two_interfaces(monkeypatch)
+    original_write, changed_check_build = codecache.write, VecISA.check_build
+    before = inductor_config.fx_graph_remote_cache
+    with caplog.at_level(logging.WARNING, logger="recipecache"):
+        torch_integration.enable("memory://", namespace=NAMESPACE)
     try:
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warned) == 1, warned
+        assert "torch 2.15.0 is not a release these hooks were checked on (2.13, 2.14)" in warned[0]
+        assert "precompiled_header (torch._inductor.codecache._precompile_header does not exist)" in warned[0]
+        assert "cpu_probes (torch._inductor.cpu_vec_isa.VecISA.check_build takes (source, flags), the hook needs (code))" \
+            in warned[0]
+        assert "graphs" not in warned[0].split("left off:")[1]
         assert torch_integration.metrics()["fallbacks"] == {"torch_internals": 1}
-        assert (inductor_config.fx_graph_remote_cache, inductor_config.cpp_cache_precompile_headers) == before
+        assert codecache.write is not original_write and compile_fx._compile_fx_inner.__module__ == \
+            "recipecache.torch_integration._hooks", "the hooks whose interface fits are on"
+        assert inductor_config.fx_graph_remote_cache is True
+        assert VecISA.check_build is changed_check_build
     finally:
         torch_integration.disable()
+    assert codecache.write is original_write and inductor_config.fx_graph_remote_cache == before
+
+
+def test_doctor_lists_each_hook_on_or_off_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from recipecache import doctor
+    from recipecache.torch_integration.compat import HOOKS
+
+    listed = [c for c in doctor._torch_checks() if c.name == "hook"]
+    assert [c.detail.split()[0] for c in listed] == [h.name for h in HOOKS]
+    assert all(c.status == "pass" and " on (checked on torch 2.1" in c.detail for c in listed)
+    _unchecked_release_without_two_interfaces(monkeypatch)
+    listed = {c.detail.split()[0]: c for c in doctor._torch_checks() if c.name == "hook"}
+    off = {name for name, c in listed.items() if c.status == "warn"}
+    assert off == {"precompiled_header", "cpu_probes"}
+    assert "_precompile_header does not exist" in listed["precompiled_header"].detail and listed["cpu_probes"].fix
+    assert "interface matches; not checked on torch 2.15" in listed["graphs"].detail

@@ -48,7 +48,7 @@ import pickle
 import platform
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -146,6 +146,8 @@ class Integration:
         #: precompiled headers being built (or built) in the background, by their arguments
         self._warm_headers: set[tuple[Any, ...]] = set()
         self._originals: list[tuple[Any, str, Any]] = []
+        #: the hooks installed (:data:`.compat.HOOKS` whose interface this torch has)
+        self.on: frozenset[str] = frozenset()
         self.keys = KeyLog.beside(store.events)
 
     def guarded(self, fn: Callable[..., R], *args: Any) -> R | None:
@@ -559,17 +561,22 @@ class Integration:
         self.publish_probe(self.isa_key(), paths)
 
     # -- install / uninstall ---------------------------------------------------------
-    def patches(self) -> list[tuple[Any, str, Any]]:
-        """(owner, attribute, new value) for everything enable() changes in torch."""
-        original_write = codecache.write
-        original_check_build = VecISA.check_build
-        original_codegen = compile_fx.fx_codegen_and_compile
-        original_inner = compile_fx._compile_fx_inner
-        original_iterate = codecache.FxGraphCache.iterate_over_candidates.__func__
-        remote_key = remote_cache.RemoteFxGraphCache._get_key  # how torch names a graph in a remote cache
-        original_hash = codecache.compiled_fx_graph_hash
-        original_precompile_header = codecache._precompile_header
-        original_valid_isas = cpu_vec_isa.valid_vec_isa_list
+    def patches(self, on: Collection[str]) -> list[tuple[Any, str, Any]]:
+        """(owner, attribute, new value) for everything enable() changes in torch, for the hooks ``on``.
+
+        ``on``: names of :data:`.compat.HOOKS` whose interface this torch has. The originals
+        of the others may be missing (None here); their wrappers are never installed.
+        """
+        original_write = getattr(codecache, "write", None)
+        original_check_build = getattr(VecISA, "check_build", None)
+        original_codegen = getattr(compile_fx, "fx_codegen_and_compile", None)
+        original_inner = getattr(compile_fx, "_compile_fx_inner", None)
+        original_iterate = getattr(getattr(codecache.FxGraphCache, "iterate_over_candidates", None), "__func__", None)
+        # how torch names a graph in a remote cache
+        remote_key = getattr(remote_cache.RemoteFxGraphCache, "_get_key", None)
+        original_hash = getattr(codecache, "compiled_fx_graph_hash", None)
+        original_precompile_header = getattr(codecache, "_precompile_header", None)
+        original_valid_isas = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
 
         def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
             result = original_write(content, extension, *args, **kwargs)
@@ -619,41 +626,54 @@ class Integration:
             if ours:
                 yield from self.fx_candidates(remote_key(remote, key))
 
-        out: list[tuple[Any, str, Any]] = [
-            (inductor_config, "fx_graph_remote_cache", True),
-            (functorch_config, "enable_remote_autograd_cache", True),
-            (dynamo_config, "automatic_dynamic_remote_pgo", True),
-            # part of the FX key, so it must be equal on every rank: torch's default, whose
-            # precompiled header makes every cold kernel's g++ fast (a hit skips the header)
-            (inductor_config, "cpp_cache_precompile_headers", True),
-            (remote_cache.RemoteFxGraphCache, "backend_override_cls", FxBackend),
-            (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
-            (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
-            (codecache, "write", write),
-            (codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash),
-            (codecache, "_precompile_header", _precompile_header),
-            (VecISA, "check_build", check_build),
-            (cpu_vec_isa, "valid_vec_isa_list", valid_vec_isa_list),
-            (compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile),
-            (compile_fx, "_compile_fx_inner", _compile_fx_inner),
-            # torch reads one remote entry per graph key; this offers its guards every stored variant
-            (codecache.FxGraphCache, "iterate_over_candidates", classmethod(iterate_over_candidates)),
-        ]
-        if torch.compiler.config.job_id is None:
-            out.append((torch.compiler.config, "job_id", JOB_ID))
-        return out
+        table: dict[str, list[tuple[Any, str, Any]]] = {
+            "compile_scope": [(compile_fx, "_compile_fx_inner", _compile_fx_inner)],
+            "graphs": [
+                (inductor_config, "fx_graph_remote_cache", True),
+                (remote_cache.RemoteFxGraphCache, "backend_override_cls", FxBackend),
+                # torch reads one remote entry per graph key; this offers its guards every stored variant
+                (codecache.FxGraphCache, "iterate_over_candidates", classmethod(iterate_over_candidates)),
+            ],
+            "autograd": [
+                (functorch_config, "enable_remote_autograd_cache", True),
+                (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
+            ],
+            "pgo": [
+                (dynamo_config, "automatic_dynamic_remote_pgo", True),
+                (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
+                *([(torch.compiler.config, "job_id", JOB_ID)] if torch.compiler.config.job_id is None else []),
+            ],
+            "kernels": [(codecache, "write", write)],
+            "precompiled_header": [
+                # part of the FX key, so it must be equal on every rank: torch's default, whose
+                # precompiled header makes every cold kernel's g++ fast (a hit skips the header)
+                (inductor_config, "cpp_cache_precompile_headers", True),
+                (codecache, "_precompile_header", _precompile_header),
+            ],
+            "cpu_probes": [
+                (VecISA, "check_build", check_build),
+                (cpu_vec_isa, "valid_vec_isa_list", valid_vec_isa_list),
+            ],
+            "compile_count": [(compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile)],
+            "key_records": [(codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash)],
+        }
+        return [patch for name, patches in table.items() if name in on for patch in patches]
 
-    def install(self) -> None:
-        patches = self.patches()  # resolves every torch attribute before anything changes
+    def install(self, on: Collection[str]) -> None:
+        """Install the hooks named in ``on`` (those whose interface this torch has, :func:`.compat.states`)."""
+        self.on = frozenset(on)
+        patches = self.patches(self.on)  # resolves every torch attribute before anything changes
         for owner, name, value in patches:
             # a class's own attribute as stored (a classmethod stays one); an inherited one is deleted again
             original = vars(owner).get(name, _INHERITED) if isinstance(owner, type) else getattr(owner, name)
             self._originals.append((owner, name, original))
             setattr(owner, name, value)
-        # functools.cache'd: it may hold a backend (or None) from before the override
-        AOTAutogradCache.get_remote_cache.cache_clear()
+        if "autograd" in self.on:
+            # functools.cache'd: it may hold a backend (or None) from before the override
+            AOTAutogradCache.get_remote_cache.cache_clear()
         self.metrics.local_hits_source = describe.local_hits
-        self.guarded(self.install_isa_probe)
+        if "cpu_probes" in self.on:
+            self.guarded(self.install_isa_probe)
 
     def uninstall(self) -> None:
         self.end_attempt()
@@ -664,7 +684,8 @@ class Integration:
             else:
                 setattr(owner, name, value)
         self._originals.clear()
-        AOTAutogradCache.get_remote_cache.cache_clear()
+        if "autograd" in self.on:
+            AOTAutogradCache.get_remote_cache.cache_clear()
         self.keys.close()
 
 
@@ -717,13 +738,13 @@ class PgoBackend(_StoreBackend):
     kind = "pgo"
 
 
-def attach(store: Store, metrics: Metrics, wait_timeout: float | None) -> Integration:
-    """Hook torch up to the stores; raises AttributeError (nothing changed) if this torch lacks a hook point."""
+def attach(store: Store, metrics: Metrics, wait_timeout: float | None, on: Collection[str]) -> Integration:
+    """Hook torch up to the stores with the hooks ``on`` (see :mod:`.compat`); nothing changed if it raises."""
     global _active
     integration = Integration(store, metrics, wait_timeout)
     _active = integration
     try:
-        integration.install()
+        integration.install(on)
     except BaseException:
         _active = None
         integration.uninstall()
