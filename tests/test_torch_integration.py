@@ -50,6 +50,7 @@ from recipecache.torch_integration.artifact import (
     install,
 )
 from recipecache.torch_integration.metrics import Metrics
+from torch_flags import compile_on_one_rank
 
 pytestmark = pytest.mark.torch
 
@@ -755,6 +756,40 @@ def test_a_rank_that_waited_builds_the_skipped_header_once_in_the_background(int
         integration.warm_header(lambda: built.append("waited"), ("cpp_prefix.h", "cmd"))
     _join_header_builds()
     assert built == ["waited"]
+
+
+def test_compile_on_one_rank_gets_its_own_graph_keys_where_it_changes_the_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.14's compile-on-one-rank computes devices and process groups at run time instead of
+    baking them into inductor's code, and puts the flag in its FX (and so AOTAutograd) keys; the
+    store's keys are torch's, so a process with it on never loads a graph compiled with it off. In
+    2.13 it only changes how traced collectives find their process group, which is in the traced
+    graph and so in the key: a graph without collectives is the same graph, and is a hit."""
+    import torch
+
+    from recipecache import torch_integration
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sin() + 1
+
+    x = torch.randn(8, 8)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "off"))
+    torch_integration.enable("memory://", namespace=NAMESPACE)
+    try:
+        off = torch.compile(f)(x)
+        torch._dynamo.reset()
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "on"))  # torch's local cache cannot serve it
+        with compile_on_one_rank():
+            on = torch.compile(f)(x)
+        fx = torch_integration.metrics()["lookups"]["fx"]
+    finally:
+        torch._dynamo.reset()
+        torch_integration.disable()
+    assert torch.equal(off, on)
+    if hasattr(torch.compiler.config, "compile_on_one_rank"):  # torch >= 2.14: a key of its own
+        assert fx == {"hit": 0, "miss": 2, "put": 2}
+    else:
+        assert fx == {"hit": 1, "miss": 1, "put": 1}
 
 
 def _unchecked_release_without_two_interfaces(monkeypatch: pytest.MonkeyPatch) -> None:
