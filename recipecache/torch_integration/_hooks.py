@@ -1,4 +1,4 @@
-"""The torch 2.13 side: where recipecache plugs into torch.compile, and how it unplugs.
+"""The torch side (2.13, 2.14): where recipecache plugs into torch.compile, and how it unplugs.
 
 Line numbers and the reasons behind each hook are in docs/torch-integration-notes.md.
 In short:
@@ -37,6 +37,8 @@ In short:
 
 Every hook runs the original torch code first or around it and swallows its own
 failures (counted as fallback ``hook_error``): the cache may fail, training may not.
+Which hooks are installed is :mod:`.compat`'s call: those whose torch interface is there
+(the patch table below is grouped by its hook names).
 """
 
 from __future__ import annotations
@@ -641,7 +643,8 @@ class Integration:
             "pgo": [
                 (dynamo_config, "automatic_dynamic_remote_pgo", True),
                 (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
-                *([(torch.compiler.config, "job_id", JOB_ID)] if torch.compiler.config.job_id is None else []),
+                *([(torch.compiler.config, "job_id", JOB_ID)]
+                  if "pgo" in on and torch.compiler.config.job_id is None else []),
             ],
             "kernels": [(codecache, "write", write)],
             "precompiled_header": [
