@@ -36,13 +36,13 @@ NPROC_PER_NODE = TorchrunOption(("--nproc-per-node", "--nproc_per_node"))
 
 #: torchrun options the launcher refuses, by torchrun's dest, with the reason: the first
 #: three pick how the script is started, and the launcher needs that slot for its
-#: bootstrap (``-m launcher.bootstrap``); the last prints torchrun's shell completion
+#: bootstrap (``-m launcher.bootstrap``); the last prints a shell completion for torchrun
 #: instead of running anything (torch >= 2.14). Those the installed torchrun lacks are skipped.
 REFUSED_REASONS: dict[str, str] = {
     "module": "starts the script itself, through launcher.bootstrap",
     "no_python": "starts the script itself, through launcher.bootstrap",
     "run_path": "starts the script itself, through launcher.bootstrap",
-    "print_completion": "prints torchrun's completion script; run torchrun --print-completion SHELL itself",
+    "print_completion": "has no shell completion script (torchrun's is for torchrun)",
 }
 
 
