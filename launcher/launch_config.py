@@ -28,7 +28,7 @@ from recipecache.fsutil import private_directory
 from recipecache.node_tier import default_node_dir
 
 from . import hpu_metrics
-from .torchrun_options import NPROC_PER_NODE, PASS_THROUGH
+from .torchrun_options import NPROC_PER_NODE, pass_through
 
 #: ``--nproc`` words torchrun resolves itself (anything else must be a positive count).
 NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
@@ -175,7 +175,7 @@ class LaunchConfig:
         run_dir = Path(args.run_dir or Path("recipecache-runs") / time.strftime("%Y%m%d-%H%M%S"))
         run_dir = run_dir.absolute()
         options = tuple((opt.name, getattr(args, opt.dest) if opt.takes_value else None)
-                        for opt in PASS_THROUGH if getattr(args, opt.dest) not in (None, False))
+                        for opt in pass_through() if getattr(args, opt.dest) not in (None, False))
         _check_store_timing()
         return cls(
             script=script.absolute(),

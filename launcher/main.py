@@ -40,7 +40,7 @@ from .exit_watch import ExitWatch, FinishedRank, job_status, running_child
 from .launch_config import DEFAULT_EXIT_GRACE_S, LaunchConfig, probe_store
 from .progress import Progress
 from .report import build_report, format_report, load_graphs, load_metrics, write_report
-from .torchrun_options import NPROC_PER_NODE, PASS_THROUGH, REFUSED
+from .torchrun_options import NPROC_PER_NODE, pass_through, refused
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,15 @@ AGENT_STOP_TIMEOUT_S = 60.0
 
 
 class _Refuse(argparse.Action):
-    """A torchrun option that would take the slot the launcher's bootstrap needs."""
+    """A torchrun option the launcher cannot pass on (its reason is the action's ``help``, hidden from --help)."""
+
+    def __init__(self, *args: Any, reason: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reason = reason
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        parser.error(f"{option_string} is not supported: {PROG} starts the script itself, through launcher.bootstrap")
+        parser.error(f"{option_string} is not supported: {PROG} {self.reason}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,14 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     hpu.add_argument("--hpu-dir", metavar="DIR", help="the node-local recipe directory (default under $TMPDIR)")
     hpu.add_argument("--hpu-max-size-mb", type=int, default=1024, metavar="MB", help="recipe directory cap (1024)")
     hpu.add_argument("--hpu-clear", action="store_true", help="empty the node's recipe directory first")
-    passed = parser.add_argument_group("torchrun options (passed through)")
-    for opt in PASS_THROUGH:
+    passed = parser.add_argument_group("torchrun options (passed through; those of the installed torchrun)")
+    for opt in pass_through():
         if opt.takes_value:
             passed.add_argument(*opt.names, dest=opt.dest, metavar="VALUE")
         else:
             passed.add_argument(*opt.names, dest=opt.dest, action="store_true")
-    for opt in REFUSED:
-        passed.add_argument(*opt.names, nargs=0, action=_Refuse, help=argparse.SUPPRESS)
+    for opt, reason in refused():
+        passed.add_argument(*opt.names, nargs="?" if opt.takes_value else 0, action=_Refuse, reason=reason,
+                            help=argparse.SUPPRESS)
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="script args",
                         help="arguments of the script")

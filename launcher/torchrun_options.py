@@ -1,13 +1,18 @@
-"""The options of ``torch.distributed.run`` (torch 2.13) that ``recipecache-run`` passes through.
+"""The options of ``torch.distributed.run`` (torchrun) that ``recipecache-run`` passes through.
 
-Kept as a table instead of importing torchrun's parser because importing torch takes
-seconds and ``recipecache-run --help`` or a typo should answer at once;
-``tests/test_launcher.py`` compares this table with torchrun's own parser so a new
-torch version that adds or renames an option fails a test instead of a user's job.
+Derived from the installed torchrun's own parser (``get_args_parser()``), so a torch
+release that adds an option (2.14 added ``--log-line-prefix-template``) needs no change
+here. What the launcher does not pass through is named by torchrun's ``dest``: the
+process count (the launcher's ``--nproc``) and the options that take the slot the
+launcher's bootstrap needs or act instead of starting a job (:data:`REFUSED_REASONS`). The cost:
+``recipecache-run`` imports torch before it parses anything (about 2 s), which torchrun
+itself does anyway.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 from dataclasses import dataclass
 
 
@@ -26,47 +31,41 @@ class TorchrunOption:
         return self.names[-1].lstrip("-").replace("-", "_")
 
 
-def _option(*names: str, takes_value: bool = True) -> TorchrunOption:
-    return TorchrunOption(names, takes_value)
+#: torchrun's own name for the launcher's ``--nproc`` (its dest is ``nproc_per_node``).
+NPROC_PER_NODE = TorchrunOption(("--nproc-per-node", "--nproc_per_node"))
+
+#: torchrun options the launcher refuses, by torchrun's dest, with the reason: the first
+#: three pick how the script is started, and the launcher needs that slot for its
+#: bootstrap (``-m launcher.bootstrap``); the last prints a shell completion for torchrun
+#: instead of running anything (torch >= 2.14). Those the installed torchrun lacks are skipped.
+REFUSED_REASONS: dict[str, str] = {
+    "module": "starts the script itself, through launcher.bootstrap",
+    "no_python": "starts the script itself, through launcher.bootstrap",
+    "run_path": "starts the script itself, through launcher.bootstrap",
+    "print_completion": "has no shell completion script (torchrun's is for torchrun)",
+}
 
 
-#: Passed through unchanged (``--nproc-per-node`` is handled by the launcher, see --nproc).
-PASS_THROUGH: tuple[TorchrunOption, ...] = (
-    _option("--nnodes"),
-    _option("--rdzv-backend", "--rdzv_backend"),
-    _option("--rdzv-endpoint", "--rdzv_endpoint"),
-    _option("--rdzv-id", "--rdzv_id"),
-    _option("--rdzv-conf", "--rdzv_conf"),
-    _option("--standalone", takes_value=False),
-    _option("--max-restarts", "--max_restarts"),
-    _option("--monitor-interval", "--monitor_interval"),
-    _option("--start-method", "--start_method"),
-    _option("--event-log-handler", "--event_log_handler"),
-    _option("--role"),
-    _option("--log-dir", "--log_dir"),
-    _option("-r", "--redirects"),
-    _option("-t", "--tee"),
-    _option("--local-ranks-filter", "--local_ranks_filter"),
-    _option("--duplicate-stdout-filters", "--duplicate_stdout_filters"),
-    _option("--duplicate-stderr-filters", "--duplicate_stderr_filters"),
-    _option("--node-rank", "--node_rank"),
-    _option("--master-addr", "--master_addr"),
-    _option("--master-port", "--master_port"),
-    _option("--local-addr", "--local_addr"),
-    _option("--logs-specs", "--logs_specs"),
-    _option("--numa-binding", "--numa_binding"),
-    _option("--signals-to-handle", "--signals_to_handle"),
-    _option("--shutdown-timeout", "--shutdown_timeout"),
-    _option("--virtual-local-rank", "--virtual_local_rank", takes_value=False),
-)
+@functools.cache
+def torchrun_actions() -> tuple[argparse.Action, ...]:
+    """The options of the installed torchrun's parser (help excluded), as its argparse actions."""
+    from torch.distributed.run import get_args_parser
 
-#: torchrun options that pick how the script is started; the launcher needs that slot
-#: for its bootstrap (``-m launcher.bootstrap``), so it refuses them with an explanation.
-REFUSED: tuple[TorchrunOption, ...] = (
-    _option("-m", "--module", takes_value=False),
-    _option("--no-python", "--no_python", takes_value=False),
-    _option("--run-path", "--run_path", takes_value=False),
-)
+    return tuple(action for action in get_args_parser()._actions
+                 if action.option_strings and not isinstance(action, argparse._HelpAction))
 
-#: torchrun's own name for the launcher's ``--nproc``.
-NPROC_PER_NODE = _option("--nproc-per-node", "--nproc_per_node")
+
+def _option(action: argparse.Action) -> TorchrunOption:
+    return TorchrunOption(tuple(action.option_strings), action.nargs != 0)
+
+
+def pass_through() -> tuple[TorchrunOption, ...]:
+    """Every torchrun option passed on unchanged: all but ``--nproc-per-node`` and :func:`refused`."""
+    return tuple(_option(action) for action in torchrun_actions()
+                 if action.dest != NPROC_PER_NODE.dest and action.dest not in REFUSED_REASONS)
+
+
+def refused() -> tuple[tuple[TorchrunOption, str], ...]:
+    """The installed torchrun's options the launcher refuses, each with the reason it gives."""
+    return tuple((_option(action), REFUSED_REASONS[action.dest]) for action in torchrun_actions()
+                 if action.dest in REFUSED_REASONS)

@@ -19,9 +19,10 @@ from recipecache.backends.redis import ACL_COMMANDS
 from recipecache.backends.redis_cluster import CLUSTER_ACL_COMMANDS
 from recipecache.errors import ConfigError, URLError
 from recipecache.node_tier import default_node_dir
+from recipecache.torch_integration.compat import HOOKS
 
 EXPECTED = ["store", "leases", "permissions", "free space", "clock", "node dir", "node dir", "signing", "torch cache",
-            "torch cache", "torch", "threads", "compile", "cpu", "key inputs"]
+            "torch cache", "torch", *["hook"] * len(HOOKS), "threads", "compile", "cpu", "key inputs"]
 
 
 @pytest.fixture(autouse=True)

@@ -39,6 +39,7 @@ from recipecache.keys import storage_key
 from recipecache.torch_integration.artifact import ArtifactError
 from recipecache.torch_integration.precompiled import Precompiled, SourceFile
 
+from torch_flags import compile_on_one_rank
 from test_torch_integration import base  # noqa: F401 - the module's temp dir with the logging g++ first on PATH
 
 pytestmark = pytest.mark.torch
@@ -489,6 +490,19 @@ def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.Monke
     assert keys[0].startswith(f"{_hooks.KEY_PREFIX}cpu-avx512-amx-host:precompiled:")
     assert keys[1].startswith(f"{_hooks.KEY_PREFIX}cpu-avx2-host:precompiled:")
     assert keys[0].split(":")[-1] == keys[1].split(":")[-1], "only the CPU part differs"
+
+
+def test_compile_on_one_rank_enters_precompiled_keys_only_when_on() -> None:
+    """torch's compile-on-one-rank changes what AOTInductor generates for devices and process groups
+    (2.14 keys its own graphs by it); it is in none of the configs the key covers, so a process with it
+    on would have loaded an artifact built with it off. Off (the default) leaves every key as it was."""
+    from recipecache.torch_integration.precompile import CompileSettings
+
+    settings = CompileSettings.from_call({})
+    off = settings.fingerprint()
+    assert "compile_on_one_rank" not in off
+    with compile_on_one_rank():
+        assert settings.fingerprint() == {**off, "compile_on_one_rank": "on"}
 
 
 def test_graphs_with_size_inputs_are_refused_before_compiling() -> None:

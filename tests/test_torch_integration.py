@@ -50,6 +50,7 @@ from recipecache.torch_integration.artifact import (
     install,
 )
 from recipecache.torch_integration.metrics import Metrics
+from torch_flags import compile_on_one_rank
 
 pytestmark = pytest.mark.torch
 
@@ -702,6 +703,26 @@ def test_an_unsafe_cache_dir_means_no_install_and_a_counted_fallback(
     assert integration.attempt.flight is None, "compiled here without the lease: the stored variant is fine for others"
 
 
+def test_a_probe_library_travels_with_torchs_loaded_marker(integration: Any, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.14 skips its dlopen probe (a Python subprocess per ISA) for a library beside which it
+    left ``<lib>.load_ok``; a warm local cache has them, so a fresh process must get them too
+    (without them the hit spent 0.75 s more than torch's warm cache on probes)."""
+    library = tmp_path / "inductor" / "ab" / "cprobe.so"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"probe library")
+    (tmp_path / "inductor" / "ab" / "cprobe.so.load_ok").write_bytes(b"")
+    (tmp_path / "inductor" / "ab" / "cother.so").write_bytes(b"built, never loaded (or torch 2.13)")
+    integration.publish_probe(integration.isa_key(), [str(library), str(library.parent / "cother.so")])
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "fresh"))
+    (tmp_path / "fresh").mkdir()
+    fresh = _another(integration)
+    fresh.install_isa_probe()
+    assert sorted(p.name for p in (tmp_path / "fresh" / "ab").iterdir()) == ["cother.so", "cprobe.so",
+                                                                         "cprobe.so.load_ok"]
+
+
 def test_the_header_is_skipped_only_for_a_kernel_already_built(integration: Any, tmp_path: Path) -> None:
     source = tmp_path / "ab" / "kernel.main.cpp"
     integration.record_write("main.cpp", str(source))
@@ -737,17 +758,121 @@ def test_a_rank_that_waited_builds_the_skipped_header_once_in_the_background(int
     assert built == ["waited"]
 
 
-def test_a_torch_without_the_hook_points_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch._inductor.config as inductor_config
-    from torch._inductor import compile_fx
+def test_compile_on_one_rank_gets_its_own_graph_keys_where_it_changes_the_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.14's compile-on-one-rank computes devices and process groups at run time instead of
+    baking them into inductor's code, and puts the flag in its FX (and so AOTAutograd) keys; the
+    store's keys are torch's, so a process with it on never loads a graph compiled with it off. In
+    2.13 it only changes how traced collectives find their process group, which is in the traced
+    graph and so in the key: a graph without collectives is the same graph, and is a hit."""
+    import torch
 
     from recipecache import torch_integration
 
-    monkeypatch.delattr(compile_fx, "_compile_fx_inner")
-    before = (inductor_config.fx_graph_remote_cache, inductor_config.cpp_cache_precompile_headers)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sin() + 1
+
+    x = torch.randn(8, 8)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "off"))
     torch_integration.enable("memory://", namespace=NAMESPACE)
     try:
-        assert torch_integration.metrics()["fallbacks"] == {"torch_internals": 1}
-        assert (inductor_config.fx_graph_remote_cache, inductor_config.cpp_cache_precompile_headers) == before
+        off = torch.compile(f)(x)
+        torch._dynamo.reset()
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "on"))  # torch's local cache cannot serve it
+        with compile_on_one_rank():
+            on = torch.compile(f)(x)
+        fx = torch_integration.metrics()["lookups"]["fx"]
+    finally:
+        torch._dynamo.reset()
+        torch_integration.disable()
+    assert torch.equal(off, on)
+    if hasattr(torch.compiler.config, "compile_on_one_rank"):  # torch >= 2.14: a key of its own
+        assert fx == {"hit": 0, "miss": 2, "put": 2}
+    else:
+        assert fx == {"hit": 1, "miss": 1, "put": 1}
+
+
+def _unchecked_release_without_two_interfaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Play a torch 2.15 that dropped ``_precompile_header`` and changed ``check_build``'s parameters."""
+    import torch
+    from torch._inductor import codecache
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    def check_build(self: Any, source: str, flags: str) -> bool:
+        raise AssertionError("a hook whose interface changed must not be installed")
+
+    monkeypatch.setattr(torch, "__version__", "2.15.0")
+    monkeypatch.delattr(codecache, "_precompile_header")
+    monkeypatch.setattr(VecISA, "check_build", check_build)
+
+
+def test_autotune_results_travel_through_the_store_as_torch_reads_them() -> None:
+    """torch's own autotune cache (what a GPU kernel asks at its first call) reads and writes the store while
+    enabled: a best config one process put, another gets, counted as kind ``autotune``; disable() restores it."""
+    import torch
+    from torch._inductor import remote_cache
+
+    from recipecache import torch_integration
+
+    default = torch._inductor.config.autotune_remote_cache
+    torch_integration.enable("memory://", namespace=NAMESPACE + "-autotune")
+    try:
+        assert torch._inductor.config.autotune_remote_cache is True
+        best = {"XBLOCK": 128, "num_warps": 4, "num_stages": 1, "configs_hash": "c0ffee"}
+        remote_cache.RemoteAutotuneCache("autotune-best-config-v2").put("kernel:tag", best)
+        assert remote_cache.RemoteAutotuneCache("autotune-best-config-v2").get("kernel:tag") == best
+        assert remote_cache.RemoteAutotuneCache("autotune-best-config-v2").get("other:tag") is None
+        assert torch_integration.metrics()["lookups"]["autotune"] == {"hit": 1, "miss": 1, "put": 1}
     finally:
         torch_integration.disable()
+    assert torch._inductor.config.autotune_remote_cache == default
+    assert remote_cache.RemoteAutotuneCache.backend_override_cls is None
+
+
+def test_on_an_unchecked_release_the_hooks_that_fit_are_on_and_one_warning_names_the_rest(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Every hook was checked on 2.13 and 2.14; on another release (a newer one, or torch 2.11 on a
+    GPU machine) those whose interface is there are installed, the others left off, with one warning
+    naming them; nothing is counted as hook_error. Before, one missing attribute left torch unhooked."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor import codecache, compile_fx
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    from recipecache import torch_integration
+
+    _unchecked_release_without_two_interfaces(monkeypatch)
+    original_write, changed_check_build = codecache.write, VecISA.check_build
+    before = inductor_config.fx_graph_remote_cache
+    with caplog.at_level(logging.WARNING, logger="recipecache"):
+        torch_integration.enable("memory://", namespace=NAMESPACE)
+    try:
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warned) == 1, warned
+        assert "torch 2.15.0 is not a release these hooks were checked on (2.13, 2.14)" in warned[0]
+        assert "precompiled_header (torch._inductor.codecache._precompile_header does not exist)" in warned[0]
+        assert "cpu_probes (torch._inductor.cpu_vec_isa.VecISA.check_build takes (source, flags), the hook needs (code))" \
+            in warned[0]
+        assert "graphs" not in warned[0].split("left off:")[1]
+        assert torch_integration.metrics()["fallbacks"] == {"torch_internals": 1}
+        assert codecache.write is not original_write and compile_fx._compile_fx_inner.__module__ == \
+            "recipecache.torch_integration._hooks", "the hooks whose interface fits are on"
+        assert inductor_config.fx_graph_remote_cache is True
+        assert VecISA.check_build is changed_check_build
+    finally:
+        torch_integration.disable()
+    assert codecache.write is original_write and inductor_config.fx_graph_remote_cache == before
+
+
+def test_doctor_lists_each_hook_on_or_off_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from recipecache.tools import doctor
+    from recipecache.torch_integration.compat import HOOKS
+
+    listed = [c for c in doctor._torch_checks() if c.name == "hook"]
+    assert [c.detail.split()[0] for c in listed] == [h.name for h in HOOKS]
+    assert all(c.status == "pass" and " on (checked on torch 2.1" in c.detail for c in listed)
+    _unchecked_release_without_two_interfaces(monkeypatch)
+    listed = {c.detail.split()[0]: c for c in doctor._torch_checks() if c.name == "hook"}
+    off = {name for name, c in listed.items() if c.status == "warn"}
+    assert off == {"precompiled_header", "cpu_probes"}
+    assert "_precompile_header does not exist" in listed["precompiled_header"].detail and listed["cpu_probes"].fix
+    assert "interface matches; not checked on torch 2.15" in listed["graphs"].detail

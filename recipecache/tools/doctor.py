@@ -174,7 +174,7 @@ def _torch_checks() -> list[HealthCheck]:
     threads = torch.get_num_threads()
     omp = os.environ.get("OMP_NUM_THREADS")
     checks = [writable("torch cache", local), free_space("torch cache", local),
-              HealthCheck("torch", PASS, f"torch {torch.__version__}")]
+              HealthCheck("torch", PASS, f"torch {torch.__version__}"), *_hook_checks()]
     if inductor_config.cpp.dynamic_threads or inductor_config.cpp.threads >= 1:
         checks.append(HealthCheck("threads", PASS, f"{threads} threads; kernels do not specialise on the count"))
     elif omp:
@@ -194,6 +194,24 @@ def _torch_checks() -> list[HealthCheck]:
                       "cpu": [cpu["machine"], cpu["cpu_features"]]})
     checks.append(HealthCheck("key inputs", PASS, f"digest {digest}: run recipecache doctor on every node; "
                                                   "equal digests mean equal keys for equal graphs"))
+    return checks
+
+
+def _hook_checks() -> list[HealthCheck]:
+    """Each torch hook of ``enable()``, on or off on this torch and why (:mod:`recipecache.torch_integration.compat`).
+
+    A hook left off is a warning, not a failure: training runs, without what it gives.
+    """
+    from ..torch_integration.compat import CHECKED_RELEASES, states
+
+    checks = []
+    for state in states():
+        hook = state.hook
+        if state.on:
+            checks.append(HealthCheck("hook", PASS, f"{hook.name} on ({state.why}): {hook.purpose}"))
+        else:
+            checks.append(HealthCheck("hook", WARN, f"{hook.name} off ({state.why}); lost: {hook.purpose}",
+                                      f"use a torch release recipecache was checked on ({', '.join(CHECKED_RELEASES)})"))
     return checks
 
 

@@ -88,21 +88,31 @@ def enable(
         metrics = Metrics(store,
                           metrics_path(template, process_rank()),
                           flush=env.flag(env.METRICS_FLUSH))
+        want_tier = precompile if precompile is not None else env.flag(env.PRECOMPILE)
         try:
-            from . import _hooks
+            import torch
 
-            integration = _hooks.attach(store, metrics, wait_timeout)
+            from . import _hooks, compat
+
+            hooks = compat.states()
+            on = {state.hook.name for state in hooks if state.on}
+            integration = _hooks.attach(store, metrics, wait_timeout, on)
         except (ImportError, AttributeError) as exc:
-            # a torch without the hook points this integration was written against
+            # a torch that lacks even what the hooks module imports
             metrics.fallback(Reason.TORCH_INTERNALS, f"cannot hook this torch ({exc!r}); it compiles without the cache")
         else:
             _session.hooked = True
-        if _session.hooked and (precompile if precompile is not None else env.flag(env.PRECOMPILE)):
+            left_off, message = compat.warning(hooks, torch.__version__, skip=() if want_tier else ("precompiled",))
+            if left_off:
+                metrics.fallback(Reason.TORCH_INTERNALS, message)
+            elif message:
+                log.warning("recipecache: %s", message)
+        if _session.hooked and want_tier and "precompiled" in on:
             try:
                 from . import precompile as tier
 
                 _session.tier = tier.attach(store, metrics, wait_timeout, integration.cpu_key)
-            except (ImportError, AttributeError) as exc:
+            except (ImportError, AttributeError) as exc:  # beyond what compat checks
                 metrics.fallback(Reason.TORCH_INTERNALS, f"no precompiled tier on this torch ({exc!r})")
         _session.store, _session.metrics, _session.next_step = store, metrics, 0
         if not _session.exit_hook:

@@ -1,4 +1,4 @@
-"""The torch 2.13 side: where recipecache plugs into torch.compile, and how it unplugs.
+"""The torch side (2.13, 2.14): where recipecache plugs into torch.compile, and how it unplugs.
 
 Line numbers and the reasons behind each hook are in docs/torch-integration-notes.md.
 In short:
@@ -37,6 +37,8 @@ In short:
 
 Every hook runs the original torch code first or around it and swallows its own
 failures (counted as fallback ``hook_error``): the cache may fail, training may not.
+Which hooks are installed is :mod:`.compat`'s call: those whose torch interface is there
+(the patch table below is grouped by its hook names).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import pickle
 import platform
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,7 +69,7 @@ from ..runs.keyinfo import KeyLog
 from ..reasons import Reason
 from ..store import Flight, Store
 from . import describe, host_cpu, pgo
-from .artifact import Artifact, ArtifactError, Entry, collect, install, torch_pickle
+from .artifact import PROBE_LOADED, Artifact, ArtifactError, Entry, collect, install, torch_pickle
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -146,6 +148,8 @@ class Integration:
         #: precompiled headers being built (or built) in the background, by their arguments
         self._warm_headers: set[tuple[Any, ...]] = set()
         self._originals: list[tuple[Any, str, Any]] = []
+        #: the hooks installed (:data:`.compat.HOOKS` whose interface this torch has)
+        self.on: frozenset[str] = frozenset()
         self.keys = KeyLog.beside(store.events)
 
     def guarded(self, fn: Callable[..., R], *args: Any) -> R | None:
@@ -572,8 +576,11 @@ class Integration:
 
         Through ``flight`` even when none was built: its waiters then take that answer and
         probe at once, all together, rather than one after the other as each takes the lease.
+        With each library goes torch's marker that its dlopen probe loaded it, where torch
+        (>= 2.14) wrote one: a library without it is probed again (a Python subprocess per
+        ISA, ~0.15 s each) by every fresh process, which a warm local cache never pays.
         """
-        files, _missing = collect(libraries, Path(cache_dir()))
+        files, _missing = collect([f for lib in libraries for f in (lib, lib + PROBE_LOADED)], Path(cache_dir()))
         if files or flight is not None:
             self._put("isa", key, Artifact.single("isa", b"", files).pack(), flight)
             self.metrics.kernels(shipped=len(files))
@@ -587,17 +594,22 @@ class Integration:
         self.publish_probe(self.isa_key(), paths)
 
     # -- install / uninstall ---------------------------------------------------------
-    def patches(self) -> list[tuple[Any, str, Any]]:
-        """(owner, attribute, new value) for everything enable() changes in torch."""
-        original_write = codecache.write
-        original_check_build = VecISA.check_build
-        original_codegen = compile_fx.fx_codegen_and_compile
-        original_inner = compile_fx._compile_fx_inner
-        original_iterate = codecache.FxGraphCache.iterate_over_candidates.__func__
-        remote_key = remote_cache.RemoteFxGraphCache._get_key  # how torch names a graph in a remote cache
-        original_hash = codecache.compiled_fx_graph_hash
-        original_precompile_header = codecache._precompile_header
-        original_valid_isas = cpu_vec_isa.valid_vec_isa_list
+    def patches(self, on: Collection[str]) -> list[tuple[Any, str, Any]]:
+        """(owner, attribute, new value) for everything enable() changes in torch, for the hooks ``on``.
+
+        ``on``: names of :data:`.compat.HOOKS` whose interface this torch has. The originals
+        of the others may be missing (None here); their wrappers are never installed.
+        """
+        original_write = getattr(codecache, "write", None)
+        original_check_build = getattr(VecISA, "check_build", None)
+        original_codegen = getattr(compile_fx, "fx_codegen_and_compile", None)
+        original_inner = getattr(compile_fx, "_compile_fx_inner", None)
+        original_iterate = getattr(getattr(codecache.FxGraphCache, "iterate_over_candidates", None), "__func__", None)
+        # how torch names a graph in a remote cache
+        remote_key = getattr(remote_cache.RemoteFxGraphCache, "_get_key", None)
+        original_hash = getattr(codecache, "compiled_fx_graph_hash", None)
+        original_precompile_header = getattr(codecache, "_precompile_header", None)
+        original_valid_isas = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
 
         def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
             result = original_write(content, extension, *args, **kwargs)
@@ -647,45 +659,61 @@ class Integration:
             if ours:
                 yield from self.fx_candidates(remote_key(remote, key))
 
-        out: list[tuple[Any, str, Any]] = [
-            (inductor_config, "fx_graph_remote_cache", True),
-            (functorch_config, "enable_remote_autograd_cache", True),
-            (dynamo_config, "automatic_dynamic_remote_pgo", True),
-            # a GPU kernel's runtime autotuning result: a fresh node loads it instead of benchmarking
-            # every config again at its first call (its FX hit ships the kernels, not their choice)
-            (inductor_config, "autotune_remote_cache", True),
-            # part of the FX key, so it must be equal on every rank: torch's default, whose
-            # precompiled header makes every cold kernel's g++ fast (a hit skips the header)
-            (inductor_config, "cpp_cache_precompile_headers", True),
-            (remote_cache.RemoteFxGraphCache, "backend_override_cls", FxBackend),
-            (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
-            (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
-            (remote_cache.RemoteAutotuneCache, "backend_override_cls", AutotuneBackend),
-            (codecache, "write", write),
-            (codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash),
-            (codecache, "_precompile_header", _precompile_header),
-            (VecISA, "check_build", check_build),
-            (cpu_vec_isa, "valid_vec_isa_list", valid_vec_isa_list),
-            (compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile),
-            (compile_fx, "_compile_fx_inner", _compile_fx_inner),
-            # torch reads one remote entry per graph key; this offers its guards every stored variant
-            (codecache.FxGraphCache, "iterate_over_candidates", classmethod(iterate_over_candidates)),
-        ]
-        if torch.compiler.config.job_id is None:
-            out.append((torch.compiler.config, "job_id", JOB_ID))
-        return out
+        table: dict[str, list[tuple[Any, str, Any]]] = {
+            "compile_scope": [(compile_fx, "_compile_fx_inner", _compile_fx_inner)],
+            "graphs": [
+                (inductor_config, "fx_graph_remote_cache", True),
+                (remote_cache.RemoteFxGraphCache, "backend_override_cls", FxBackend),
+                # torch reads one remote entry per graph key; this offers its guards every stored variant
+                (codecache.FxGraphCache, "iterate_over_candidates", classmethod(iterate_over_candidates)),
+            ],
+            "autograd": [
+                (functorch_config, "enable_remote_autograd_cache", True),
+                (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
+            ],
+            "pgo": [
+                (dynamo_config, "automatic_dynamic_remote_pgo", True),
+                (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
+                *([(torch.compiler.config, "job_id", JOB_ID)]
+                  if "pgo" in on and torch.compiler.config.job_id is None else []),
+            ],
+            "kernels": [(codecache, "write", write)],
+            "precompiled_header": [
+                # part of the FX key, so it must be equal on every rank: torch's default, whose
+                # precompiled header makes every cold kernel's g++ fast (a hit skips the header)
+                (inductor_config, "cpp_cache_precompile_headers", True),
+                (codecache, "_precompile_header", _precompile_header),
+            ],
+            "cpu_probes": [
+                (VecISA, "check_build", check_build),
+                (cpu_vec_isa, "valid_vec_isa_list", valid_vec_isa_list),
+            ],
+            "autotune": [
+                # a GPU kernel's runtime autotuning result: a fresh node loads it instead of benchmarking
+                # every config again at its first call (its FX hit ships the kernels, not their choice)
+                (inductor_config, "autotune_remote_cache", True),
+                (remote_cache.RemoteAutotuneCache, "backend_override_cls", AutotuneBackend),
+            ],
+            "compile_count": [(compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile)],
+            "key_records": [(codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash)],
+        }
+        return [patch for name, patches in table.items() if name in on for patch in patches]
 
-    def install(self) -> None:
-        patches = self.patches()  # resolves every torch attribute before anything changes
+    def install(self, on: Collection[str]) -> None:
+        """Install the hooks named in ``on`` (those whose interface this torch has, :func:`.compat.states`)."""
+        self.on = frozenset(on)
+        patches = self.patches(self.on)  # resolves every torch attribute before anything changes
         for owner, name, value in patches:
             # a class's own attribute as stored (a classmethod stays one); an inherited one is deleted again
             original = vars(owner).get(name, _INHERITED) if isinstance(owner, type) else getattr(owner, name)
             self._originals.append((owner, name, original))
             setattr(owner, name, value)
-        # functools.cache'd: it may hold a backend (or None) from before the override
-        AOTAutogradCache.get_remote_cache.cache_clear()
+        if "autograd" in self.on:
+            # functools.cache'd: it may hold a backend (or None) from before the override
+            AOTAutogradCache.get_remote_cache.cache_clear()
         self.metrics.local_hits_source = describe.local_hits
-        self.guarded(self.install_isa_probe)
+        if "cpu_probes" in self.on:
+            self.guarded(self.install_isa_probe)
 
     def uninstall(self) -> None:
         self.end_attempt()
@@ -696,7 +724,8 @@ class Integration:
             else:
                 setattr(owner, name, value)
         self._originals.clear()
-        AOTAutogradCache.get_remote_cache.cache_clear()
+        if "autograd" in self.on:
+            AOTAutogradCache.get_remote_cache.cache_clear()
         self.keys.close()
 
 
@@ -753,13 +782,13 @@ class AutotuneBackend(_StoreBackend):
     kind = "autotune"
 
 
-def attach(store: Store, metrics: Metrics, wait_timeout: float | None) -> Integration:
-    """Hook torch up to the stores; raises AttributeError (nothing changed) if this torch lacks a hook point."""
+def attach(store: Store, metrics: Metrics, wait_timeout: float | None, on: Collection[str]) -> Integration:
+    """Hook torch up to the stores with the hooks ``on`` (see :mod:`.compat`); nothing changed if it raises."""
     global _active
     integration = Integration(store, metrics, wait_timeout)
     _active = integration
     try:
-        integration.install()
+        integration.install(on)
     except BaseException:
         _active = None
         integration.uninstall()

@@ -56,8 +56,11 @@ FORMAT = "recipecache-torch/3"
 KINDS = ("fx", "aot", "pgo", "isa", "autotune")
 #: guard variants an FX artifact keeps per key (the newest)
 MAX_VARIANTS = 8
-#: the only kernel paths torch writes under its cache dir: ``<2 chars>/<hash>[.main].so``
-KERNEL_PATH = re.compile(r"^[a-z0-9]{2}/[a-z0-9]+(\.main)?\.so\Z")
+#: the only kernel paths torch writes under its cache dir: ``<2 chars>/<hash>[.main].so``, and the
+#: empty :data:`PROBE_LOADED` marker torch >= 2.14 leaves beside a CPU-probe library it loaded
+KERNEL_PATH = re.compile(r"^[a-z0-9]{2}/[a-z0-9]+(\.main)?\.so(\.load_ok)?\Z")
+#: suffix of torch's "this probe library loaded" marker (cpu_vec_isa.VecISA.check_build, torch >= 2.14)
+PROBE_LOADED = ".load_ok"
 _ENTRY_FIELDS = {"data", "compile_s", "kernels", "guards"}
 
 

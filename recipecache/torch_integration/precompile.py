@@ -148,7 +148,22 @@ class CompileSettings:
             "inductor_config": portable(inductor_config),
             "functorch_config": portable(functorch_config),
             "threads": str(torch.get_num_threads()),
+            # what AOTInductor generates for devices and process groups depends on it (torch 2.14 puts
+            # it in its own graph keys, not in these configs); only when on, so default keys stay put
+            **({"compile_on_one_rank": "on"} if compile_on_one_rank() else {}),
         }
+
+
+def compile_on_one_rank() -> bool:
+    """torch's compile-on-one-rank flag: ``torch.compiler.config``'s from 2.14 (``torch.distributed.config``'s
+    is then a deprecated alias of it), ``torch.distributed.config``'s in 2.13."""
+    import torch.compiler.config as compiler_config
+
+    if hasattr(compiler_config, "compile_on_one_rank"):
+        return bool(compiler_config.compile_on_one_rank)
+    import torch.distributed.config as distributed_config
+
+    return bool(getattr(distributed_config, "compile_on_one_rank", False))
 
 
 def stable_repr(value: Any) -> str:

@@ -1,0 +1,195 @@
+"""Which of the integration's hooks fit the installed torch, and why.
+
+The hooks (:mod:`._hooks`, :mod:`.precompile`) patch and call torch's private internals,
+which change between releases without notice. Each hook names the releases it was
+checked on (read against their sources and run by the test suite) and the interface it
+relies on: the attributes it patches or calls, and the leading parameters of the
+functions it wraps (its wrapper passes them on and reads some). On any release whose
+interface still matches, the hook is installed; one whose interface is missing or
+changed is left off, so an older or newer torch gets what fits instead of an error or a
+stream of ``hook_error`` fallbacks. ``enable()`` says in one warning which hooks it left
+off (:func:`warning`); ``recipecache doctor`` lists every hook (:func:`states`).
+
+An interface check cannot see a changed behaviour behind an unchanged signature (torch
+2.14 began skipping its CPU probe for a library beside a ``.load_ok`` marker, which the
+probe artifact then had to carry): a release not in :data:`CHECKED_RELEASES` runs with the
+hooks that fit, and is named as unchecked in the warning.
+
+This module imports torch only in :func:`states`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+#: torch releases (major.minor) every hook below was checked on
+CHECKED_RELEASES = ("2.13", "2.14")
+#: stands for "accepts any keyword arguments" among an interface's parameters
+KEYWORDS = "**"
+
+
+@dataclass(frozen=True)
+class Interface:
+    """One torch attribute a hook relies on, and the leading parameters its code passes or reads."""
+
+    module: str
+    #: dotted path under ``module``
+    attribute: str
+    #: leading parameter names (``self``/``cls`` left out), :data:`KEYWORDS` for ``**kwargs``; None: any
+    parameters: tuple[str, ...] | None = None
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.attribute}"
+
+    def problem(self) -> str | None:
+        """Why this torch does not offer the interface, or None if it does."""
+        try:
+            found: Any = importlib.import_module(self.module)
+        except ImportError:
+            return f"{self.module} does not exist"
+        for part in self.attribute.split("."):
+            if not hasattr(found, part):
+                return f"{self} does not exist"
+            found = getattr(found, part)
+        if self.parameters is None:
+            return None
+        try:
+            signature = inspect.signature(found)
+        except (TypeError, ValueError):
+            return f"{self} has no readable signature"
+        params = [p for p in signature.parameters.values() if p.name not in ("self", "cls")]
+        names = [KEYWORDS if p.kind is p.VAR_KEYWORD else p.name for p in params]
+        wanted = [n for n in self.parameters if n != KEYWORDS]
+        if names[: len(wanted)] != wanted or (KEYWORDS in self.parameters and KEYWORDS not in names):
+            return f"{self} takes ({', '.join(names)}), the hook needs ({', '.join(self.parameters)})"
+        return None
+
+
+def _i(module: str, attribute: str, *parameters: str) -> Interface:
+    return Interface(f"torch.{module}", attribute, parameters or None)
+
+
+@dataclass(frozen=True)
+class Hook:
+    name: str
+    #: what the user loses without it
+    purpose: str
+    interface: tuple[Interface, ...]
+    #: hooks this one needs to be of any use (or to be safe)
+    requires: tuple[str, ...] = ()
+    checked_on: tuple[str, ...] = CHECKED_RELEASES
+
+
+#: every hook, in the order they are installed and listed
+HOOKS: tuple[Hook, ...] = (
+    Hook("compile_scope", "a lease whose compile raised is freed when that compile ends, not at its TTL",
+         (_i("_inductor.compile_fx", "_compile_fx_inner", "gm", "example_inputs"),)),
+    Hook("graphs", "compiled graphs (FX entries with their kernels) from and to the store, one compile per graph",
+         (_i("_inductor.config", "fx_graph_remote_cache"),
+          _i("_inductor.remote_cache", "RemoteFxGraphCache.backend_override_cls"),
+          _i("_inductor.remote_cache", "RemoteFxGraphCache._get_key", "key"),
+          _i("_inductor.remote_cache", "RemoteCacheBackend._get", "key"),
+          _i("_inductor.remote_cache", "RemoteCacheBackend._put", "key", "data"),
+          _i("_inductor.codecache", "FxGraphCache.iterate_over_candidates", "local", "remote_cache", "key")),
+         requires=("compile_scope",)),
+    Hook("autograd", "AOTAutograd entries from and to the store",
+         (_i("_functorch.config", "enable_remote_autograd_cache"),
+          _i("_inductor.remote_cache", "RemoteAOTAutogradCache.backend_override_cls"),
+          _i("_functorch._aot_autograd.autograd_cache", "AOTAutogradCache.get_remote_cache.cache_clear"))),
+    Hook("pgo", "automatic-dynamic decisions (PGO) shared by every rank",
+         (_i("_dynamo.config", "automatic_dynamic_remote_pgo"),
+          _i("_inductor.remote_cache", "RemoteDynamoPGOCache.backend_override_cls"),
+          _i("compiler.config", "job_id"))),
+    Hook("kernels", "a graph's compiled kernels travel with it (without: a hit runs the compiler)",
+         (_i("_inductor.codecache", "write", "content", "extension"),
+          _i("_inductor.runtime.runtime_utils", "cache_dir"))),
+    Hook("precompiled_header", "torch's precompiled header stays on (it is in the key) and a hit skips building it",
+         (_i("_inductor.config", "cpp_cache_precompile_headers"),
+          _i("_inductor.codecache", "_precompile_header", "header", "hashable_cmd_line", KEYWORDS)),
+         requires=("kernels",)),
+    Hook("cpu_probes", "torch's CPU-feature probe libraries come from the store, and ranks share the probing",
+         (_i("_inductor.cpu_vec_isa", "VecISA.check_build", "code"),
+          _i("_inductor.cpu_vec_isa", "VecISA.build_arch_flags"),
+          _i("_inductor.cpu_vec_isa", "valid_vec_isa_list"),
+          _i("_inductor.cpu_vec_isa", "x86_isa_checker"),
+          _i("_inductor.cpu_vec_isa", "supported_vec_isa_list"),
+          _i("_inductor.cpp_builder", "get_compiler_version_info"),
+          _i("_inductor.cpp_builder", "get_cpp_compiler")),
+         requires=("kernels",)),
+    Hook("autotune", "GPU kernels' runtime autotuning results (launch configs, JSON) from and to the store",
+         (_i("_inductor.config", "autotune_remote_cache"),
+          _i("_inductor.remote_cache", "RemoteAutotuneCache.backend_override_cls"))),
+    Hook("compile_count", "graphs compiled here are counted and timed (metrics, the report's compile seconds)",
+         (_i("_inductor.compile_fx", "fx_codegen_and_compile", "gm", "example_inputs"),)),
+    Hook("key_records", "what each graph key is made of, for recipecache explain, and graph names in the report",
+         (_i("_inductor.codecache", "compiled_fx_graph_hash", "gm", "example_inputs", "fx_kwargs"),)),
+    Hook("precompiled", "the precompiled tier (enable(precompile=True)): fresh ranks load whole compiled functions",
+         (_i("_dynamo.aot_compile", "aot_compile_fullgraph"),
+          _i("_dynamo.aot_compile", "AOTCompiledFunction.serialize"),
+          _i("_dynamo.aot_compile", "AOTCompiledFunction.deserialize"),
+          _i("_dynamo.convert_frame", "get_traced_fn"),
+          _i("_dynamo.hooks", "Hooks"),
+          _i("_dynamo.eval_frame", "OptimizedModule"),
+          _i("_dynamo.symbolic_convert", "InliningInstructionTranslator.inline_call_"),
+          _i("_inductor.output_code", "CompiledAOTI"),
+          Interface("torch", "_TorchCompileAOTInductorWrapper")),
+         requires=("graphs",)),
+)
+
+
+@dataclass(frozen=True)
+class HookState:
+    hook: Hook
+    on: bool
+    #: why it is on or off, one phrase
+    why: str
+
+
+def release(version: str) -> str:
+    """``2.14`` for ``2.14.1+cu130``: the part of a version whose internals a hook was checked against."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def states(version: str | None = None) -> list[HookState]:
+    """Every hook, on or off on the installed torch (``version``: torch's, unless a test says otherwise)."""
+    if version is None:
+        import torch
+
+        version = torch.__version__
+    ours = release(version)
+    result: dict[str, HookState] = {}
+    for hook in HOOKS:
+        problem = next((p for p in (i.problem() for i in hook.interface) if p is not None), None)
+        off = [name for name in hook.requires if not result[name].on]
+        if problem is not None:
+            result[hook.name] = HookState(hook, False, problem)
+        elif off:
+            result[hook.name] = HookState(hook, False, f"needs {', '.join(off)}, which is off")
+        elif ours in hook.checked_on:
+            result[hook.name] = HookState(hook, True, f"checked on torch {ours}")
+        else:
+            result[hook.name] = HookState(hook, True, f"interface matches; not checked on torch {ours} "
+                                                      f"(checked: {', '.join(hook.checked_on)})")
+    return list(result.values())
+
+
+def warning(found: Iterable[HookState], version: str, *, skip: Iterable[str] = ()) -> tuple[bool, str]:
+    """The one warning ``enable()`` gives about this torch: (some hook was left off, message; "" for none).
+
+    ``skip``: hooks not asked for (the precompiled tier without ``precompile=True``).
+    """
+    found = [s for s in found if s.hook.name not in set(skip)]
+    off = [s for s in found if not s.on]
+    unchecked = any(release(version) not in s.hook.checked_on for s in found)
+    if not off and not unchecked:
+        return False, ""
+    head = (f"torch {version} is not a release these hooks were checked on ({', '.join(CHECKED_RELEASES)})"
+            if unchecked else f"torch {version}")
+    if not off:
+        return False, f"{head}; every hook's interface matches, all are on"
+    left = "; ".join(f"{s.hook.name} ({s.why})" for s in off)
+    return True, f"{head}; hooks left off: {left}; the rest are on"
