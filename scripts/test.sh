@@ -5,14 +5,16 @@
 #      Debian's redis-server if it is missing (the tests start their own redis-server processes
 #      on 127.0.0.1);
 #   2. the tests marked torch or multirank (the ones that run torch's internals) again on
-#      torch 2.14.1, in a second environment: .venv-torch2.14 in the repository (gitignored),
-#      created on the first run and reused after (a CI cache may keep it).
+#      torch 2.14.1, in a second environment ($RECIPECACHE_TEST_VENV, default
+#      ~/.cache/recipecache/venv-torch2.14): created on the first run and reused by later runs
+#      and fresh clones on the same machine (its ~5.5 GB install takes minutes), with this
+#      checkout installed into it (editable) each time.
 # Both runs must pass: any pytest failure, including exit 5 (nothing collected), fails the
 # command. Arguments go to both pytest runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 second_torch=2.14.1
-venv=.venv-torch2.14
+venv=${RECIPECACHE_TEST_VENV:-$HOME/.cache/recipecache/venv-torch2.14}
 
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e '.[test]'
@@ -22,6 +24,7 @@ if ! command -v redis-server >/dev/null 2>&1; then
   apt-get install -y -q redis-server
 fi
 if [ ! -x "$venv/bin/python" ]; then
+  mkdir -p "$(dirname "$venv")"
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q "torch==$second_torch"
