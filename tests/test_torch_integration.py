@@ -855,7 +855,7 @@ def test_on_an_unchecked_release_the_hooks_that_fit_are_on_and_one_warning_names
         assert "graphs" not in warned[0].split("left off:")[1]
         assert torch_integration.metrics()["fallbacks"] == {"torch_internals": 1}
         assert codecache.write is not original_write and compile_fx._compile_fx_inner.__module__ == \
-            "recipecache.torch_integration._hooks", "the hooks whose interface fits are on"
+            "recipecache.torch_integration.patches", "the hooks whose interface fits are on"
         assert inductor_config.fx_graph_remote_cache is True
         assert VecISA.check_build is changed_check_build
     finally:

@@ -92,11 +92,11 @@ def enable(
         try:
             import torch
 
-            from . import _hooks, compat
+            from . import compat, patches
 
             hooks = compat.states()
             on = {state.hook.name for state in hooks if state.on}
-            integration = _hooks.attach(store, metrics, wait_timeout, on)
+            integration = patches.attach(store, metrics, wait_timeout, on)
         except (ImportError, AttributeError) as exc:
             # a torch that lacks even what the hooks module imports
             metrics.fallback(Reason.TORCH_INTERNALS, f"cannot hook this torch ({exc!r}); it compiles without the cache")
@@ -129,9 +129,9 @@ def disable() -> None:
             _session.tier.uninstall()
             _session.tier = None
         if _session.hooked:
-            from . import _hooks
+            from . import patches
 
-            _hooks.detach()
+            patches.detach()
             _session.hooked = False
         if _session.metrics is not None:
             _session.metrics.write()
@@ -171,8 +171,8 @@ def mark_step(step: int | None = None) -> None:
 
 def _at_exit() -> None:
     if _session.hooked:
-        from . import _hooks
+        from . import patches
 
-        _hooks.release_leases()
+        patches.release_leases()
     if _session.metrics is not None:
         _session.metrics.write(if_changed=True)  # unchanged since the script returned: the file is right

@@ -37,8 +37,8 @@ In short:
 
 Every hook runs the original torch code first or around it and swallows its own
 failures (counted as fallback ``hook_error``): the cache may fail, training may not.
-Which hooks are installed is :mod:`.compat`'s call: those whose torch interface is there
-(the patch table below is grouped by its hook names).
+Which hooks are installed is :mod:`.compat`'s call: those whose torch interface is there;
+the patch table that installs them, and the backend classes torch builds, are :mod:`.patches`.
 """
 
 from __future__ import annotations
@@ -49,17 +49,12 @@ import logging
 import pickle
 import platform
 import threading
-import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-import torch._dynamo.config as dynamo_config
-import torch._functorch.config as functorch_config
-import torch._inductor.config as inductor_config
-from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
-from torch._inductor import codecache, compile_fx, cpu_vec_isa, remote_cache
+from torch._inductor import cpu_vec_isa
 from torch._inductor.cpu_vec_isa import VecISA
 from torch._inductor.runtime.runtime_utils import cache_dir
 
@@ -79,21 +74,14 @@ KEY_PREFIX = "torch3:"
 #: how many times one graph lookup waits for another process's new guard variant before
 #: compiling its own without a lease (each wait needs the key to have changed meanwhile)
 VARIANT_WAITS = 4
-#: job id enable() gives torch when none is set (PGO does nothing without one)
-JOB_ID = "recipecache"
 #: what ``recipecache ls`` calls each artifact kind (the ``kind`` of its envelope meta)
 KIND_NAMES = {"fx": "graph", "aot": "aot", "pgo": "pgo", "isa": "cpu_probe", "autotune": "autotune"}
 
 R = TypeVar("R")
-#: stands for "the class had no attribute of its own" among the originals install() saves
-_INHERITED = object()
 
 #: what torch writes between a kernel's source and its header build (the optional
 #: optimized source, the header stub itself): still the same kernel
 _SAME_KERNEL_WRITES = frozenset({"optimized.cpp", "h"})
-
-_active: Integration | None = None
-
 
 class _Attempt(threading.local):
     """This thread's current FX graph, from torch's remote lookup to its put or the end of its compile."""
@@ -147,7 +135,6 @@ class Integration:
         self._followed = False
         #: precompiled headers being built (or built) in the background, by their arguments
         self._warm_headers: set[tuple[Any, ...]] = set()
-        self._originals: list[tuple[Any, str, Any]] = []
         #: the hooks installed (:data:`.compat.HOOKS` whose interface this torch has)
         self.on: frozenset[str] = frozenset()
         self.keys = KeyLog.beside(store.events)
@@ -593,139 +580,10 @@ class Integration:
             paths = set(self._isa_files)
         self.publish_probe(self.isa_key(), paths)
 
-    # -- install / uninstall ---------------------------------------------------------
-    def patches(self, on: Collection[str]) -> list[tuple[Any, str, Any]]:
-        """(owner, attribute, new value) for everything enable() changes in torch, for the hooks ``on``.
-
-        ``on``: names of :data:`.compat.HOOKS` whose interface this torch has. The originals
-        of the others may be missing (None here); their wrappers are never installed.
-        """
-        original_write = getattr(codecache, "write", None)
-        original_check_build = getattr(VecISA, "check_build", None)
-        original_codegen = getattr(compile_fx, "fx_codegen_and_compile", None)
-        original_inner = getattr(compile_fx, "_compile_fx_inner", None)
-        original_iterate = getattr(getattr(codecache.FxGraphCache, "iterate_over_candidates", None), "__func__", None)
-        # how torch names a graph in a remote cache
-        remote_key = getattr(remote_cache.RemoteFxGraphCache, "_get_key", None)
-        original_hash = getattr(codecache, "compiled_fx_graph_hash", None)
-        original_precompile_header = getattr(codecache, "_precompile_header", None)
-        original_valid_isas = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
-
-        def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
-            result = original_write(content, extension, *args, **kwargs)
-            self.guarded(self.record_write, extension, result[1])
-            return result
-
-        def check_build(isa: VecISA, code: str) -> bool:
-            self.guarded(self.install_isa_probe)
-            return self.probe(original_check_build, isa, code)
-
-        def valid_vec_isa_list() -> list[VecISA]:
-            self.guarded(self.probe_cpu_in_rank_order)
-            return original_valid_isas()
-
-        def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
-            if self.guarded(self.kernel_is_built):
-                # nothing is compiled against it: torch loads the library as it is. Should a
-                # build happen after all, -include of the plain header is still correct.
-                self.guarded(self.warm_header,
-                             lambda: original_precompile_header(header, hashable_cmd_line, **compile_command),
-                             (header, hashable_cmd_line, frozenset(compile_command.items())))
-                return header
-            return original_precompile_header(header, hashable_cmd_line, **compile_command)
-
-        def fx_codegen_and_compile(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return original_codegen(*args, **kwargs)
-            finally:
-                self.guarded(self.compiled, time.perf_counter() - start)
-
-        def compiled_fx_graph_hash(*args: Any, **kwargs: Any) -> tuple[str, list[str]]:
-            key, details = original_hash(*args, **kwargs)
-            self.guarded(self.describe_key, key, details, args, kwargs)
-            return key, details
-
-        def _compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
-            self.guarded(self.end_attempt)
-            try:
-                return original_inner(*args, **kwargs)
-            finally:
-                self.guarded(self.end_attempt)
-
-        def iterate_over_candidates(cls: type, local: bool, remote: Any, key: str) -> Iterator[tuple[Any, bytes, bool]]:
-            ours = remote is not None and isinstance(remote.backend, FxBackend)
-            yield from original_iterate(cls, local, None if ours else remote, key)  # local candidates first
-            if ours:
-                yield from self.fx_candidates(remote_key(remote, key))
-
-        table: dict[str, list[tuple[Any, str, Any]]] = {
-            "compile_scope": [(compile_fx, "_compile_fx_inner", _compile_fx_inner)],
-            "graphs": [
-                (inductor_config, "fx_graph_remote_cache", True),
-                (remote_cache.RemoteFxGraphCache, "backend_override_cls", FxBackend),
-                # torch reads one remote entry per graph key; this offers its guards every stored variant
-                (codecache.FxGraphCache, "iterate_over_candidates", classmethod(iterate_over_candidates)),
-            ],
-            "autograd": [
-                (functorch_config, "enable_remote_autograd_cache", True),
-                (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
-            ],
-            "pgo": [
-                (dynamo_config, "automatic_dynamic_remote_pgo", True),
-                (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
-                *([(torch.compiler.config, "job_id", JOB_ID)]
-                  if "pgo" in on and torch.compiler.config.job_id is None else []),
-            ],
-            "kernels": [(codecache, "write", write)],
-            "precompiled_header": [
-                # part of the FX key, so it must be equal on every rank: torch's default, whose
-                # precompiled header makes every cold kernel's g++ fast (a hit skips the header)
-                (inductor_config, "cpp_cache_precompile_headers", True),
-                (codecache, "_precompile_header", _precompile_header),
-            ],
-            "cpu_probes": [
-                (VecISA, "check_build", check_build),
-                (cpu_vec_isa, "valid_vec_isa_list", valid_vec_isa_list),
-            ],
-            "autotune": [
-                # a GPU kernel's runtime autotuning result: a fresh node loads it instead of benchmarking
-                # every config again at its first call (its FX hit ships the kernels, not their choice)
-                (inductor_config, "autotune_remote_cache", True),
-                (remote_cache.RemoteAutotuneCache, "backend_override_cls", AutotuneBackend),
-            ],
-            "compile_count": [(compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile)],
-            "key_records": [(codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash)],
-        }
-        return [patch for name, patches in table.items() if name in on for patch in patches]
-
-    def install(self, on: Collection[str]) -> None:
-        """Install the hooks named in ``on`` (those whose interface this torch has, :func:`.compat.states`)."""
-        self.on = frozenset(on)
-        patches = self.patches(self.on)  # resolves every torch attribute before anything changes
-        for owner, name, value in patches:
-            # a class's own attribute as stored (a classmethod stays one); an inherited one is deleted again
-            original = vars(owner).get(name, _INHERITED) if isinstance(owner, type) else getattr(owner, name)
-            self._originals.append((owner, name, original))
-            setattr(owner, name, value)
-        if "autograd" in self.on:
-            # functools.cache'd: it may hold a backend (or None) from before the override
-            AOTAutogradCache.get_remote_cache.cache_clear()
-        self.metrics.local_hits_source = describe.local_hits
-        if "cpu_probes" in self.on:
-            self.guarded(self.install_isa_probe)
-
-    def uninstall(self) -> None:
+    def close(self) -> None:
+        """Free every lease and this thread's attempt, close the key log: the hooks are off (disable, a failed enable)."""
         self.end_attempt()
         self.release_all()
-        for owner, name, value in reversed(self._originals):
-            if value is _INHERITED:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
-        self._originals.clear()
-        if "autograd" in self.on:
-            AOTAutogradCache.get_remote_cache.cache_clear()
         self.keys.close()
 
 
@@ -742,68 +600,3 @@ def _guards_of(entry: bytes) -> str | None:
         log.debug("recipecache: cannot read the guards of a graph being published", exc_info=True)
         return None
     return "" if guards is None else guards if isinstance(guards, str) else None
-
-
-class _StoreBackend(remote_cache.RemoteCacheBackend[bytes]):
-    """What torch's RemoteCache calls. torch builds these itself, so they hold no state."""
-
-    kind = ""
-
-    def _get(self, key: str) -> bytes | None:
-        integration = _active
-        if integration is None:
-            return None
-        return integration.guarded(getattr(integration, f"{self.kind}_get"), key)
-
-    def _put(self, key: str, data: bytes) -> None:
-        integration = _active
-        if integration is not None:
-            integration.guarded(getattr(integration, f"{self.kind}_put"), key, data)
-
-
-class FxBackend(_StoreBackend):
-    """Publishes graphs; lookups go through :meth:`Integration.fx_candidates`, so torch's guards see every variant."""
-
-    kind = "fx"
-
-    def _get(self, key: str) -> bytes | None:
-        return None
-
-
-class AotBackend(_StoreBackend):
-    kind = "aot"
-
-
-class PgoBackend(_StoreBackend):
-    kind = "pgo"
-
-
-class AutotuneBackend(_StoreBackend):
-    kind = "autotune"
-
-
-def attach(store: Store, metrics: Metrics, wait_timeout: float | None, on: Collection[str]) -> Integration:
-    """Hook torch up to the stores with the hooks ``on`` (see :mod:`.compat`); nothing changed if it raises."""
-    global _active
-    integration = Integration(store, metrics, wait_timeout)
-    _active = integration
-    try:
-        integration.install(on)
-    except BaseException:
-        _active = None
-        integration.uninstall()
-        raise
-    return integration
-
-
-def detach() -> None:
-    global _active
-    if _active is not None:
-        integration, _active = _active, None
-        integration.uninstall()
-
-
-def release_leases() -> None:
-    """Free the leases of compiles still running at interpreter exit, so waiters need not wait for the TTL."""
-    if _active is not None:
-        _active.release_all()
