@@ -368,7 +368,7 @@ def test_code_digests_follow_the_code_this_process_runs_not_the_file(tmp_path: P
 def test_keys_leave_dynamic_sizes_to_the_guards() -> None:
     import torch
 
-    from recipecache.torch_integration.precompile import key_signature, signature, stable_repr
+    from recipecache.torch_integration.precompile_keys import key_signature, signature, stable_repr
 
     x = torch.zeros(8, 3)
     torch._dynamo.mark_dynamic(x, 0)
@@ -447,7 +447,8 @@ def test_calls_off_the_cpu_run_on_the_normal_path_counted() -> None:
     import torch
 
     from recipecache import torch_integration
-    from recipecache.torch_integration.precompile import Fallback, signature, unchecked_devices
+    from recipecache.torch_integration.precompile import Fallback, unchecked_devices
+    from recipecache.torch_integration.precompile_keys import signature
 
     torch_integration.enable("memory://", namespace=NAMESPACE, precompile=True)
     try:
@@ -474,7 +475,7 @@ def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.Monke
 
     from recipecache import env, torch_integration
     from recipecache.torch_integration import _hooks
-    from recipecache.torch_integration.precompile import signature
+    from recipecache.torch_integration.precompile_keys import signature
 
     keys = []
     for cpu in ("avx512-amx-host", "avx2-host"):
@@ -496,7 +497,7 @@ def test_compile_on_one_rank_enters_precompiled_keys_only_when_on() -> None:
     """torch's compile-on-one-rank changes what AOTInductor generates for devices and process groups
     (2.14 keys its own graphs by it); it is in none of the configs the key covers, so a process with it
     on would have loaded an artifact built with it off. Off (the default) leaves every key as it was."""
-    from recipecache.torch_integration.precompile import CompileSettings
+    from recipecache.torch_integration.precompile_keys import CompileSettings
 
     settings = CompileSettings.from_call({})
     off = settings.fingerprint()
