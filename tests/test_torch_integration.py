@@ -552,7 +552,7 @@ def test_cpu_fingerprints_keep_artifacts_apart(integration: Any, tmp_path: Path,
     monkeypatch.setenv(env.CPU_FINGERPRINT, "avx2-host")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "avx2-inductor"))
     consumer = _another(integration)
-    assert consumer.cpu_key(FX_KEY) != producer.cpu_key(FX_KEY) and consumer.isa_key() != producer.isa_key()
+    assert consumer.cpu_key(FX_KEY) != producer.cpu_key(FX_KEY) and consumer.probes.isa_key() != producer.probes.isa_key()
     assert _lookup(consumer, lambda graph: True) is None and consumer.attempt.flight.role == "leader"
     assert consumer.aot_get("pt2:autograd-experimental::akey:c1") is None
     assert not (tmp_path / "avx2-inductor" / "ab").exists()
@@ -713,12 +713,12 @@ def test_a_probe_library_travels_with_torchs_loaded_marker(integration: Any, tmp
     library.write_bytes(b"probe library")
     (tmp_path / "inductor" / "ab" / "cprobe.so.load_ok").write_bytes(b"")
     (tmp_path / "inductor" / "ab" / "cother.so").write_bytes(b"built, never loaded (or torch 2.13)")
-    integration.publish_probe(integration.isa_key(), [str(library), str(library.parent / "cother.so")])
+    integration.probes.publish_probe(integration.probes.isa_key(), [str(library), str(library.parent / "cother.so")])
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "fresh"))
     (tmp_path / "fresh").mkdir()
     fresh = _another(integration)
-    fresh.install_isa_probe()
+    fresh.probes.install_isa_probe()
     assert sorted(p.name for p in (tmp_path / "fresh" / "ab").iterdir()) == ["cother.so", "cprobe.so",
                                                                          "cprobe.so.load_ok"]
 

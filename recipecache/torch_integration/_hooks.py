@@ -43,28 +43,23 @@ the patch table that installs them, and the backend classes torch builds, are :m
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import pickle
-import platform
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
-from torch._inductor import cpu_vec_isa
-from torch._inductor.cpu_vec_isa import VecISA
 from torch._inductor.runtime.runtime_utils import cache_dir
 
-from ..env import process_rank, process_world_size
 from ..errors import ConfigError
 from ..runs.keyinfo import KeyLog
 from ..reasons import Reason
 from ..store import Flight, Store
 from . import describe, host_cpu, pgo
-from .artifact import PROBE_LOADED, Artifact, ArtifactError, Entry, collect, install, torch_pickle
+from .artifact import Artifact, ArtifactError, Entry, collect, install, torch_pickle
+from .isa_probes import IsaProbes
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -95,12 +90,9 @@ class _Attempt(threading.local):
         self.compile_s = 0.0
         #: kernel libraries the graph loaded since the lookup (absolute paths)
         self.kernels: set[str] = set()
-        #: the library of the CPU probe running on this thread
-        self.probe_library: str | None = None
         #: the library of the kernel torch is loading on this thread (its source was the last
         #: one written): what a precompiled header would be built for
         self.loading_kernel: str | None = None
-        self.in_isa_probe = False
         #: torch's FX key this thread computed last, its hash-detail lines, function name and
         #: input shapes; outlives end_attempt(), which runs between the key's computation
         #: and its lookup (fx_get takes it)
@@ -125,11 +117,6 @@ class Integration:
         self.attempt = _Attempt()
         self._lock = threading.Lock()
         self._flights: dict[int, Flight] = {}
-        self._isa_files: set[str] = set()
-        #: the probe libraries of this host kind are here (installed, or published by us)
-        self._isa_done = False
-        self._isa_fingerprint: str | None = None
-        self._isa_probing_ordered = False
         #: this process has waited for another one's compile: a cold job, in which it may
         #: compile a later graph itself (see :meth:`warm_header`)
         self._followed = False
@@ -138,6 +125,9 @@ class Integration:
         #: the hooks installed (:data:`.compat.HOOKS` whose interface this torch has)
         self.on: frozenset[str] = frozenset()
         self.keys = KeyLog.beside(store.events)
+        #: the CPU-feature probe libraries, shared as artifacts of kind ``isa``
+        self.probes = IsaProbes(store, metrics, wait_timeout, cpu_key=self.cpu_key, fetch=self.fetch,
+                                take=self._take, put=self._put, guarded=self.guarded)
 
     def guarded(self, fn: Callable[..., R], *args: Any) -> R | None:
         """``fn(*args)``, or None with a counted ``hook_error`` if it raises: our bugs must not stop a compile."""
@@ -325,7 +315,7 @@ class Integration:
             flight, attempt.flight = attempt.flight, None
             self._close_flight(flight)
         self.metrics.kernels(shipped=len(files))
-        self.publish_isa_probe()
+        self.probes.publish_isa_probe()
 
     def aot_get(self, torch_key: str) -> bytes | None:
         """No lease: see docs/torch-integration-notes.md ("AOTAutograd entries are not leased")."""
@@ -415,10 +405,8 @@ class Integration:
             return
         if extension not in _SAME_KERNEL_WRITES:
             attempt.loading_kernel = None
-        if extension == "cpp" and attempt.in_isa_probe:
-            attempt.probe_library = path[: -len("cpp")] + "so"
-            with self._lock:
-                self._isa_files.add(attempt.probe_library)
+        if extension == "cpp":
+            self.probes.record_source(path)
 
     def kernel_is_built(self) -> bool:
         """Whether the library of the kernel torch is loading on this thread is already on disk."""
@@ -450,135 +438,6 @@ class Integration:
                 log.debug("recipecache: background header build failed", exc_info=True)
 
         threading.Thread(target=run, name="recipecache-header", daemon=True).start()
-
-    # -- the CPU-feature probe libraries ---------------------------------------------
-    def isa_fingerprint(self) -> str:
-        """What torch names this host kind's probe libraries by: torch version, machine, compiler."""
-        if self._isa_fingerprint is None:
-            from torch._inductor.cpp_builder import (
-                get_compiler_version_info,
-                get_cpp_compiler,
-            )
-
-            text = f"{torch.__version__}|{platform.machine()}|{get_compiler_version_info(get_cpp_compiler())}"
-            self._isa_fingerprint = hashlib.sha256(text.encode()).hexdigest()
-        return self._isa_fingerprint
-
-    def isa_key(self) -> str:
-        """Key of this host kind's complete set of probe libraries (what a fresh process installs).
-
-        torch names them by compiler, ISA flags and version; which ones a host builds
-        depends on its CPU, so the key carries the host-CPU fingerprint too.
-        """
-        return self.cpu_key(f"isa-probe:{self.isa_fingerprint()}")
-
-    def probe_key(self, isa: VecISA, code: str) -> str:
-        """Key of one probe's library, shared while the ranks of a cold job probe the CPU together.
-
-        Under the host-CPU fingerprint (computed once per process, :attr:`cpu`) like the
-        complete set: only ranks on the same kind of CPU share a probe's answer.
-        """
-        text = f"{self.isa_fingerprint()}|{isa.build_arch_flags()}|{code}"
-        return self.cpu_key(f"isa-probe1:{hashlib.sha256(text.encode()).hexdigest()}")
-
-    def install_isa_probe(self) -> None:
-        """Before torch probes the CPU, install the libraries another process built.
-
-        Tried in enable() and again before each probe until it succeeds: on a cold job a
-        rank that waited for another's first graph probes only when it loads that graph,
-        by which time the compiling rank has published its probe libraries.
-        """
-        if self._isa_done:
-            return
-        if self.fetch("isa", self.isa_key()) is not None:
-            self._isa_done = True
-
-    def probe_cpu_in_rank_order(self) -> None:
-        """On a cold start, probe the CPU's vector ISAs starting at a rank-dependent one.
-
-        torch probes every ISA the CPU claims (a g++ build of a test file per ISA and
-        feature, seconds each, ~10 builds on an AVX-512 machine) in one fixed order, the
-        first time a process compiles. Ranks that compile at the same moment on a cold job
-        would all build the same probes in the same order; starting each rank at its share
-        of the list, and sharing each probe as it is built (:meth:`probe`), they meet in the
-        middle and each builds about its share. Called when torch asks for the valid ISAs,
-        before its first probe, so no probe is running; the answers are torch's own (each
-        ISA caches its answer), only the order differs.
-        """
-        with self._lock:
-            if self._isa_probing_ordered:
-                return
-            self._isa_probing_ordered = True
-        world = process_world_size()
-        if world < 2 or platform.machine() not in ("x86_64", "AMD64"):
-            return
-        self.install_isa_probe()
-        if self._isa_done:
-            return
-        # the ISAs valid_vec_isa_list() probes on x86 (cpu_vec_isa.py): those whose flags the CPU claims
-        claimed = cpu_vec_isa.x86_isa_checker()
-        isas = [isa for isa in cpu_vec_isa.supported_vec_isa_list if all(f in claimed for f in str(isa).split())]
-        if not isas:
-            return
-        start = process_rank() * len(isas) // world % len(isas)
-        for isa in isas[start:] + isas[:start]:
-            bool(isa)
-
-    def probe(self, check_build: Callable[[VecISA, str], bool], isa: VecISA, code: str) -> bool:
-        """torch's probe build of ``code`` for ``isa``, built by one process of the job and installed by the others.
-
-        In a job of several processes, until this host kind's complete set is here, each
-        probe is single-flighted on its own key (:meth:`probe_flight`): ranks that ask for
-        the same probe at once (all of them, on a CPU with one vector ISA) build it once;
-        the others wait, install its library, and torch's check finds it built.
-        """
-        attempt = self.attempt
-        shared = not self._isa_done and process_world_size() > 1
-        key = self.guarded(self.probe_key, isa, code) if shared else None
-        flight = None if key is None else self.guarded(self.probe_flight, key)
-        attempt.in_isa_probe, attempt.probe_library = True, None
-        try:
-            return check_build(isa, code)
-        finally:
-            attempt.in_isa_probe = False
-            if flight is not None:
-                built = [] if attempt.probe_library is None else [attempt.probe_library]
-                self.guarded(self.publish_probe, flight.key, built, flight)
-                flight.release()  # published (which released it) or not: its waiters go on
-
-    def probe_flight(self, key: str) -> Flight | None:
-        """The flight under which this process builds the probe of ``key``, or None: another process built it
-        (installed now, counted as a hit) or its artifact is unusable (counted; torch builds it here)."""
-        flight = self.store.begin(key, wait_timeout=self.wait_timeout, trace=False)
-        if flight.reason is not None:
-            self.metrics.fallback(flight.reason, f"{key}: {flight.reason}; probing the CPU without other ranks")
-        if flight.data is None:
-            self.metrics.miss("isa")
-            return flight
-        self._take("isa", key, flight.data)
-        return None
-
-    def publish_probe(self, key: str, libraries: Iterable[str], flight: Flight | None = None) -> None:
-        """Publish the probe libraries among ``libraries`` that were built (an ISA the compiler lacks has none).
-
-        Through ``flight`` even when none was built: its waiters then take that answer and
-        probe at once, all together, rather than one after the other as each takes the lease.
-        With each library goes torch's marker that its dlopen probe loaded it, where torch
-        (>= 2.14) wrote one: a library without it is probed again (a Python subprocess per
-        ISA, ~0.15 s each) by every fresh process, which a warm local cache never pays.
-        """
-        files, _missing = collect([f for lib in libraries for f in (lib, lib + PROBE_LOADED)], Path(cache_dir()))
-        if files or flight is not None:
-            self._put("isa", key, Artifact.single("isa", b"", files).pack(), flight)
-            self.metrics.kernels(shipped=len(files))
-
-    def publish_isa_probe(self) -> None:
-        with self._lock:
-            if self._isa_done or not self._isa_files:
-                return
-            self._isa_done = True
-            paths = set(self._isa_files)
-        self.publish_probe(self.isa_key(), paths)
 
     def close(self) -> None:
         """Free every lease and this thread's attempt, close the key log: the hooks are off (disable, a failed enable)."""

@@ -61,11 +61,11 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         return result
 
     def check_build(isa: VecISA, code: str) -> bool:
-        integration.guarded(integration.install_isa_probe)
-        return integration.probe(original_check_build, isa, code)
+        integration.guarded(integration.probes.install_isa_probe)
+        return integration.probes.probe(original_check_build, isa, code)
 
     def valid_vec_isa_list() -> list[VecISA]:
-        integration.guarded(integration.probe_cpu_in_rank_order)
+        integration.guarded(integration.probes.probe_cpu_in_rank_order)
         return original_valid_isas()
 
     def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
@@ -158,7 +158,7 @@ def _install(integration: Integration, on: frozenset[str]) -> None:
         AOTAutogradCache.get_remote_cache.cache_clear()
     integration.metrics.local_hits_source = describe.local_hits
     if "cpu_probes" in on:
-        integration.guarded(integration.install_isa_probe)
+        integration.guarded(integration.probes.install_isa_probe)
 
 
 def _uninstall(integration: Integration) -> None:
