@@ -71,6 +71,41 @@ class Reason(StrEnum):
     PRECOMPILE_FALLBACK = "precompile_fallback"
 
 
+class PrecompileDetail(StrEnum):
+    """Why the precompiled tier sent a call to the normal path: the detail of one ``precompile_fallback``.
+
+    The metrics count them under ``precompile_fallbacks``; a refused entry or a store that did
+    not answer is named by its :class:`Reason` instead (``corrupt``, ``backend_down``...).
+    """
+
+    #: ``torch.compile`` asked for another backend than inductor (AOTInductor needs it)
+    BACKEND = "backend"
+    #: ``torch.compile`` options the tier cannot honour (``use_aoti``, ``guard_filter_fn``)
+    OPTIONS = "options"
+    #: a lazy module swaps its forward itself
+    LAZY_MODULE = "lazy_module"
+    #: the stored artifact was built from other code than this process runs (not loaded)
+    SOURCE_CHANGED = "source_changed"
+    #: verdict: dynamo cannot trace the function whole
+    GRAPH_BREAK = "graph_break"
+    #: verdict: the graph takes sizes as inputs, which torch 2.13's AOTInductor cannot compile
+    DYNAMIC_SHAPES = "dynamic_shapes"
+    #: torch refuses to load an artifact built by another torch or Python
+    INCOMPATIBLE = "incompatible"
+    #: loading the artifact raised
+    LOAD_FAILED = "load_failed"
+    #: the artifact's guards reject these inputs
+    GUARD_FAILED = "guard_failed"
+    #: the precompile itself raised (not a verdict: another process may succeed)
+    PRECOMPILE_FAILED = "precompile_failed"
+    #: the inputs live on a device the tier was not checked on
+    DEVICE_UNCHECKED = "device_unchecked"
+
+
+#: what the process that tried a precompile publishes for others to read instead of trying
+VERDICTS = frozenset({PrecompileDetail.GRAPH_BREAK, PrecompileDetail.DYNAMIC_SHAPES})
+
+
 #: the entry is simply not there: a cold cache
 ABSENT = frozenset({Reason.NOT_FOUND})
 #: an entry is there but failed verification; nothing of it reaches a caller

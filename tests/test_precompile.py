@@ -506,6 +506,27 @@ def test_compile_on_one_rank_enters_precompiled_keys_only_when_on() -> None:
         assert settings.fingerprint() == {**off, "compile_on_one_rank": "on"}
 
 
+def test_precompile_fallback_details_are_one_vocabulary() -> None:
+    """Issue 19: every detail the tier counts is a member of ``PrecompileDetail`` (or a ``Reason``); a stored
+    verdict no version of the tier publishes is a malformed artifact, not a detail of its own."""
+    from types import SimpleNamespace
+
+    from recipecache.reasons import VERDICTS, PrecompileDetail, Reason
+    from recipecache.torch_integration.metrics import Metrics
+    from recipecache.torch_integration.precompile import Fallback, Tier
+
+    assert VERDICTS == {PrecompileDetail.GRAPH_BREAK, PrecompileDetail.DYNAMIC_SHAPES}
+    store = recipecache.open_store("memory://", namespace=NAMESPACE)
+    metrics = Metrics(store, None, flush=False)
+    tier = Tier(store, metrics, 0.5, lambda key: key)  # not installed: torch.compile stays as it is
+    target = SimpleNamespace(name="f")
+    for stored, detail in (("graph_break", PrecompileDetail.GRAPH_BREAK), ("Unsupported: graph break", Reason.BAD_ARTIFACT)):
+        fallback = tier._load(target, "k", Precompiled(b"", (), 1.0, stored), (), {})  # type: ignore[arg-type]
+        assert isinstance(fallback, Fallback) and fallback.detail is detail
+    assert metrics.snapshot()["precompile_fallbacks"] == {"graph_break": 1, "bad_artifact": 1}
+
+
+
 def test_graphs_with_size_inputs_are_refused_before_compiling() -> None:
     import torch
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..env import process_rank
-from ..reasons import REFUSED, Reason
+from ..reasons import REFUSED, PrecompileDetail, Reason
 from ..store import Store
 from ..fsutil import write_atomic
 
@@ -112,7 +112,7 @@ class Metrics:
             log.warning("recipecache: %s: %s (counted as fallback %r; not warned again)", reason, detail, str(reason))
         self.changed()
 
-    def precompile_fallback(self, detail: str, message: str) -> None:
+    def precompile_fallback(self, detail: PrecompileDetail | Reason, message: str) -> None:
         """The precompiled tier sent one call signature to the normal path; warned once per ``detail``."""
         with self._lock:
             first = detail not in self._precompile_fallbacks
@@ -120,7 +120,7 @@ class Metrics:
             self._fallbacks[Reason.PRECOMPILE_FALLBACK] += 1
         if first:
             log.warning("recipecache: %s (counted as fallback %r, detail %r; not warned again)",
-                        message, str(Reason.PRECOMPILE_FALLBACK), detail)
+                        message, str(Reason.PRECOMPILE_FALLBACK), str(detail))
         self.changed()
 
     def stale_sources(self) -> None:
@@ -166,7 +166,7 @@ class Metrics:
                 "fallbacks": dict(fallbacks),
                 "lookups": {kind: dict(counts) for kind, counts in self._lookups.items()},
                 "kernels": dict(self._kernels),
-                "precompile_fallbacks": dict(self._precompile_fallbacks),
+                "precompile_fallbacks": {str(k): v for k, v in self._precompile_fallbacks.items()},
                 "stale_sources": self._stale_sources,
                 "store": store,
             }

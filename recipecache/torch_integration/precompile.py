@@ -60,7 +60,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils import _pytree as pytree
 
 from ..keys import make_key
-from ..reasons import REFUSED, Reason
+from ..reasons import REFUSED, VERDICTS, PrecompileDetail, Reason
 from ..store import Flight, Store
 from . import aoti_files, code_digest, describe
 from .artifact import ArtifactError
@@ -87,7 +87,7 @@ class Fallback:
 
     __slots__ = ("detail",)
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: PrecompileDetail | Reason) -> None:
         self.detail = detail
 
 
@@ -193,7 +193,7 @@ class Tier:
             return compiled
         if isinstance(compiled, OptimizedModule):
             if hasattr(compiled._orig_mod, "_initialize_hook"):  # lazy modules swap their forward themselves
-                self.metrics.precompile_fallback("lazy_module", "lazy modules are not precompiled")
+                self.metrics.precompile_fallback(PrecompileDetail.LAZY_MODULE, "lazy modules are not precompiled")
                 return compiled
             compiled.forward = Dispatcher(self, compiled.forward, compiled._orig_mod, settings, compiled.dynamo_ctx)
             return compiled
@@ -228,7 +228,7 @@ class Tier:
         if not isinstance(found, Precompiled):
             return found
         if code_digest.stale(found.sources):
-            return self.fallback("source_changed", f"{versioned} does not match the code this process runs")
+            return self.fallback(PrecompileDetail.SOURCE_CHANGED, f"{versioned} does not match the code this process runs")
         return self._load(target, versioned, found, args, kwargs)
 
     def _fetch(self, target: Target, key: str, lookup: str, args: tuple[Any, ...],
@@ -242,26 +242,28 @@ class Tier:
         try:
             return Precompiled.unpack(flight.data)
         except ArtifactError as exc:
-            return self.fallback("bad_artifact", f"{lookup}: {exc}")
+            return self.fallback(Reason.BAD_ARTIFACT, f"{lookup}: {exc}")
 
     def _load(self, target: Target, key: str, stored: Precompiled, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Variant | Fallback:
         if stored.unsupported is not None:
             self.metrics.miss("precompiled")
-            return self.fallback(stored.unsupported, f"{target.name} cannot be precompiled ({stored.unsupported}, "
-                                  "found by the process that tried)")
+            if stored.unsupported not in VERDICTS:  # a verdict no version of the tier publishes
+                return self.fallback(Reason.BAD_ARTIFACT, f"{key}: unknown verdict {stored.unsupported!r}")
+            return self.fallback(PrecompileDetail(stored.unsupported), f"{target.name} cannot be precompiled "
+                                 f"({stored.unsupported}, found by the process that tried)")
         start = time.perf_counter()
         try:
             fn = self._deserialize(stored.entry, target)
         except Exception as exc:  # noqa: BLE001 - whatever torch raises while loading, training goes on
             self.metrics.miss("precompiled")
-            detail = "incompatible" if "was created with a different" in str(exc) else "load_failed"
+            detail = PrecompileDetail.INCOMPATIBLE if "was created with a different" in str(exc) else PrecompileDetail.LOAD_FAILED
             return self.fallback(detail, f"{key}: {type(exc).__name__}: {exc}")
         log.info("recipecache: loaded precompiled %s in %.3f s", target.name, time.perf_counter() - start)
         variant = Variant(fn, target.prefix)
         if not variant.accepts(args, kwargs):
             self.metrics.miss("precompiled")
-            return self.fallback("guard_failed", f"the guards of {target.name}'s precompiled artifact reject these inputs")
+            return self.fallback(PrecompileDetail.GUARD_FAILED, f"the guards of {target.name}'s precompiled artifact reject these inputs")
         self.metrics.hit("precompiled", stored.compile_s)
         return variant
 
@@ -281,9 +283,9 @@ class Tier:
         self.metrics.miss("precompiled")
         if flight.miss_reason in REFUSED:
             flight.release()
-            return self.fallback(str(flight.miss_reason), f"{key}: the stored artifact was refused")
+            return self.fallback(flight.miss_reason, f"{key}: the stored artifact was refused")
         if flight.reason is not None:  # the store could not coordinate: no lease, nowhere to publish
-            return self.fallback(str(flight.reason), f"{key}: the store did not answer")
+            return self.fallback(flight.reason, f"{key}: the store did not answer")
         with flight:
             return self._precompile(target, key, flight, args, kwargs)
 
@@ -294,7 +296,7 @@ class Tier:
         from torch._dynamo.hooks import Hooks
 
         start = time.perf_counter()
-        verdict: str | None = None
+        verdict: PrecompileDetail | None = None
         why = ""
         with traced_code(target.code) as codes:
             try:
@@ -302,11 +304,11 @@ class Tier:
                                            backend=aoti_backend(target.settings), dynamic=target.settings.dynamic)
                 entry = AOTCompiledFunction.serialize(fn).serialized_data
             except (Unsupported, UserError, UncapturedHigherOrderOpError) as exc:
-                verdict, why = "graph_break", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                verdict, why = PrecompileDetail.GRAPH_BREAK, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             except DynamicShapes as exc:
-                verdict, why = "dynamic_shapes", str(exc)
+                verdict, why = PrecompileDetail.DYNAMIC_SHAPES, str(exc)
             except Exception as exc:  # noqa: BLE001 - a failed precompile is a fallback, never an error
-                return self.fallback("precompile_failed", f"{target.name}: {type(exc).__name__}: {exc}")
+                return self.fallback(PrecompileDetail.PRECOMPILE_FAILED, f"{target.name}: {type(exc).__name__}: {exc}")
         seconds = time.perf_counter() - start
         # the trace (the simulator's input) sees the precompile as this key's compile; the store's
         # compile counters already count the graphs inductor compiled for it
@@ -322,7 +324,7 @@ class Tier:
         log.info("recipecache: precompiled %s in %.1f s (%d traced files)", target.name, seconds, len(sources))
         variant = Variant(fn, target.prefix)
         return variant if variant.accepts(args, kwargs) else self.fallback(
-            "guard_failed", f"{target.name}'s fresh precompile rejects its own inputs")
+            PrecompileDetail.GUARD_FAILED, f"{target.name}'s fresh precompile rejects its own inputs")
 
     def _publish(self, flight: Flight, key: str, artifact: Precompiled, meta: dict[str, Any]) -> None:
         """Under ``key`` (the latest version) through the flight, and under the key naming its sources."""
@@ -335,7 +337,7 @@ class Tier:
         if flight.publish(blob, meta=meta):
             self.metrics.put("precompiled")
 
-    def fallback(self, detail: str, message: str) -> Fallback:
+    def fallback(self, detail: PrecompileDetail | Reason, message: str) -> Fallback:
         """Count a call signature the tier sends to the normal path (warned once per ``detail``)."""
         self.metrics.precompile_fallback(detail, f"{message}; it runs on the normal path")
         return Fallback(detail)
@@ -411,7 +413,7 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 - a bug of ours must not stop training
             log.debug("recipecache: precompiled dispatch failed", exc_info=True)
             self.tier.metrics.fallback(Reason.HOOK_ERROR, f"precompiled dispatch: {exc!r}; torch goes on without it")
-            decided = Fallback("hook_error")
+            decided = Fallback(Reason.HOOK_ERROR)
         if isinstance(decided, Variant):
             return decided(args, kwargs)
         return normal(*args, **kwargs)
@@ -420,7 +422,7 @@ class Dispatcher:
         """A variant's guards rejected a signature they had accepted (an input the key does not cover changed)."""
         with self._lock:
             decided = self._decided[sig] = self.tier.fallback(
-                "guard_failed", "a precompiled function's guards reject inputs they accepted before")
+                PrecompileDetail.GUARD_FAILED, "a precompiled function's guards reject inputs they accepted before")
         return decided
 
     def _resolve(self, subject: Any, sig: tuple[Any, ...], args: tuple[Any, ...],
@@ -435,11 +437,11 @@ class Dispatcher:
                 unchecked = unchecked_devices(target, sig)
                 if unchecked:
                     decided = self.tier.fallback(
-                        "device_unchecked", f"{target.name} runs on {', '.join(sorted(unchecked))}, where the "
+                        PrecompileDetail.DEVICE_UNCHECKED, f"{target.name} runs on {', '.join(sorted(unchecked))}, where the "
                         "precompiled tier is not checked (a cold precompile on CUDA crashed its process)")
                 elif key in self._loaded:  # that very artifact is here, and its guards just said no
                     decided = self.tier.fallback(
-                        "guard_failed", f"the guards of {target.name}'s precompiled artifact reject these inputs")
+                        PrecompileDetail.GUARD_FAILED, f"the guards of {target.name}'s precompiled artifact reject these inputs")
                 else:
                     decided = self.tier.resolve(target, key, args, kwargs)
                     if isinstance(decided, Variant):

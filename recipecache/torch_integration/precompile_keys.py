@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ..reasons import PrecompileDetail
 from .precompiled import FORMAT
 
 #: config names that only steer caching (recipecache sets some of them), never the generated code
@@ -46,12 +47,12 @@ class CompileSettings:
         return cls(kwargs.get("backend", "inductor"), kwargs.get("mode"),
                    dict(options) if isinstance(options, dict) else None, kwargs.get("dynamic"))
 
-    def unsupported(self) -> str | None:
+    def unsupported(self) -> PrecompileDetail | None:
         """Why these settings cannot be precompiled (AOTInductor needs the inductor backend), or None."""
         if self.backend != "inductor":
-            return "backend"
+            return PrecompileDetail.BACKEND
         if self.options and ("use_aoti" in self.options or "guard_filter_fn" in self.options):
-            return "options"
+            return PrecompileDetail.OPTIONS
         return None
 
     def fingerprint(self) -> dict[str, str]:
