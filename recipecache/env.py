@@ -83,7 +83,7 @@ def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
 _CPU_FINGERPRINT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
-def cpu_fingerprint(environ: Mapping[str, str] | None = None) -> str | None:
+def cpu_fingerprint_override(environ: Mapping[str, str] | None = None) -> str | None:
     """``RECIPECACHE_CPU_FINGERPRINT`` when set (ConfigError unless 1-64 of ``A-Z a-z 0-9 . _ -``), else None."""
     text = (os.environ if environ is None else environ).get(CPU_FINGERPRINT)
     if text and not _CPU_FINGERPRINT_PATTERN.match(text):

@@ -13,6 +13,7 @@ from redis_server import free_port
 from deploy_support import JOB_PASSWORD, start_deployed
 
 import recipecache
+from recipecache import env
 from recipecache.tools import doctor
 from recipecache.backends import open_backend
 from recipecache.backends.redis import ACL_COMMANDS
@@ -180,3 +181,18 @@ def test_doctor_on_a_cluster_and_a_sentinel_primary(redis_cluster, redis_sentine
         assert found["acl"].status == "pass", found["acl"].detail
     assert by_name(doctor.run_checks(redis_cluster.url, namespace="doctor"))["acl"].detail.startswith(
         f"the user may run all {len(ACL_COMMANDS) + len(CLUSTER_ACL_COMMANDS)} commands")
+
+
+def test_key_inputs_digest_covers_the_cpu_fingerprint_keys_carry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19: the digest doctor says is equal for equal keys is made of the host-CPU fingerprint the keys
+    carry (RECIPECACHE_CPU_FINGERPRINT when set), not of a description of /proc/cpuinfo; the cpu line shows it."""
+    seen = {}
+    for fleet in ("fleet-a", "fleet-b"):
+        monkeypatch.setenv(env.CPU_FINGERPRINT, fleet)
+        found = by_name(doctor._torch_checks())
+        assert f"fingerprint in keys {fleet}" in found["cpu"].detail
+        seen[fleet] = found["key inputs"].detail
+    assert seen["fleet-a"] != seen["fleet-b"], "other fingerprints, other keys: the digests must differ"
+    monkeypatch.setenv(env.CPU_FINGERPRINT, "two words")
+    found = by_name(doctor._torch_checks())
+    assert found["cpu"].failed and env.CPU_FINGERPRINT in found["cpu"].detail

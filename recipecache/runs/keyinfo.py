@@ -68,11 +68,12 @@ VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "a
 
 
 @cache
-def cpu_fingerprint() -> dict[str, str]:
-    """This host's CPU as kernels see it: architecture, model name and vector features (from ``/proc/cpuinfo``).
+def cpu_summary() -> dict[str, str]:
+    """This host's CPU for a reader: architecture, model name and vector features (from ``/proc/cpuinfo``).
 
-    Not part of torch's FX key on CPUs, but kernels built for one vector ISA do not run
-    on a CPU without it, so reports show it beside the key.
+    Not what keys carry (that is ``torch_integration.host_cpu.fingerprint()``, a digest of
+    what the compiler and torch make of the CPU, or the operator's override); reports show
+    this beside the key so a reader sees which CPU a key was built on.
     """
     model, flags = platform.processor() or "unknown", set()
     try:

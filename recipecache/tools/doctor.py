@@ -28,7 +28,7 @@ from .. import env
 from ..errors import BackendError, ConfigError, URLError, VerificationError
 from ..runs.events import EventLog
 from ..health import FAIL, PASS, WARN, HealthCheck, free_space, private, writable
-from ..runs.keyinfo import cpu_fingerprint
+from ..runs.keyinfo import cpu_summary
 from ..node_tier import default_node_dir
 from ..settings import StoreSettings, node_dir, read_secret, resolve_namespace, resolve_url
 from ..store import Store
@@ -187,11 +187,18 @@ def _torch_checks() -> list[HealthCheck]:
     config_digest = _digest(inductor_config.save_config_portable())
     shown = ", ".join(f"{k}={v}" for k, v in settings.items()) or "no TORCHINDUCTOR_/TORCH_COMPILE_ variables"
     checks.append(HealthCheck("compile", PASS, f"{shown}; inductor config digest {config_digest}"))
-    cpu = cpu_fingerprint()
-    checks.append(HealthCheck("cpu", PASS, f"{cpu['machine']} {cpu['cpu_features']} ({cpu['cpu_model']}); kernels "
-                                           "built for vector features a CPU lacks do not run on it"))
+    cpu = cpu_summary()
+    try:
+        from ..torch_integration import host_cpu
+
+        in_keys = host_cpu.fingerprint()
+    except ConfigError as exc:  # a malformed RECIPECACHE_CPU_FINGERPRINT: enable() would stop on it too
+        return [*checks, HealthCheck("cpu", FAIL, str(exc), "fix or unset it")]
+    checks.append(HealthCheck("cpu", PASS, f"fingerprint in keys {in_keys}: {cpu['machine']} {cpu['cpu_features']} "
+                                           f"({cpu['cpu_model']}); kernels built for vector features a CPU lacks "
+                                           "do not run on it"))
     digest = _digest({"torch": torch.__version__, "threads": threads, "settings": settings, "config": config_digest,
-                      "cpu": [cpu["machine"], cpu["cpu_features"]]})
+                      "cpu": in_keys})
     checks.append(HealthCheck("key inputs", PASS, f"digest {digest}: run recipecache doctor on every node; "
                                                   "equal digests mean equal keys for equal graphs"))
     return checks

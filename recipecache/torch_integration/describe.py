@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..runs.keyinfo import cpu_fingerprint
+from ..runs.keyinfo import cpu_summary
 
 #: label parts are cut to this many characters (they travel in envelope headers and event logs)
 MAX_LABEL_CHARS = 200
@@ -92,7 +92,7 @@ def graph_meta(name: str, shapes: str, compile_s: float) -> dict[str, Any]:
 def process_context() -> dict[str, Any]:
     """Facts about this process that decide whether kernels fit, but are not in torch's FX key."""
     return {"host": socket.gethostname(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            **cpu_fingerprint()}
+            **cpu_summary()}
 
 
 def local_hits() -> dict[str, int]:

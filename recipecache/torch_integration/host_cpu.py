@@ -51,7 +51,7 @@ def fingerprint() -> str:
 
     Raises ConfigError for an override that is not 1-64 characters of ``A-Z a-z 0-9 . _ -``.
     """
-    return env.cpu_fingerprint() or _computed()
+    return env.cpu_fingerprint_override() or _computed()
 
 
 @functools.cache
