@@ -876,3 +876,20 @@ def test_doctor_lists_each_hook_on_or_off_with_the_reason(monkeypatch: pytest.Mo
     assert off == {"precompiled_header", "cpu_probes"}
     assert "_precompile_header does not exist" in listed["precompiled_header"].detail and listed["cpu_probes"].fix
     assert "interface matches; not checked on torch 2.15" in listed["graphs"].detail
+
+
+def test_torch_integration_layers_import_downwards_only() -> None:
+    """Issue 19: the patch table, the CPU-probe sharing and the precompiled tier's key parts are modules of
+    their own; each imports only what is below it (no circle through the Integration or the tier)."""
+    import ast
+
+    package = Path(recipecache.__file__).parent / "torch_integration"
+
+    def siblings(module: str) -> set[str]:
+        tree = ast.parse((package / f"{module}.py").read_text())
+        return {(node.module or "").lstrip(".") or alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level == 1 for alias in node.names}
+
+    assert {"_hooks"} <= siblings("patches") and "patches" not in siblings("_hooks")
+    assert "isa_probes" in siblings("_hooks") and not siblings("isa_probes") & {"_hooks", "patches", "precompile"}
+    assert "precompile_keys" in siblings("precompile") and not siblings("precompile_keys") & {"_hooks", "precompile"}
