@@ -20,7 +20,7 @@ In short:
   graph loads (they are not in torch's entry), and ``VecISA.check_build`` to learn the
   CPU-feature probe libraries every fresh process would otherwise build with g++ (and,
   on a cold job, to share them between ranks as they are built; ``valid_vec_isa_list``
-  to let each rank start probing at its own share of the list).
+  to let each rank start probing at its own share of the list): :mod:`.isa_probes`.
 * ``codecache._precompile_header`` is skipped for a kernel whose ``.so`` is already
   there (a hit installed it): torch builds the precompiled header (a ``g++ -E`` of the
   ATen headers, then a 150 MB ``.gch`` in ``$TMPDIR``) before it looks for the kernel's
