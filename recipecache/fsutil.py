@@ -153,17 +153,19 @@ class NotRegularFileError(OSError):
     """Where a file belongs there is a symlink, a FIFO, a socket or a device, which is never read."""
 
 
-def open_regular_file(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> int | None:
+def open_regular_file(path: str | os.PathLike[str], *, dir_fd: int | None = None,
+                      follow_links: bool = False) -> int | None:
     """A read-only fd of the regular file at ``path`` (relative to ``dir_fd`` if given); None if there is none.
 
     Raises :class:`NotRegularFileError` for anything else there: a symlink is not followed
-    (``O_NOFOLLOW``), and a FIFO, socket or device is never read. Reading a FIFO (or opening
+    (``O_NOFOLLOW``; ``follow_links`` for readers of files the user points them at, such as a
+    run directory's logs), and a FIFO, socket or device is never read. Reading a FIFO (or opening
     it, without a writer) blocks forever, so the open does not block (``O_NONBLOCK``, which
     changes nothing for a regular file) and what was opened is checked through its fd, so
     nothing can be swapped in between the check and the read.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        fd = os.open(path, os.O_RDONLY | (0 if follow_links else os.O_NOFOLLOW) | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:

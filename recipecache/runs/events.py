@@ -22,10 +22,10 @@ FIFO named ``*.jsonl`` would block a reader forever.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 
 from .. import env
 from ..env import process_rank
+from ..fsutil import NotRegularFileError, open_regular_file
 
 log = logging.getLogger(__name__)
 
@@ -164,17 +165,15 @@ def parse_record(line: bytes) -> dict[str, Any] | None:
 def open_regular(path: Path) -> BinaryIO | None:
     """``path`` opened for reading if it is a regular file (links followed), else None; never blocks.
 
-    A FIFO or device is never opened (its type is checked first); ``O_NONBLOCK`` and a
-    check of what was opened cover a swap between the two. Raises OSError when a regular
-    file cannot be opened.
+    A FIFO or device is never read (:func:`~recipecache.fsutil.open_regular_file`). Raises
+    OSError when a regular file cannot be opened, FileNotFoundError when there is none.
     """
-    if not stat.S_ISREG(os.stat(path).st_mode):
+    try:
+        fd = open_regular_file(path, follow_links=True)
+    except NotRegularFileError:
         return None
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    os.set_blocking(fd, True)
+    if fd is None:
+        raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
     return os.fdopen(fd, "rb")
 
 
