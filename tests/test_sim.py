@@ -15,6 +15,8 @@ from recipecache.sim import POLICIES, Costs, Scenario, build_workload, compare, 
 from recipecache.sim.schedules import _fold_first_meetings, shape_weights
 
 COMPILE, FETCH = 10.0, 0.25
+#: the policies where a rank that meets a shape not in memory stalls until it has the artifact
+STALLING = ("none", "shared", "singleflight", "prewarm")
 FIXED = Costs(compile_s=COMPILE, compute_s=1.0, fetch_latency_s=FETCH, artifact_mb=0.0)
 
 
@@ -22,7 +24,7 @@ FIXED = Costs(compile_s=COMPILE, compute_s=1.0, fetch_latency_s=FETCH, artifact_
 @pytest.mark.parametrize("shapes", [1, 2, 5, 17])
 def test_adversarial_matches_the_closed_forms(ranks: int, shapes: int) -> None:
     reports = compare(schedule="adversarial", ranks=ranks, shapes=shapes, costs=FIXED)
-    none, shared, single, prewarm = (reports[p] for p in POLICIES)
+    none, shared, single, prewarm = (reports[p] for p in STALLING)
     worst = ranks * (shapes - 1) + 1
     assert none.steps == worst and none.worst_case_delays == worst
     assert none.compile_delays == worst
@@ -66,7 +68,7 @@ def iid() -> dict:
 
 def test_iid_invariants(iid: dict) -> None:
     w, reports = iid["workload"], iid["reports"]
-    none, shared, single, prewarm = (reports[p] for p in POLICIES)
+    none, shared, single, prewarm = (reports[p] for p in STALLING)
     met_shapes = len(set(w.shape.tolist()))
     assert none.compile_events == none.first_meetings == len(w.step)
     assert single.compile_events == met_shapes and single.wasted_compile_s == 0
@@ -76,7 +78,7 @@ def test_iid_invariants(iid: dict) -> None:
     # shared and single-flight differ only where ranks tie on a new shape: the waiter's fetch
     assert 0 < single.stall_s - shared.stall_s <= single.compile_delays * w.fetch_s + 1e-9
     assert prewarm.compile_delays == 0 and prewarm.compile_events == w.shapes
-    for r in reports.values():
+    for r in (reports[p] for p in STALLING):
         assert r.stall_s == pytest.approx(r.wall_s - r.compute_s)
         assert sum(x.compiles for x in r.per_rank) == r.compile_events
         assert sum(x.wait_s for x in r.per_rank) == pytest.approx(r.wait_s)
@@ -234,3 +236,100 @@ def test_colocated_nodes_share_the_hosts_bandwidth_with_the_store() -> None:
                       ranks_per_node=8, colocated=True)
     work_mb = 2 * 2 * HERD.artifact_mb + 14 * 2 * HERD.artifact_mb * HERD.store_mb_s / HERD.local_mb_s
     assert report.stall_s == pytest.approx(work_mb / HERD.store_mb_s)
+
+
+# -- policy behind: ranks keep training while a graph compiles behind them -----------------
+def behind_costs(**changes: float) -> Costs:
+    fields = dict(compile_s=10.0, trace_s=2.0, compute_s=1.0, eager_slowdown=1.5, fetch_latency_s=FETCH,
+                  artifact_mb=0.0)
+    return Costs(**{**fields, **changes})
+
+
+@pytest.mark.parametrize(("compile_s", "trace_s", "slowdown", "eager_steps"), [
+    (10.0, 2.0, 1.5, 6),   # the compile lands 8 s after the trace, during step 5 (steps 1.5 s each)
+    (10.0, 0.5, 2.0, 5),
+    (3.0, 3.0, 1.2, 1),    # all trace: compiled from the next step on
+    (40.0, 2.0, 1.0, 38),  # eager as fast as compiled: only the trace costs
+])
+def test_behind_runs_eager_until_the_compile_lands(compile_s: float, trace_s: float, slowdown: float,
+                                                   eager_steps: int) -> None:
+    """Every rank calls one shape each step: step 0 traces it, the lower rank compiles the
+    rest behind the steps, every step until it lands runs eager, then each rank switches
+    (one fetch) and runs compiled."""
+    ranks, steps = 3, 60
+    costs = behind_costs(compile_s=compile_s, trace_s=trace_s, eager_slowdown=slowdown)
+    r = simulate("behind", weights=(1.0,), ranks=ranks, steps=steps, costs=costs)
+    assert r.eager_steps == ranks * eager_steps
+    assert r.compile_events == 1 and r.per_rank[0].compiles == 1 and r.compile_s == pytest.approx(compile_s - trace_s)
+    assert r.fetch_events == ranks and r.trace_s == pytest.approx(ranks * trace_s)
+    wall = trace_s + eager_steps * slowdown + FETCH + (steps - eager_steps) * 1.0
+    assert r.wall_s == pytest.approx(wall) and r.stall_s == pytest.approx(wall - steps)
+    assert r.worst_step_s == pytest.approx(max(trace_s + slowdown, 1.0 + FETCH))
+
+
+def test_behind_stalls_no_rank_for_a_compile() -> None:
+    costs = behind_costs(compile_spread=0.5, compute_s=0.5)
+    workload = build_workload(Scenario(ranks=16, shapes=50, steps=300, seed=7, costs=costs))
+    behind, single = run_policy(workload, "behind"), run_policy(workload, "singleflight")
+    assert behind.wait_events == 0 and behind.wait_s == 0 and behind.compile_delays == 0
+    assert behind.compile_events == len(set(workload.shape.tolist())) and behind.wasted_compile_s == 0
+    assert behind.rank_stall_s == pytest.approx(behind.trace_s)
+    assert behind.trace_s < single.rank_stall_s
+    # one shape per rank per step: a step costs at most one trace (or one fetch) and an eager compute
+    longest_trace = float(costs.trace_times(workload.compile_s).max())
+    assert behind.worst_step_s <= max(longest_trace, FETCH) + costs.compute_s * costs.eager_slowdown + 1e-9
+    assert single.worst_step_s >= float(workload.compile_s.min()) + costs.compute_s
+    assert behind.stall_s < single.stall_s
+    assert behind.stall_s == pytest.approx(behind.wall_s - behind.compute_s)
+    assert sum(x.compiles for x in behind.per_rank) == behind.compile_events
+
+
+def test_behind_with_a_cpu_share_slows_the_steps_while_it_compiles() -> None:
+    """Half the CPU to the compile over [2, 10]: step 0 computes 1.5 s of eager work in 3 s,
+    step 1 in 3 s, step 2 does 1 s of it by 10 (in 2 s) and the rest at full speed."""
+    free = simulate("behind", weights=(1.0,), ranks=2, steps=20, costs=behind_costs())
+    shared = simulate("behind", weights=(1.0,), ranks=2, steps=20, costs=behind_costs(behind_cpu_share=0.5))
+    assert shared.wall_s == pytest.approx(2.0 + 3.0 + 3.0 + 2.5 + (1.0 + FETCH) + 16 * 1.0)
+    assert shared.wall_s > free.wall_s and shared.eager_steps == 2 * 3
+    assert shared.compile_events == free.compile_events == 1 and shared.wait_events == 0
+
+
+def test_behind_on_a_warm_store_only_fetches_as_single_flight_does() -> None:
+    costs = behind_costs(artifact_mb=50.0, bandwidth_mb_s=200.0, store_mb_s=400.0)
+    reports = compare(["singleflight", "behind"], ranks=8, shapes=12, steps=100, warm=True, costs=costs)
+    single, behind = reports["singleflight"], reports["behind"]
+    assert behind.compile_events == behind.eager_steps == 0 and behind.trace_s == 0
+    assert behind.fetch_events == single.fetch_events
+    assert behind.stall_s == pytest.approx(single.stall_s)
+
+
+def test_behind_at_job_start_compiles_each_shape_once_and_traces_it_everywhere() -> None:
+    """Schedule startup: every rank meets all shapes in step 0 and calls them every step."""
+    shapes, ranks = 3, 4
+    r = simulate("behind", schedule="startup", ranks=ranks, shapes=shapes, steps=30, costs=behind_costs())
+    assert r.compile_events == shapes and r.trace_s == pytest.approx(ranks * shapes * 2.0)
+    # rank 0's traces end at 2, 4, 6 s, so it leads all three; they land at 10, 12, 14 s.
+    # Step 0 lasts 6 + 1.5 s, steps 1-2 1.5 s, steps 3-4 switch one shape each (+ a fetch)
+    # and run the others eager; step 5 begins at 14 s and switches the last
+    assert r.eager_steps == ranks * 5 and r.fetch_events == ranks * shapes
+    assert r.per_rank[0].compiles == shapes
+    assert r.wall_s == pytest.approx(7.5 + 2 * 1.5 + 2 * (FETCH + 1.5) + (FETCH + 1.0) + 24 * 1.0)
+    assert r.worst_step_s == pytest.approx(shapes * 2.0 + 1.5)
+
+
+def test_worst_step_of_the_stalling_policies() -> None:
+    reports = compare(STALLING, schedule="adversarial", ranks=3, shapes=4, costs=FIXED)
+    assert reports["none"].worst_step_s == pytest.approx(COMPILE + FIXED.compute_s)
+    assert reports["singleflight"].worst_step_s == pytest.approx(COMPILE + FETCH + FIXED.compute_s)
+    assert reports["prewarm"].worst_step_s == pytest.approx(FETCH + FIXED.compute_s)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Costs(eager_slowdown=0.9),
+    lambda: Costs(behind_cpu_share=1.0),
+    lambda: Costs(behind_cpu_share=-0.5),
+    lambda: Costs(trace_s=math.inf),
+])
+def test_bad_behind_costs_are_config_errors(make) -> None:
+    with pytest.raises(ConfigError):
+        make()

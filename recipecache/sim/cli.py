@@ -27,6 +27,8 @@ _COLUMNS = (
     ("wasted_s", "wasted_compile_s", "{:.1f}"),
     ("prewarm_s", "prewarm_s", "{:.1f}"),
     ("wall_s", "wall_s", "{:.1f}"),
+    ("worst_s", "worst_step_s", "{:.1f}"),
+    ("eager", "eager_steps", "{:d}"),
     ("remote_mb", "remote_mb", "{:.0f}"),
 )
 #: figures compared against policy none with --compare
@@ -62,6 +64,14 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--local-bandwidth", type=float, default=_COSTS.local_mb_s,
                    help="reading a node directory's copy, MB/s")
     p.add_argument("--artifact-mb", type=float, default=_COSTS.artifact_mb, help="artifact size, MB")
+    p.add_argument("--trace-s", type=float, default=_COSTS.trace_s,
+                   help="behind: seconds of each compile that are dynamo's trace, paid synchronously by every "
+                        "rank meeting a shape not yet in the store")
+    p.add_argument("--eager-slowdown", type=float, default=_COSTS.eager_slowdown,
+                   help="behind: how many times longer a step runs without inductor (>= 1)")
+    p.add_argument("--behind-cpu-share", type=float, default=_COSTS.behind_cpu_share,
+                   help="behind: share of the steps' CPU a background compile takes while it runs "
+                        "(0 to below 1; 0: a GPU node, where it runs on cores the steps leave idle)")
     p.add_argument("--ranks-per-node", type=int, default=DEFAULT_RANKS_PER_NODE, help="ranks sharing a node")
     p.add_argument("--node-tier", action="store_true",
                    help="one rank per node fetches each artifact; the node's others read its copy")
@@ -88,7 +98,8 @@ def _weights(text: str | None) -> tuple[float, ...] | None:
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     costs = Costs(compile_s=args.compile_s, compile_spread=args.compile_spread, compute_s=args.compute_s,
                   fetch_latency_s=args.fetch_latency_s, bandwidth_mb_s=args.bandwidth, artifact_mb=args.artifact_mb,
-                  store_mb_s=args.store_bandwidth, local_mb_s=args.local_bandwidth)
+                  store_mb_s=args.store_bandwidth, local_mb_s=args.local_bandwidth, trace_s=args.trace_s,
+                  eager_slowdown=args.eager_slowdown, behind_cpu_share=args.behind_cpu_share)
     return Scenario(schedule=args.schedule, ranks=args.ranks, shapes=args.shapes, steps=args.steps, seed=args.seed,
                     costs=costs, distribution=args.distribution, zipf_exponent=args.zipf_exponent,
                     weights=_weights(args.weights), trace=Path(args.trace) if args.trace else None,

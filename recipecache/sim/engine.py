@@ -21,6 +21,15 @@ a fetch. In time, shared and singleflight are therefore close; what single-fligh
 is the duplicate compile work (``wasted_compile_s``), which on real hosts contends for
 the CPUs of the ranks beside it.
 
+* behind (``--no-stall``): nobody waits for a compile. A rank that meets a shape not in
+  the store traces it (``trace_s``, synchronous) and runs its steps without inductor
+  (``eager_slowdown`` times their compute) until the artifact lands; the first rank whose
+  trace ends compiles the rest of it (``compile_s - trace_s``) behind the steps, the others
+  do not compile it. At its first call after the artifact landed a rank loads it (a fetch:
+  the switch) and runs compiled from then on. While background compiles run, the steps get
+  ``1 - behind_cpu_share`` of their CPU. :func:`_run_behind` plays it step by step, over
+  every call (``Workload.calls``), since a shape still compiling costs at each call.
+
 Fetches contend: every fetch in flight takes an equal share of the store's bandwidth
 (processor sharing, each at most one client's rate, :class:`_Link`), so the ranks of a
 large job fetching at the same moment slow each other down, as they do at a real store.
@@ -39,7 +48,7 @@ import math
 import numpy as np
 
 from ..errors import ConfigError
-from .model import POLICIES, RankFigures, Report, Workload, worst_case_delays
+from .model import POLICIES, RankFigures, Report, Workload, calls_by_step, worst_case_delays
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +129,8 @@ def run_policy(w: Workload, policy: str) -> Report:
     """Play ``w`` under ``policy`` and account for every second the cache cost."""
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
+    if policy == "behind":
+        return _run_behind(w)
     sc, costs = w.scenario, w.scenario.costs
     shares = policy != "none"
     waits = policy in ("singleflight", "prewarm")
@@ -165,6 +176,7 @@ def run_policy(w: Workload, policy: str) -> Report:
 
     extra = 0.0  # seconds the cache added to the steps played so far
     delays = 0
+    worst_step = float(w.compute_s.max()) if w.steps else 0.0
     for a, b in zip(bounds[:-1], bounds[1:]):
         start = prewarm_s + compute_before[step_l[heads_l[a]]] + extra
         # every rank's first key is met at the step's start, in rank order; a rank's
@@ -278,6 +290,7 @@ def run_policy(w: Workload, policy: str) -> Report:
                 done(i, now + cost)
         extra += longest
         delays += compiled_here
+        worst_step = max(worst_step, float(w.compute_s[step_l[heads_l[a]]]) + longest)
 
     compile_total = sum(t_compile_s)
     compute_total = float(w.compute_s.sum())
@@ -294,8 +307,123 @@ def run_policy(w: Workload, policy: str) -> Report:
         compute_s=compute_total, wall_s=compute_total + stall, stall_s=stall,
         rank_stall_s=compile_total + sum(t_wait_s),
         per_rank=tally.figures(),
-        remote_fetches=remote, remote_mb=remote * fetch_mb, node_reads=node_reads,
+        remote_fetches=remote, remote_mb=remote * fetch_mb, node_reads=node_reads, worst_step_s=worst_step,
     )
     log.debug("sim %s/%s: %d first meetings, %d compiles, stall %.1f s",
               policy, w.scenario.schedule, len(w.step), report.compile_events, stall)
+    return report
+
+
+def _stretched(begin: np.ndarray, work: np.ndarray, lo: float, hi: float, rate: float) -> np.ndarray:
+    """Seconds ``work`` seconds of compute take from ``begin`` when they run at ``rate`` in [lo, hi)."""
+    before = np.clip(lo - begin, 0.0, work)
+    slow = np.minimum((work - before) / rate, np.maximum(hi - begin - before, 0.0))
+    return work + slow * (1.0 - rate)
+
+
+def _run_behind(w: Workload) -> Report:
+    """Policy ``behind``, step by step (see the module docstring).
+
+    Per (rank, shape) a state: 0 not met, 1 met and run without inductor, 2 compiled in
+    memory. A rank's calls of a step happen at the step's start in its call order; its
+    traces follow one another (the leader of a shape is the rank whose trace of it ends
+    first, ties to the lower rank), its fetches go out together as one transfer on the
+    store's link. The node tier is not modelled here: every rank loads from the store.
+    """
+    sc, costs = w.scenario, w.scenario.costs
+    ranks, shapes = w.ranks, w.shapes
+    trace = costs.trace_times(w.compile_s) if w.trace_s is None else w.trace_s
+    background = w.compile_s - trace
+    slowdown = costs.eager_slowdown if w.eager_slowdown is None else w.eager_slowdown
+    rate = 1.0 - costs.behind_cpu_share
+    state = np.zeros((ranks, shapes), dtype=np.int8)
+    ready = np.full(shapes, 0.0 if sc.warm else math.inf)
+    link = _Link(costs.store_mb_s, math.inf if sc.colocated else costs.bandwidth_mb_s)
+    fetch_mb = w.fetch_mb
+    latency = max(w.fetch_s - fetch_mb / min(costs.store_mb_s, costs.bandwidth_mb_s), 0.0)
+    compiles, compile_s = np.zeros(ranks, dtype=np.int64), np.zeros(ranks)
+    fetches, fetch_s = np.zeros(ranks, dtype=np.int64), np.zeros(ranks)
+    in_flight: list[tuple[float, float]] = []  # background compiles: (start, end)
+    trace_total = eager_total = 0.0
+    eager_steps = 0
+    no_calls = (np.zeros(0, dtype=np.int64),) * 2
+    calls = w.calls() if w.calls is not None else calls_by_step(w.step, w.rank, w.shape)  # no repeats known
+    upcoming = next(calls, None)
+    now = worst = 0.0
+    compute_l = w.compute_s.tolist()
+    for t in range(w.steps):
+        rank, shape = no_calls
+        if upcoming is not None and upcoming[0] == t:
+            _, rank, shape = upcoming
+            upcoming = next(calls, None)
+        compute = compute_l[t]
+        in_flight = [c for c in in_flight if c[1] > now]
+        st = state[rank, shape]
+        if not in_flight and bool(np.all(st == 2)):  # everything compiled and in memory
+            now += compute
+            worst = max(worst, compute)
+            continue
+        arrived = ready[shape] <= now
+        fetch = (st != 2) & arrived  # a first meeting of a stored shape, or the switch to a landed one
+        traced = (st == 0) & ~arrived
+        eager = traced | ((st == 1) & ~arrived)
+        trace_of = np.where(traced, trace[shape], 0.0)
+        # each call's trace end: the rank's traces of this step one after another
+        ends = np.cumsum(trace_of)
+        firsts = np.searchsorted(rank, rank, side="left")
+        ends = now + ends - (ends[firsts] - trace_of[firsts])
+        new = np.flatnonzero(traced & (ready[shape] == math.inf))
+        if len(new):
+            by_end = new[np.lexsort((new, ends[new]))]
+            _, lead = np.unique(shape[by_end], return_index=True)
+            for i in by_end[lead].tolist():
+                s, r = int(shape[i]), int(rank[i])
+                ready[s] = ends[i] + background[s]
+                in_flight.append((float(ends[i]), float(ready[s])))
+                compiles[r] += 1
+                compile_s[r] += background[s]
+        state[rank[fetch], shape[fetch]] = 2
+        state[rank[traced], shape[traced]] = 1
+
+        cache = np.bincount(rank, weights=trace_of, minlength=ranks)
+        trace_total += float(cache.sum())
+        count = np.bincount(rank[fetch], minlength=ranks)
+        if count.any():
+            took = count * latency
+            if fetch_mb:
+                link.now = link.moved = 0.0
+                link.advance(now)
+                for r in np.flatnonzero(count).tolist():
+                    link.add(now, count[r] * fetch_mb, r)
+                while link.ends:
+                    end = link.next_end()
+                    took[link.pop(end)] += end - now
+            fetches += count
+            fetch_s += took
+            cache += took
+        ran_eager = np.bincount(rank[eager], minlength=ranks) > 0
+        work = np.where(ran_eager, compute * slowdown, compute)
+        if in_flight and rate < 1.0:
+            work = _stretched(now + cache, work, min(c[0] for c in in_flight), max(c[1] for c in in_flight), rate)
+        eager_total += float(work.sum()) - compute * ranks
+        eager_steps += int(ran_eager.sum())
+        step = float((cache + work).max())
+        now += step
+        worst = max(worst, step)
+
+    compute_total = float(w.compute_s.sum())
+    tally = _Tally(ranks)
+    tally.compiles, tally.compile_s = compiles.tolist(), compile_s.tolist()
+    tally.fetches, tally.fetch_s = fetches.tolist(), fetch_s.tolist()
+    report = Report(
+        policy="behind", schedule=sc.schedule, ranks=ranks, shapes=shapes, steps=w.steps,
+        first_meetings=len(w.step), compile_events=int(compiles.sum()), compile_delays=0,
+        worst_case_delays=worst_case_delays(ranks, shapes), wait_events=0, fetch_events=int(fetches.sum()),
+        compile_s=float(compile_s.sum()), wasted_compile_s=0.0, wait_s=0.0, fetch_s=float(fetch_s.sum()),
+        prewarm_s=0.0, compute_s=compute_total, wall_s=now, stall_s=now - compute_total, rank_stall_s=trace_total,
+        per_rank=tally.figures(), remote_fetches=int(fetches.sum()), remote_mb=float(fetches.sum()) * fetch_mb,
+        worst_step_s=worst, trace_s=trace_total, eager_steps=eager_steps, eager_s=eager_total,
+    )
+    log.debug("sim behind/%s: %d background compiles, %d eager steps, stall %.1f s",
+              sc.schedule, report.compile_events, eager_steps, report.stall_s)
     return report

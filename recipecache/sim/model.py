@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,10 @@ from ..errors import ConfigError
 
 #: none: every rank compiles every shape it meets; shared: a store without coordination
 #: (fetch what some rank has finished, else compile too); singleflight: wait for the rank
-#: already compiling; prewarm: the shape set compiled up front across ranks, then singleflight.
-POLICIES = ("none", "shared", "singleflight", "prewarm")
+#: already compiling; prewarm: the shape set compiled up front across ranks, then singleflight;
+#: behind: nobody waits for a compile (``--no-stall``): a rank traces a new shape, runs it
+#: without inductor while one rank compiles it behind the steps, and switches when it lands.
+POLICIES = ("none", "shared", "singleflight", "prewarm", "behind")
 SCHEDULES = ("iid", "adversarial", "trace", "startup")
 DISTRIBUTIONS = ("zipf", "uniform")
 
@@ -50,6 +53,14 @@ class Costs:
     ``store_mb_s`` (its network and CPU): a thousand ranks fetching at job start each get a
     thousandth of it. A rank that reads its node directory's copy instead (node tier)
     does so at ``local_mb_s``.
+
+    Policy ``behind`` splits a compile: its first ``trace_s`` seconds are dynamo's trace,
+    which stays synchronous on every rank that meets the shape; the rest runs in a worker
+    behind the steps. A step that runs a graph without inductor meanwhile takes
+    ``eager_slowdown`` times its compute, and while a background compile runs it takes
+    ``behind_cpu_share`` of the CPU the steps would use (0, the default, is a GPU node: the
+    compile runs on cores the steps leave idle; on a CPU-only node the compile competes
+    with the steps).
     """
 
     compile_s: float = 20.0
@@ -60,12 +71,20 @@ class Costs:
     artifact_mb: float = 20.0
     store_mb_s: float = 2500.0
     local_mb_s: float = 2000.0
+    trace_s: float = 2.0
+    eager_slowdown: float = 1.5
+    behind_cpu_share: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{f.name.replace('_', '-')} must be a finite number >= 0, not {value}")
+        if self.eager_slowdown < 1:
+            raise ConfigError(f"eager-slowdown must be >= 1 (a step without inductor is no faster), "
+                              f"not {self.eager_slowdown}")
+        if self.behind_cpu_share >= 1:
+            raise ConfigError(f"behind-cpu-share must be >= 0 and < 1, not {self.behind_cpu_share}")
         for name, what in (("bandwidth_mb_s", "bandwidth"), ("store_mb_s", "store bandwidth"),
                            ("local_mb_s", "local bandwidth")):
             if getattr(self, name) == 0:
@@ -80,6 +99,10 @@ class Costs:
         if self.compile_spread == 0:
             return np.full(shapes, self.compile_s)
         return self.compile_s * rng.lognormal(0.0, self.compile_spread, shapes)
+
+    def trace_times(self, compile_s: np.ndarray) -> np.ndarray:
+        """Each shape's synchronous trace: ``trace_s``, but never more than its whole compile."""
+        return np.minimum(self.trace_s, compile_s)
 
 
 @dataclass(frozen=True)
@@ -146,12 +169,23 @@ class Scenario:
         return dataclasses.replace(self, **changes)
 
 
+#: one step's graph calls: (step, rank of each call, shape of each call), by rank, in call order
+Calls = tuple[int, np.ndarray, np.ndarray]
+
+
 @dataclass(frozen=True)
 class Workload:
     """A scenario turned into numbers: first meetings sorted by (step, rank, order met).
 
     ``compute_s[t]`` is step t's compute time, the same on every rank (lockstep makes a
     step as long as its slowest rank, so per-rank compute spread would only add a constant).
+
+    ``calls`` yields every call, not only first meetings, step by step (steps without calls
+    may be left out): policy ``behind`` needs them, because a shape still compiling costs a
+    slower step at each call until it lands. It is a generator function, so a schedule can
+    draw its calls again batch by batch instead of holding steps x ranks of them.
+    ``trace_s`` is each shape's synchronous trace inside ``compile_s`` and ``eager_slowdown``
+    how much longer a step runs without inductor; None takes them from the scenario's costs.
     """
 
     scenario: Scenario
@@ -168,6 +202,17 @@ class Workload:
     #: megabytes a fetch moves through the store, shared with concurrent fetches (0: a
     #: replayed trace, whose measured fetch time is all there is)
     fetch_mb: float = 0.0
+    calls: Callable[[], Iterator[Calls]] | None = None
+    trace_s: np.ndarray | None = None
+    eager_slowdown: float | None = None
+
+
+def calls_by_step(step: np.ndarray, rank: np.ndarray, shape: np.ndarray) -> Iterator[Calls]:
+    """(step, rank, shape) arrays sorted by step, rank and order, as ``Workload.calls`` yields them."""
+    bounds = np.flatnonzero(np.diff(step)) + 1
+    for first, ranks, shapes in zip([0, *bounds.tolist()], np.split(rank, bounds), np.split(shape, bounds)):
+        if len(ranks):
+            yield int(step[first]), ranks, shapes
 
 
 @dataclass(frozen=True)
@@ -194,6 +239,15 @@ class Report:
     ``first_meetings`` counts the (rank, shape) pairs met: the events the engine played.
     ``remote_fetches``/``remote_mb`` are what crossed the store (with a node tier at most
     one fetch per node and shape), ``node_reads`` the fetches served by a node's copy.
+    ``worst_step_s`` is the longest step, compute included: what a rank meeting a new
+    shape costs the job at once.
+
+    Under ``behind`` no rank waits for a compile (``compile_delays`` and ``wait_s`` are 0):
+    ``compile_s`` is the work done behind the steps (not stall), ``trace_s`` the synchronous
+    traces summed over ranks (its ``rank_stall_s``), ``eager_steps`` the (rank, step) pairs
+    that ran a graph without inductor and ``eager_s`` what those and the CPU the background
+    compiles took added to the steps, per rank, summed; ``fetch_events`` include the
+    switches to a landed artifact.
     """
 
     policy: str
@@ -220,6 +274,10 @@ class Report:
     remote_fetches: int = 0
     remote_mb: float = 0.0
     node_reads: int = 0
+    worst_step_s: float = 0.0
+    trace_s: float = 0.0
+    eager_steps: int = 0
+    eager_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -18,7 +18,7 @@ from .model import DEFAULT_RANKS, DEFAULT_SHAPES, POLICIES, Scenario
 
 log = logging.getLogger(__name__)
 
-_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."))
+_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", "-"))
 #: the herd panel's ranks: 8 to 8,192
 HERD_RANKS = tuple(8 * 2**i for i in range(11))
 

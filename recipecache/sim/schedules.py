@@ -11,14 +11,21 @@
   all known shapes; ``steps`` below it cuts the schedule short.
 * ``startup``: every rank meets every shape in the first step, in the same order: a job's
   start, where the whole job wants the same artifacts at once (on a ``warm`` store, the
-  herd of fetches the node tier exists for). ``steps`` beyond the first are compute only.
+  herd of fetches the node tier exists for). ``steps`` beyond the first call every shape
+  again, served from memory (only policy ``behind`` can still be waiting for them).
+
+Besides first meetings, each schedule says every call (``Workload.calls``), drawn again
+step by step from the same random stream, so policy ``behind`` sees each step a shape
+still compiling is called in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
 
-from .model import DEFAULT_IID_STEPS, DEFAULT_RANKS, DEFAULT_SHAPES, Scenario, Workload
+from .model import DEFAULT_IID_STEPS, DEFAULT_RANKS, DEFAULT_SHAPES, Calls, Scenario, Workload
 
 #: cells (step x rank) drawn per batch: bounds memory at ~20 MB whatever the job size
 _BATCH_CELLS = 1 << 20
@@ -50,19 +57,37 @@ def _fold_first_meetings(draw: np.ndarray, first: np.ndarray, offset: int) -> No
     np.minimum.at(first, codes.ravel(), np.arange(offset, offset + steps * ranks, dtype=np.int64))
 
 
+def _iid_draws(scenario: Scenario, ranks: int, shapes: int, steps: int) -> Iterator[tuple[int, np.ndarray]]:
+    """The iid schedule's shapes as (first step, steps x ranks draw) batches; the same every time."""
+    _, shape_rng = _rngs(scenario.seed)
+    cdf = np.cumsum(shape_weights(scenario, shapes))
+    cdf[-1] = 1.0  # a uniform draw below 1 always lands on a shape despite rounding
+    batch = max(1, _BATCH_CELLS // ranks)
+    for start in range(0, steps, batch):
+        rows = min(batch, steps - start)
+        yield start, np.searchsorted(cdf, shape_rng.random((rows, ranks)), side="right")
+
+
+def _one_call_per_rank(draws: Callable[[], Iterator[tuple[int, np.ndarray]]]) -> Callable[[], Iterator[Calls]]:
+    """``Workload.calls`` of a schedule where every rank calls one shape per step."""
+
+    def calls() -> Iterator[Calls]:
+        for start, draw in draws():
+            ranks = np.arange(draw.shape[1], dtype=np.int64)
+            for row, shapes in enumerate(draw):
+                yield start + row, ranks, shapes
+
+    return calls
+
+
 def iid_workload(scenario: Scenario) -> Workload:
     ranks = scenario.ranks or DEFAULT_RANKS
     shapes = len(scenario.weights) if scenario.weights is not None else scenario.shapes or DEFAULT_SHAPES
     steps = DEFAULT_IID_STEPS if scenario.steps is None else scenario.steps
-    cost_rng, shape_rng = _rngs(scenario.seed)
-    cdf = np.cumsum(shape_weights(scenario, shapes))
-    cdf[-1] = 1.0  # a uniform draw below 1 always lands on a shape despite rounding
+    cost_rng, _ = _rngs(scenario.seed)
     never = np.iinfo(np.int64).max
     first = np.full(ranks * shapes, never, dtype=np.int64)
-    batch = max(1, _BATCH_CELLS // ranks)
-    for start in range(0, steps, batch):
-        rows = min(batch, steps - start)
-        draw = np.searchsorted(cdf, shape_rng.random((rows, ranks)), side="right")
+    for start, draw in _iid_draws(scenario, ranks, shapes, steps):
         _fold_first_meetings(draw, first, start * ranks)
     met = np.flatnonzero(first != never)
     order = np.argsort(first[met], kind="stable")
@@ -73,6 +98,7 @@ def iid_workload(scenario: Scenario) -> Workload:
         compute_s=np.full(steps, scenario.costs.compute_s),
         compile_s=scenario.costs.compile_times(shapes, cost_rng),
         fetch_s=scenario.costs.fetch_s, fetch_mb=scenario.costs.artifact_mb,
+        calls=_one_call_per_rank(lambda: _iid_draws(scenario, ranks, shapes, steps)),
     )
 
 
@@ -87,12 +113,23 @@ def adversarial_workload(scenario: Scenario) -> Workload:
     shape = np.concatenate([np.zeros(ranks, dtype=np.int64), np.tile(np.arange(1, shapes, dtype=np.int64), ranks)])
     keep = step < steps
     cost_rng, _ = _rngs(scenario.seed)
+
+    def draws() -> Iterator[tuple[int, np.ndarray]]:
+        """Shape 0 everywhere but at each rank's new shapes, one steps x ranks batch at a time."""
+        batch = max(1, _BATCH_CELLS // ranks)
+        for start in range(0, steps, batch):
+            draw = np.zeros((min(batch, steps - start), ranks), dtype=np.int64)
+            new = (step >= max(start, 1)) & (step < start + len(draw))
+            draw[step[new] - start, rank[new]] = shape[new]
+            yield start, draw
+
     return Workload(
         scenario=scenario, ranks=ranks, shapes=shapes, steps=steps,
         step=step[keep], rank=rank[keep], shape=shape[keep],
         compute_s=np.full(steps, scenario.costs.compute_s),
         compile_s=scenario.costs.compile_times(shapes, cost_rng),
         fetch_s=scenario.costs.fetch_s, fetch_mb=scenario.costs.artifact_mb,
+        calls=_one_call_per_rank(draws),
     )
 
 
@@ -102,12 +139,18 @@ def startup_workload(scenario: Scenario) -> Workload:
     steps = 1 if scenario.steps is None else scenario.steps
     cells = ranks * shapes if steps else 0
     cost_rng, _ = _rngs(scenario.seed)
+    rank = np.repeat(np.arange(ranks, dtype=np.int64), shapes)
+    shape = np.tile(np.arange(shapes, dtype=np.int64), ranks)
+
+    def calls() -> Iterator[Calls]:
+        for t in range(steps):
+            yield t, rank, shape
+
     return Workload(
         scenario=scenario, ranks=ranks, shapes=shapes, steps=steps,
-        step=np.zeros(cells, dtype=np.int64),
-        rank=np.repeat(np.arange(ranks, dtype=np.int64), shapes)[:cells],
-        shape=np.tile(np.arange(shapes, dtype=np.int64), ranks)[:cells],
+        step=np.zeros(cells, dtype=np.int64), rank=rank[:cells], shape=shape[:cells],
         compute_s=np.full(steps, scenario.costs.compute_s),
         compile_s=scenario.costs.compile_times(shapes, cost_rng),
         fetch_s=scenario.costs.fetch_s, fetch_mb=scenario.costs.artifact_mb,
+        calls=calls,
     )
