@@ -163,3 +163,81 @@ def test_events_of_other_kinds_are_not_replayed(tmp_path: Path) -> None:
     w = build_workload(Scenario(schedule="trace", trace=noisy))
     assert (w.ranks, w.steps, w.shapes) == (base.ranks, base.steps, base.shapes)
     assert w.compute_s.tolist() == pytest.approx(base.compute_s.tolist())
+
+
+# -- a run with --no-stall (policy behind) --------------------------------------------------
+EAGER_CALL, COMPILED_STEP, SWITCH = 0.75, 0.5, 0.05
+
+
+def no_stall_run(directory: Path, ranks: int = 2) -> Path:
+    """A cold --no-stall run of 7 steps in the contract's records. Every step calls graph K.
+    Step 0: each rank misses K, traces it (0.3 s, no record), runs it eager; rank 0 compiles
+    it behind the steps (2.9 s, from 100.31 to 103.21, in step 3). Steps 1-3 run K eager
+    (0.75 s a call, the whole step), step 4 switches (0.05 s) and runs compiled (0.5 s), as
+    do steps 5-6."""
+    records = []
+    for rank in range(ranks):
+        t = 100.0
+        records += [ev(rank, "miss", t + 0.01, "K", 0.01)]
+        if rank == 0:
+            records += [ev(0, "compile_start", t + 0.31, "K", 0.0, behind=True),
+                        ev(0, "compile", 103.21, "K", 2.9, behind=True), ev(0, "put", 103.21, "K", 0.0)]
+        t += 0.31
+        for step in range(4):
+            t += EAGER_CALL
+            records += [ev(rank, "eager", t, "K", EAGER_CALL), ev(rank, "step", t, step=step)]
+        t += SWITCH
+        records += [ev(rank, "switch", t, "K", SWITCH)]
+        for step in range(4, 7):
+            t += COMPILED_STEP
+            records += [ev(rank, "step", t, step=step)]
+    return write_trace(directory, records)
+
+
+def test_a_no_stall_run_is_priced_as_compiled_steps_and_a_background_compile(tmp_path: Path) -> None:
+    w = build_workload(Scenario(schedule="trace", trace=no_stall_run(tmp_path / "ev")))
+    assert (w.ranks, w.steps, w.shapes) == (2, 7, 1)
+    assert w.compile_s.tolist() == pytest.approx([2.9])  # the background compile's own seconds
+    assert w.fetch_s == pytest.approx(SWITCH)
+    assert w.eager_slowdown == pytest.approx(EAGER_CALL / COMPILED_STEP)  # eager-only steps over plain ones
+    # eager steps count at what they would cost compiled; the background compile covers no step
+    # (step 3 would lose the compile's 0.65 s in it otherwise); step 0 holds the trace, slowed too
+    assert w.compute_s.tolist() == pytest.approx([(0.3 + EAGER_CALL) / 1.5] + [COMPILED_STEP] * 6)
+    assert w.trace_s is not None and w.trace_s.tolist() == [0.0]  # dynamo's trace is inside step 0's compute
+    calls = [(t, rank.tolist(), shape.tolist()) for t, rank, shape in w.calls()]
+    assert calls == [(t, [0, 1], [0, 0]) for t in range(5)]  # met, run eager, switched
+
+
+def test_behind_replays_a_no_stall_run(tmp_path: Path) -> None:
+    trace = no_stall_run(tmp_path / "ev")
+    r = simulate("behind", schedule="trace", trace=trace)
+    # the compile lands 2.9 s after step 0 begins: steps 0-3 (1.05 + 3 * 0.75 s) run eager
+    assert r.eager_steps == 2 * 4 and r.compile_events == 1 and r.wait_events == 0
+    assert r.wall_s == pytest.approx(0.3 + 4 * EAGER_CALL + SWITCH + 3 * COMPILED_STEP)
+    assert r.worst_step_s == pytest.approx(0.3 + EAGER_CALL)
+    # single-flight on the same workload: rank 0 compiles K in step 0, rank 1 waits for it
+    single = simulate("singleflight", schedule="trace", trace=trace)
+    assert single.compile_events == 1 and single.wait_events == 1 and single.eager_steps == 0
+    assert single.worst_step_s > r.worst_step_s
+
+
+def test_fidelity_of_behind_counts_the_runs_eager_steps(tmp_path: Path) -> None:
+    result = replay(no_stall_run(tmp_path / "ev"), policy="behind")
+    assert result.measured_s == result.predicted_s == 8
+    assert result.relative_error == 0 and "eager steps" in result.figure
+    with pytest.raises(ConfigError):
+        replay(tmp_path / "ev", policy="none")
+    with pytest.raises(ConfigError):
+        replay(tmp_path / "ev")  # single-flight compares with the report, which is not named
+
+
+def test_a_behind_field_that_is_no_boolean_is_a_damaged_record(tmp_path: Path) -> None:
+    from recipecache.runs.events import Skipped, read_events
+
+    trace = no_stall_run(tmp_path / "ev")
+    with open(trace / "events-rank0-100.jsonl", "a") as fh:
+        fh.write(json.dumps(ev(0, "compile", 105.0, "K", 50.0, behind="yes")) + "\n")
+    skipped = Skipped()
+    assert not any(r.get("behind") == "yes" for r in read_events(trace, skipped=skipped))
+    assert skipped.records == 1
+    assert build_workload(Scenario(schedule="trace", trace=trace)).compile_s.tolist() == pytest.approx([2.9])

@@ -7,7 +7,7 @@ Enabled by ``RECIPECACHE_EVENT_LOG=<directory>``; each process appends to
 
 ``event`` is one of :data:`EVENT_KINDS`. ``time`` is when the event *ended*, so an
 event covers ``[time - duration, time]``. Extra fields (``reason``, ``bytes``,
-``step``, ``shape``) may appear; readers must ignore fields they do not know.
+``step``, ``shape``, ``behind``) may appear; readers must ignore fields they do not know.
 
 Lines are written with one ``write`` call on a file opened in append mode, so lines of
 different threads never interleave, and flushed at once so a killed process loses at
@@ -46,8 +46,13 @@ log = logging.getLogger(__name__)
 #: help (``reason``); takeover: took a lease whose holder had died;
 #: compile_start: this process became the leader of ``key`` and compiles it now (the
 #: ``compile`` that follows ends it; ``recipecache-run`` prints both as progress);
-#: step: a training step ended (written by integrations; ``step`` = index).
-EVENT_KINDS = ("hit", "miss", "compile", "wait", "put", "fallback", "takeover", "compile_start", "step")
+#: step: a training step ended (written by integrations; ``step`` = index);
+#: eager (``--no-stall``): one call of graph ``key`` ran without inductor while its compile
+#: runs behind the steps (``duration`` = the call); switch: this process switched ``key`` to
+#: the compiled artifact (``duration`` = the load). That background compile's
+#: ``compile_start`` and ``compile`` carry ``"behind": true``: no time of the rank's steps.
+EVENT_KINDS = ("hit", "miss", "compile", "wait", "put", "fallback", "takeover", "compile_start", "step",
+               "eager", "switch")
 
 
 class EventLog:
@@ -150,7 +155,7 @@ def well_formed(rec: Any) -> bool:
             and type(rec.get("rank")) is int and rec["rank"] in _RANK_RANGE
             and ("duration" not in rec or is_seconds(rec["duration"]))
             and _optional(rec, "key", str) and _optional(rec, "reason", str)
-            and _optional(rec, "bytes", int) and _optional(rec, "step", int))
+            and _optional(rec, "bytes", int) and _optional(rec, "step", int) and _optional(rec, "behind", bool))
 
 
 def parse_record(line: bytes) -> dict[str, Any] | None:

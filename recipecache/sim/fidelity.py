@@ -1,10 +1,19 @@
-"""Measured versus predicted stall of a recorded run: does the simulator agree with reality?
+"""Measured versus predicted figures of a recorded run: does the simulator agree with reality?
 
 The launcher's report gives the stall each process measured (compile plus wait seconds,
 summed over ranks under ``total.stall_s``). Replaying the run's event logs under
 single-flight predicts the same figure as :attr:`Report.rank_stall_s`: the compile
 times come from the trace, so what is really predicted is who compiles and how long the
 others wait.
+
+A run with ``--no-stall`` is replayed under ``behind``. Nobody waits there, so the figure
+is the eager steps: the (rank, step) pairs that ran a graph without inductor, counted
+from the run's ``eager`` records (:func:`~recipecache.sim.trace.recorded_eager_steps`)
+against :attr:`Report.eager_steps`. The compile and step times come from the trace, so
+what is predicted is how many steps each background compile takes to land. The replay
+knows a key's calls only up to the step its rank switched in the run, so a compile that
+lands later in the replay than in the run is not counted beyond it: the prediction errs
+low, never high, there.
 """
 
 from __future__ import annotations
@@ -17,13 +26,21 @@ from pathlib import Path
 from ..errors import ConfigError
 from .api import simulate
 from .model import Report
+from .trace import recorded_eager_steps
+
+#: the policies a recorded run can be checked against: what the store does, and ``--no-stall``
+FIDELITY_POLICIES = ("singleflight", "behind")
 
 
 @dataclass(frozen=True)
 class Fidelity:
+    """``measured_s`` and ``predicted_s`` are the compared ``figure``: seconds, or under
+    ``behind`` a count of eager steps."""
+
     measured_s: float
     predicted_s: float
     report: Report
+    figure: str = "stall (compile + wait, summed over ranks), s"
 
     @property
     def relative_error(self) -> float:
@@ -47,7 +64,17 @@ def measured_stall(report_path: str | Path, field: str = "total.stall_s") -> flo
     return float(value)
 
 
-def replay(trace_dir: str | Path, report_path: str | Path, field: str = "total.stall_s") -> Fidelity:
-    """Replay ``trace_dir`` under single-flight (what the store does) against the measured stall."""
-    report = simulate("singleflight", schedule="trace", trace=Path(trace_dir))
+def replay(trace_dir: str | Path, report_path: str | Path | None = None, field: str = "total.stall_s", *,
+           policy: str = "singleflight") -> Fidelity:
+    """Replay ``trace_dir`` under ``policy`` against what the run measured: under single-flight
+    (what the store does) the stall at ``field`` of the run's report, under ``behind`` (a
+    ``--no-stall`` run) the eager steps of its event logs."""
+    if policy not in FIDELITY_POLICIES:
+        raise ConfigError(f"fidelity replays policy {' or '.join(FIDELITY_POLICIES)}, not {policy!r}")
+    report = simulate(policy, schedule="trace", trace=Path(trace_dir))
+    if policy == "behind":
+        return Fidelity(float(recorded_eager_steps(trace_dir)), float(report.eager_steps), report,
+                        "eager steps ((rank, step) pairs run without inductor)")
+    if report_path is None:
+        raise ConfigError("a single-flight replay compares with the run's report: name it")
     return Fidelity(measured_stall(report_path, field), report.rank_stall_s, report)
