@@ -60,7 +60,8 @@ class Costs:
     ``eager_slowdown`` times its compute, and while a background compile runs it takes
     ``behind_cpu_share`` of the CPU the steps would use (0, the default, is a GPU node: the
     compile runs on cores the steps leave idle; on a CPU-only node the compile competes
-    with the steps).
+    with the steps). The compile's own time stays ``compile_s - trace_s``: a measured
+    compile time already holds whatever it competed with.
     """
 
     compile_s: float = 20.0
