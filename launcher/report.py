@@ -7,6 +7,13 @@ quietly covers fewer ranks would understate the job's stall.
 
 Per rank:
 
+* ``hits`` and ``misses`` count graph lookups (the metrics' ``cache`` TotalHit/TotalMiss: FX
+  graphs and precompiled functions, the lookups that stand for a compile); ``puts`` counts
+  every artifact the rank wrote to the store, of every kind (the store's count: AOTAutograd
+  entries, PGO state, CPU probes and autotuning results too, and the precompiled tier's
+  copies under the key naming their code). The two were never of the same kinds, so
+  ``lookups`` gives each kind's hits, misses and puts side by side (the store counts each
+  once, by kind: the metrics' ``lookups``), and the table prints them for the total.
 * ``stall_s`` = compile seconds + wait seconds: the time this rank held up the
   collective (its peers sat in the next all-reduce meanwhile).
 * ``saved_s``: for each hit, what the producing rank spent compiling that artifact
@@ -62,6 +69,8 @@ _SECONDS: dict[str, tuple[str, ...]] = {
 }
 #: fields every rank row and the total carry, in print order
 FIELDS = (*_COUNTS, *_SECONDS, "stall_s")
+#: what the metrics' ``lookups`` count per artifact kind
+OUTCOMES = ("hit", "miss", "put")
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,11 @@ def _damage(data: Any) -> str | None:
     fallbacks = data.get("fallbacks")
     if fallbacks is not None and not (isinstance(fallbacks, dict) and all(map(_count, fallbacks.values()))):
         return "fallbacks is not a map of counts"
+    lookups = data.get("lookups")
+    if lookups is not None and not (isinstance(lookups, dict) and all(
+            isinstance(counts, dict) and all(_count(counts.get(name, 0)) for name in OUTCOMES)
+            for counts in lookups.values())):
+        return "lookups is not a map of hit/miss/put counts by kind"
     for name, ok in (("host", lambda v: type(v) is str), ("pid", _count), ("wall_s", is_seconds)):
         if data.get(name) is not None and not ok(data[name]):
             return f"{name} is of the wrong type"
@@ -156,6 +170,9 @@ def rank_row(rank: int, data: Mapping[str, Any]) -> dict[str, Any]:
     # the integration's own count: the store's fallbacks plus lookups that failed and bad artifacts
     fallbacks = data.get("fallbacks")
     row["fallbacks"] = {str(k): int(v) for k, v in fallbacks.items()} if isinstance(fallbacks, Mapping) else {}
+    lookups = data.get("lookups")
+    row["lookups"] = {str(kind): {name: int(counts.get(name, 0)) for name in OUTCOMES}
+                      for kind, counts in lookups.items()} if isinstance(lookups, Mapping) else {}
     return row
 
 
@@ -189,9 +206,13 @@ def build_report(
     ok = [r for r in rows if r["status"] == "ok"]
     total: dict[str, Any] = {name: sum(r[name] for r in ok) for name in FIELDS}
     fallbacks: Counter[str] = Counter()
+    lookups: dict[str, Counter[str]] = {}
     for r in ok:
         fallbacks.update(r["fallbacks"])
+        for kind, counts in r["lookups"].items():
+            lookups.setdefault(kind, Counter()).update(counts)
     total["fallbacks"] = dict(fallbacks)
+    total["lookups"] = {kind: {name: counts[name] for name in OUTCOMES} for kind, counts in lookups.items()}
     total["ranks_reported"] = len(ok)
     if hpu:
         figures: Counter[str] = Counter()
@@ -237,6 +258,11 @@ def format_report(report: Mapping[str, Any]) -> str:
         else:
             lines.append(line(str(r["rank"]), r))
     lines.append(line("total", report["total"]))
+    kinds = report["total"].get("lookups")
+    if kinds:
+        lines.append("by kind, hits/misses/puts: " + ", ".join(
+            f"{kind} {counts['hit']}/{counts['miss']}/{counts['put']}" for kind, counts in kinds.items())
+            + " (the hits and misses columns count graph lookups, the puts column every kind)")
     if report["expected_ranks"] is None:
         lines.append(f"ranks of this node unknown before the job (elastic rendezvous): "
                      f"{report['total']['ranks_reported']} rank(s) reported")

@@ -118,10 +118,12 @@ class Flight:
     lease: HeldLease | None = field(default=None, repr=False)
     #: whether the flight is in the event log (:meth:`Store.begin`'s ``trace``)
     trace: bool = True
+    #: what the flight looks up and publishes (:meth:`Store.begin`'s ``kind``), counted under it
+    kind: str | None = None
 
     def publish(self, data: Buffer, *, meta: dict[str, Any] | None = None) -> bool:
         """Store ``data`` (described by ``meta``, see :meth:`Store.put`) and release the lease; False if not taken."""
-        stored = self.store.put(self.key, data, meta=meta, trace=self.trace)
+        stored = self.store.put(self.key, data, meta=meta, trace=self.trace, kind=self.kind)
         self.release()
         return stored
 
@@ -319,24 +321,29 @@ class Store:
             self.node.publish(storage_key(self.namespace, key), blob)
         return result.data
 
-    def lookup(self, key: str, *, trace: bool = True, node: bool = True) -> Lookup:
+    def lookup(self, key: str, *, trace: bool = True, node: bool = True, kind: str | None = None) -> Lookup:
         """The verified artifact under ``key``, or None and the counted miss reason.
 
         ``trace=False`` keeps the lookup out of the event log (which the simulator replays
         as the job's compile keys); it is counted in :meth:`stats` all the same.
         ``node=False`` reads the backend even with a node tier: for entries rewritten under
         the same key (merged PGO state, an index), whose node copy would go stale.
+        ``kind`` (what the caller looks up: ``fx``, ``aot``...) counts the outcome under it
+        as well (``stats()["by_kind"]``); a hit the caller cannot use is
+        :meth:`record_unused_hit`.
         """
+        result = self._traced_read(key, trace=trace, node=node)
+        self._stats.outcome(kind, result.reason)
+        return result
+
+    def _traced_read(self, key: str, *, trace: bool, node: bool = True) -> Lookup:
+        """:meth:`_read`, and its hit or miss in the event log (when ``trace``); the caller counts the outcome."""
         start = time.perf_counter()
         result = self._read(key, node=node)
-        if result.reason is not None:
-            self._stats.reason("misses", result.reason)
-            if trace:
+        if trace:
+            if result.data is None:
                 self.events.record("miss", key, time.perf_counter() - start, reason=result.reason)
-        else:
-            assert result.data is not None
-            self._stats.count("hits")
-            if trace:
+            else:
                 self.events.record("hit", key, time.perf_counter() - start, bytes=len(result.data))
         return result
 
@@ -347,14 +354,14 @@ class Store:
     def _seal(self, key: str, data: Buffer, meta: dict[str, Any] | None = None) -> bytes:
         return envelope.seal_header(key, data, namespace=self.namespace, secret=self.settings.secret, meta=meta)
 
-    def _published(self, key: str, data: Buffer, start: float, trace: bool) -> None:
-        self._stats.count("puts")
-        self._stats.count("bytes_written", len(data))
+    def _published(self, key: str, data: Buffer, start: float, trace: bool, kind: str | None) -> None:
+        self._stats.put(kind, len(data))
         if trace:
             self.events.record("put", key, time.perf_counter() - start, bytes=len(data))
 
     def put(
-        self, key: str, data: Buffer, *, trace: bool = True, meta: dict[str, Any] | None = None, node: bool = True
+        self, key: str, data: Buffer, *, trace: bool = True, meta: dict[str, Any] | None = None, node: bool = True,
+        kind: str | None = None,
     ) -> bool:
         """Publish ``data`` under ``key``; False (logged and counted, never raised) if the backend failed.
 
@@ -363,7 +370,8 @@ class Store:
         compile seconds) for ``recipecache ls``: a small map of scalars
         (:func:`recipecache.envelope.check_meta`). With a node tier the entry goes to the
         node directory too (first: the node's other processes read it there even if the
-        backend fails), unless ``node=False``.
+        backend fails), unless ``node=False``. ``kind`` counts the put under it as well
+        (``stats()["by_kind"]``), as for :meth:`lookup`.
         """
         start = time.perf_counter()
         data = byte_view(data)
@@ -376,7 +384,7 @@ class Store:
         except BackendError as exc:
             self._stats.reason("put_failures", exc.reason)
             return False
-        self._published(key, data, start, trace)
+        self._published(key, data, start, trace, kind)
         return True
 
     def update(
@@ -388,6 +396,7 @@ class Store:
         trace: bool = False,
         meta: dict[str, Any] | None = None,
         node: bool = False,
+        kind: str | None = None,
     ) -> Lookup:
         """Replace the value under ``key`` with ``change(current)``, atomically against other updates.
 
@@ -398,7 +407,7 @@ class Store:
         process wrote meanwhile, the update is retried on what it wrote, after a short
         random backoff, up to ``attempts`` times.
 
-        ``meta`` describes the value written, as for :meth:`put`.
+        ``meta`` describes the value written and ``kind`` counts it, as for :meth:`put`.
 
         The read is always the backend's, never a node copy (which may be stale). The value
         written goes to the node directory only with ``node=True``: for entries whose
@@ -434,7 +443,7 @@ class Store:
                 if written:
                     if copy_to is not None:
                         copy_to.publish(skey, header, new)
-                    self._published(key, new, start, trace)
+                    self._published(key, new, start, trace, kind)
                     return Lookup(memoryview(new).toreadonly())
                 self._stats.count("update_conflicts")
                 time.sleep(random.uniform(0, min(_UPDATE_BACKOFF_MAX_S, _UPDATE_BACKOFF_S * 2**attempt)))
@@ -450,27 +459,45 @@ class Store:
         stale: Buffer | None = None,
         stale_reason: Reason = Reason.GUARD_REJECTED,
         trace: bool = True,
+        kind: str | None = None,
     ) -> Flight:
         """Look ``key`` up; on a miss either wait for the process compiling it or become its compiler.
 
+        The lookup's outcome is counted once, when the flight's role is known: a hit, a
+        follower's artifact (a hit that waited), or a miss for the first lookup's reason
+        (leader, or a fallback, also counted as such); under ``kind`` too, which the flight
+        keeps for its :meth:`Flight.publish`. A value the caller then cannot use is
+        :meth:`record_unused_hit`.
+
         ``stale`` is a value the caller already read under ``key`` and cannot use (none of
-        the guard variants it holds fits, or it is malformed), for ``stale_reason``. While
-        the key holds exactly that value it counts as missing: the caller takes the lease
-        and compiles what it needs, or waits for the lease holder to publish something
-        else. The caller counted its own lookup, so this one is not counted again. With
-        ``stale`` the backend itself is read, never a node copy (the stale value may be
-        that copy), and what it holds refreshes the node copy. ``trace=False`` keeps the
+        the guard variants it holds fits, or it is malformed), for ``stale_reason`` (a miss in
+        the event log). While the key holds exactly that value it counts as missing: the
+        caller takes the lease and compiles what it needs, or waits for the lease holder to
+        publish something else. The caller counted its own lookup, so this one counts no
+        outcome: the caller settles it (:meth:`record_unused_hit` once, if it uses none of
+        the values). With ``stale`` the backend itself is read, never a node copy (the stale
+        value may be that copy), and what it holds refreshes the node copy. ``trace=False`` keeps the
         flight (lookup, wait, compile start, publish) out of the event log, as for :meth:`lookup`.
         """
         if stale is None:
-            first = self.lookup(key, trace=trace)
+            first = self._traced_read(key, trace=trace)
             if first.data is not None:
-                return Flight(self, key, Role.HIT, data=first.data, trace=trace)
+                self._stats.outcome(kind, None)
+                return Flight(self, key, Role.HIT, data=first.data, trace=trace, kind=kind)
             miss = first.reason
             if first.failed:  # the backend failed: no lease to take
-                return self._fallback(key, first.reason, miss_reason=miss, trace=trace)
+                self._stats.outcome(kind, miss)
+                return self._fallback(key, first.reason, miss_reason=miss, trace=trace, kind=kind)
         else:
             miss = stale_reason
+            if trace:
+                self.events.record("miss", key, reason=stale_reason)
+
+        def settle(hit: bool) -> None:
+            """Count the lookup's outcome (a stale lookup's is the caller's)."""
+            if stale is None:
+                self._stats.outcome(kind, None if hit else miss)
+
         timeout = self.settings.wait_timeout if wait_timeout is None else wait_timeout
 
         def fetch() -> memoryview | None:
@@ -479,19 +506,21 @@ class Store:
         try:
             outcome = self._call("lease", self._flight.run, storage_key(self.namespace, key), fetch, timeout)
         except BackendError as exc:
-            return self._fallback(key, exc.reason, miss_reason=miss, trace=trace)
+            settle(False)
+            return self._fallback(key, exc.reason, miss_reason=miss, trace=trace, kind=kind)
         if outcome.waited_s:
             self._stats.count("waits")
             self._stats.add_seconds("wait_s", outcome.waited_s)
             if trace:
                 self.events.record("wait", key, outcome.waited_s)
+        settle(outcome.role is Role.FOLLOWER)
         if outcome.role is Role.TIMEOUT:
-            return self._fallback(key, Reason.WAIT_TIMEOUT, waited_s=outcome.waited_s, miss_reason=miss, trace=trace)
+            return self._fallback(key, Reason.WAIT_TIMEOUT, waited_s=outcome.waited_s, miss_reason=miss, trace=trace,
+                                  kind=kind)
         if outcome.role is Role.FOLLOWER:
             self._stats.count("follower")
-            self._stats.count("hits")
             return Flight(self, key, Role.FOLLOWER, data=outcome.value, waited_s=outcome.waited_s, miss_reason=miss,
-                          trace=trace)
+                          trace=trace, kind=kind)
         self._stats.count("leader")
         if outcome.takeover:
             self._stats.count("takeovers")
@@ -500,14 +529,15 @@ class Store:
         if trace:
             self.events.record("compile_start", key)
         return Flight(self, key, Role.LEADER, lease=outcome.lease, waited_s=outcome.waited_s, miss_reason=miss,
-                      trace=trace)
+                      trace=trace, kind=kind)
 
     def _fallback(self, key: str, reason: Reason, *, miss_reason: Reason | None, waited_s: float = 0.0,
-                  trace: bool = True) -> Flight:
+                  trace: bool = True, kind: str | None = None) -> Flight:
         self._stats.reason("fallback", reason)
         if trace:
             self.events.record("fallback", key, reason=reason)
-        return Flight(self, key, Role.FALLBACK, reason=reason, waited_s=waited_s, miss_reason=miss_reason, trace=trace)
+        return Flight(self, key, Role.FALLBACK, reason=reason, waited_s=waited_s, miss_reason=miss_reason, trace=trace,
+                      kind=kind)
 
     def get_or_compile(
         self, key: str, compile_fn: Callable[[], Buffer], *, wait_timeout: float | None = None
@@ -537,11 +567,27 @@ class Store:
         if key is not None:
             self.events.record("compile", key, seconds)
 
-    def record_unused_hit(self, key: str, reason: Reason) -> None:
-        """A hit served under ``key`` was not used after all (``reason``, e.g. torch's guards rejected it): a miss."""
-        self._stats.count("hits", -1)
-        self._stats.reason("misses", reason)
-        self.events.record("miss", key, reason=reason)
+    def record_unused_hit(self, key: str, reason: Reason, *, kind: str | None = None, trace: bool = True) -> None:
+        """A hit served under ``key`` (:meth:`lookup`, :meth:`begin`) was not used after all: a miss for ``reason``.
+
+        The one call for it (a malformed artifact, kernels that would not install, torch's
+        guards rejecting it, a precompiled verdict meaning "run the normal path"): the hit
+        counted for the lookup becomes a miss, under the lookup's ``kind``, once per lookup.
+        ``trace`` records the miss in the event log (False: the lookup was not traced, or a
+        ``begin(stale=...)`` recorded it already).
+        """
+        self._stats.unused_hit(kind, reason)
+        if trace:
+            self.events.record("miss", key, reason=reason)
+
+    def record_redirected_hit(self, *, kind: str | None = None) -> None:
+        """A hit served was for another version of what the caller needs, which it looks up under another key.
+
+        That lookup's outcome is this one's, so the hit is withdrawn, not turned into a miss
+        (the precompiled tier: an artifact of other code, and one under the key naming this
+        process's code).
+        """
+        self._stats.unused_hit(kind, None)
 
     # -- admin: whole-store operations on raw entries (recipecache.tools.admin builds on these) --
     # They talk to the backend directly, outside the circuit breaker: an operator wants

@@ -364,6 +364,21 @@ def test_report_aggregates_ranks_and_lists_missing_ones(tmp_path: Path) -> None:
     assert "WARNING: no usable metrics from rank(s) 2, 3" in text
 
 
+def test_report_gives_hits_misses_and_puts_of_each_kind_side_by_side(tmp_path: Path) -> None:
+    """Issue 19: hits and misses count graph lookups, puts every kind; the report says so and shows each kind's
+    figures side by side (a rank whose lookups are no counts is unreadable)."""
+    fx = {"hit": 1, "miss": 2, "put": 2}
+    write_metrics(tmp_path, 0, metrics(0, lookups={"fx": fx, "aot": {"hit": 0, "miss": 1, "put": 1}}))
+    write_metrics(tmp_path, 1, metrics(1, lookups={"fx": fx, "precompiled": {"hit": 1, "miss": 0, "put": 0}}))
+    write_metrics(tmp_path, 2, metrics(2, lookups={"fx": {"hit": -1}}))
+    report = build_report(load_metrics(tmp_path), range(3))
+    assert report["ranks"][0]["lookups"]["aot"] == {"hit": 0, "miss": 1, "put": 1}
+    assert report["ranks"][2]["status"] == "unreadable"
+    assert report["total"]["lookups"] == {"fx": {"hit": 2, "miss": 4, "put": 4}, "aot": {"hit": 0, "miss": 1, "put": 1},
+                                          "precompiled": {"hit": 1, "miss": 0, "put": 0}}
+    assert "by kind, hits/misses/puts: fx 2/4/4, aot 0/1/1, precompiled 1/0/0" in format_report(report)
+
+
 def test_report_without_known_ranks_covers_what_it_finds(tmp_path: Path) -> None:
     write_metrics(tmp_path, 5, metrics(5))
     report = build_report(load_metrics(tmp_path), None)

@@ -527,6 +527,37 @@ def test_precompile_fallback_details_are_one_vocabulary() -> None:
 
 
 
+def test_the_tier_counts_each_lookup_and_store_failure_once() -> None:
+    """Issue 19, "count once": a stored verdict is a hit that means "run the normal path": one miss, in the store's
+    stats and the metrics alike (the store counted a hit, the metrics a miss); a store that did not answer is the
+    store's fallback ``backend_down``, once, with its detail apart (it was ``backend_down`` and again
+    ``precompile_fallback`` in one dict)."""
+    from types import SimpleNamespace
+
+    from recipecache.torch_integration.metrics import Metrics
+    from recipecache.torch_integration.precompile import Fallback, Tier
+
+    target = SimpleNamespace(name="f")
+    store = recipecache.open_store("memory://", namespace=NAMESPACE)
+    store.put("verdict", Precompiled(b"", (), 1.0, "graph_break").pack())
+    metrics = Metrics(store, None, flush=False)
+    fallback = Tier(store, metrics, 0.5, lambda key: key).resolve(target, "verdict", (), {})  # type: ignore[arg-type]
+    assert isinstance(fallback, Fallback) and fallback.detail == "graph_break"
+    m = metrics.snapshot()
+    assert (m["store"]["hits"], m["store"]["misses_by_reason"]) == (0, {"precompile_fallback": 1})
+    assert m["lookups"]["precompiled"] == m["store"]["by_kind"]["precompiled"] == {"hit": 0, "miss": 1, "put": 0}
+    assert m["fallbacks"] == {"precompile_fallback": 1} and m["precompile_fallbacks"] == {"graph_break": 1}
+
+    down = recipecache.open_store("redis://127.0.0.1:1/0?timeout=0.5", namespace=NAMESPACE)
+    metrics = Metrics(down, None, flush=False)
+    fallback = Tier(down, metrics, 0.5, lambda key: key).resolve(target, "k", (), {})  # type: ignore[arg-type]
+    assert isinstance(fallback, Fallback) and fallback.detail == "backend_down"
+    m = metrics.snapshot()
+    assert m["fallbacks"] == m["store"]["fallback_by_reason"] == {"backend_down": 1}
+    assert m["precompile_fallbacks"] == {"backend_down": 1}
+    assert m["lookups"]["precompiled"] == {"hit": 0, "miss": 1, "put": 0}
+
+
 def test_graphs_with_size_inputs_are_refused_before_compiling() -> None:
     import torch
 

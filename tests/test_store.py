@@ -310,6 +310,39 @@ def test_begin_with_a_stale_value_leads_or_waits_for_a_different_one() -> None:
     assert store.stats()["hits"] == 0 and store.stats()["misses"] == 0, "the caller counted its own lookup"
 
 
+def test_each_lookup_and_put_is_counted_once_by_kind() -> None:
+    """Issue 19, "count once": the store counts one outcome per lookup (a follower's is a hit, not a miss and a
+    hit), by kind when the caller names one; a hit the caller cannot use becomes a miss once, and a stale
+    begin, whose lookup the caller counted, adds none."""
+    import time
+
+    from recipecache.reasons import Reason
+
+    store = make_store()
+    follower = make_store(store.backend)  # another process on the same backend
+    leader = store.begin("k", kind="fx")
+    assert leader.role == "leader"
+    waited: list[object] = []
+    waiter = threading.Thread(target=lambda: waited.append(follower.begin("k", kind="fx", wait_timeout=30)))
+    waiter.start()
+    time.sleep(0.2)
+    leader.publish(b"artifact")
+    waiter.join(timeout=30)
+    assert waited[0].role == "follower"  # type: ignore[attr-defined]
+    stats = follower.stats()
+    assert (stats["hits"], stats["misses"], stats["misses_by_reason"]) == (1, 0, {}), "a follower's lookup is a hit"
+    assert stats["by_kind"] == {"fx": {"hit": 1, "miss": 0, "put": 0}}
+
+    assert store.lookup("k", kind="aot").data == b"artifact"
+    store.record_unused_hit("k", Reason.INSTALL_FAILED, kind="aot", trace=False)
+    store.begin("k", stale=b"artifact", kind="aot").release()  # the caller counted its own lookup
+    store.put("copy", b"artifact")  # a put of no kind: in ``puts`` only
+    stats = store.stats()
+    assert (stats["hits"], stats["misses"], stats["puts"]) == (0, 2, 2)
+    assert stats["misses_by_reason"] == {"not_found": 1, "install_failed": 1}
+    assert stats["by_kind"] == {"fx": {"hit": 0, "miss": 1, "put": 1}, "aot": {"hit": 0, "miss": 1, "put": 0}}
+
+
 # -- read-modify-write (Store.update, for the shared PGO state) -------------------------------
 def test_update_is_read_modify_write() -> None:
     store = make_store()

@@ -461,10 +461,12 @@ FX_KEY = "pt2:fx-graph-v1::fkey:c1"
 
 
 def _another(integration: Any, *, wait_timeout: float = 0.5) -> Any:
-    """Another process's integration on the same store (its own metrics and per-thread attempt)."""
+    """Another process's integration on the same backend: its own store (whose counters its metrics view), metrics
+    and per-thread attempt."""
+    from recipecache.store import Store
     from recipecache.torch_integration import _hooks
 
-    store = integration.store
+    store = Store(integration.store.backend, integration.store.settings)
     return _hooks.Integration(store, Metrics(store, None, flush=False), wait_timeout=wait_timeout)
 
 
@@ -601,6 +603,60 @@ def test_pgo_state_is_merged_with_compare_and_set_and_only_news_are_written(inte
         {f: (auto_dynamic,), g: (auto_dynamic,)}
     m = integration.metrics.snapshot()
     assert m["lookups"]["pgo"]["put"] == 2 and m["fallbacks"] == {"pgo_merge_failed": 1}
+
+
+def test_a_hit_found_unusable_is_counted_once_as_a_miss_by_the_store_and_the_metrics(integration: Any) -> None:
+    """Issue 19, "count once": a lookup whose variants torch rejected, before and after it waited for another
+    process's new one, is one miss (the store counted one per round); a served artifact that does not unpack
+    is a miss in the store as in the metrics (it was a store hit); torch compiling after it accepted an entry
+    turns that hit into a miss once. The metrics' figures are the store's."""
+    small, large, huge = "L['t0'] <= 4096", "4097 <= L['t0'] <= 8192", "8193 <= L['t0']"
+    assert _lookup(integration, _guards(small)) is None
+    integration.fx_put(FX_KEY, _fx_entry(small))
+    leader, late = _another(integration), _another(integration, wait_timeout=30)
+    assert _lookup(leader, _guards(large)) is None and leader.attempt.flight.role == "leader"
+    found: list[Any] = []
+    waiting = threading.Thread(target=lambda: found.append(_lookup(late, _guards(huge))))
+    waiting.start()
+    time.sleep(0.3)  # `late` rejects the small variant and waits on the leader's lease
+    leader.fx_put(FX_KEY, _fx_entry(large))
+    waiting.join(timeout=30)
+    stats = late.store.stats()
+    assert found == [None] and (stats["follower"], stats["leader"]) == (1, 1), "rejected small, then large: leads"
+    assert (stats["hits"], stats["misses"], stats["misses_by_reason"]) == (0, 1, {"guard_rejected": 1})
+    late.release_all()
+
+    aot_key = "pt2:autograd-experimental::akey:c1"
+    late.store.put(late.cpu_key(aot_key), b"not an artifact")
+    assert late.aot_get(aot_key) is None
+    stats = late.store.stats()
+    assert (stats["hits"], stats["misses_by_reason"]["bad_artifact"]) == (0, 1)
+
+    fresh = _another(integration)
+    assert _lookup(fresh, _guards(large)).guards_expr == large  # torch accepted it ...
+    fresh.compiled(0.5)  # ... and compiled all the same
+    stats = fresh.store.stats()
+    assert (stats["hits"], stats["misses"], stats["misses_by_reason"]) == (0, 1, {"guard_rejected": 1})
+    for process in (late, fresh):
+        m, stats = process.metrics.snapshot(), process.store.stats()
+        assert m["lookups"] == {kind: stats["by_kind"].get(kind, {"hit": 0, "miss": 0, "put": 0}) for kind in m["lookups"]}
+    assert late.metrics.snapshot()["lookups"]["aot"] == {"hit": 0, "miss": 1, "put": 0}
+    assert late.metrics.snapshot()["cache"] == fresh.metrics.snapshot()["cache"] == {"TotalHit": 0, "TotalMiss": 1}
+    assert fresh.metrics.snapshot()["saved_s"] == 0
+
+
+def test_a_failed_store_is_one_fallback_not_two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19: a CPU probe's flight that the store could not coordinate is the store's fallback, counted once
+    (it was counted by the store and again by the metrics)."""
+    from recipecache.torch_integration import _hooks
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    store = recipecache.open_store(DOWN_URL, namespace=NAMESPACE)
+    it = _hooks.Integration(store, Metrics(store, None, flush=False), wait_timeout=0.5)
+    flight = it.probes.probe_flight("torch3:isa-probe1:k")
+    assert flight is not None and flight.reason == "backend_down"
+    m = it.metrics.snapshot()
+    assert m["fallbacks"] == {"backend_down": 1} and m["lookups"]["isa"] == {"hit": 0, "miss": 1, "put": 0}
 
 
 def test_a_compile_that_never_puts_frees_its_lease(integration: Any) -> None:

@@ -87,6 +87,8 @@ class _Attempt(threading.local):
         self.flight: Flight | None = None
         #: the producer's compile seconds of the entry we served, until torch accepts it
         self.served_s: float | None = None
+        #: the store counted this lookup a hit (``kind="fx"``) that is not yet known to be unused
+        self.hit_counted = False
         self.compile_s = 0.0
         #: kernel libraries the graph loaded since the lookup (absolute paths)
         self.kernels: set[str] = set()
@@ -149,16 +151,22 @@ class Integration:
 
         PGO state is rewritten in place (:meth:`Store.update`), so it is never read from a node copy.
         """
-        found = self.store.lookup(key, trace=False, node=kind != "pgo")
+        found = self.store.lookup(key, trace=False, node=kind != "pgo", kind=kind)
         if found.failed:
             self.metrics.fallback(found.reason, f"store {self.store.url} did not answer; compiling locally")
         return self._take(kind, key, found.data)
 
     def _take(self, kind: str, key: str, data: memoryview | None) -> Artifact | None:
-        """The artifact in ``data`` (what the store had under ``key``) with its kernels installed, or None; counted."""
-        artifact = None if data is None else self._unpack(key, data, kind)
+        """The artifact in ``data`` (what the store had under ``key``, an untraced lookup of ``kind``) with its
+        kernels installed, or None; a hit it cannot use is counted as a miss."""
+        if data is None:  # the store counted the miss
+            self.metrics.changed()
+            return None
+        artifact = self._unpack(key, data, kind)
         if artifact is None or not self._install(key, artifact, artifact.entries[0]):
-            self.metrics.miss(kind)
+            self.store.record_unused_hit(key, Reason.BAD_ARTIFACT if artifact is None else Reason.INSTALL_FAILED,
+                                         kind=kind, trace=False)
+            self.metrics.changed()
             return None
         self.metrics.hit(kind, artifact.entries[0].compile_s)
         return artifact
@@ -197,8 +205,11 @@ class Integration:
         """Publish an AOTAutograd or probe artifact (written once per key, so a plain put, or through the
         untraced ``flight`` that leads it); kept out of the trace."""
         meta = {"kind": KIND_NAMES[kind]}
-        if flight.publish(blob, meta=meta) if flight is not None else self.store.put(key, blob, trace=False, meta=meta):
-            self.metrics.put(kind)
+        if flight is not None:
+            flight.publish(blob, meta=meta)  # counted under the flight's kind
+        else:
+            self.store.put(key, blob, trace=False, meta=meta, kind=kind)
+        self.metrics.changed()
 
     def end_attempt(self) -> None:
         """The thread's graph compile is over (or a new one starts): free its lease, reset its record."""
@@ -209,6 +220,7 @@ class Integration:
         attempt.key = None
         attempt.what = ("graph", "")
         attempt.served_s = None
+        attempt.hit_counted = False
         attempt.compile_s = 0.0
         attempt.kernels.clear()
 
@@ -241,24 +253,36 @@ class Integration:
         self.guarded(self.record_key, torch_key)
         try:
             yield from self._offer_variants(key)
-        except GeneratorExit:  # torch's guards accepted the variant it was evaluating
+        except GeneratorExit:  # torch's guards accepted the variant it was evaluating: the store counted the hit
             self.metrics.hit("fx", attempt.served_s or 0.0)
             raise
         except Exception as exc:  # noqa: BLE001 - our failure: torch compiles as on a miss
             log.debug("recipecache: offering variants of %s failed", key, exc_info=True)
             self.metrics.fallback(Reason.HOOK_ERROR, f"fx_candidates: {exc!r}; torch goes on without it")
-        self.metrics.miss("fx")
+            self._unused_hit(key, Reason.HOOK_ERROR)
+        self.metrics.changed()  # a miss, which the store counted
+
+    def _unused_hit(self, key: str, reason: Reason | None, *, trace: bool = True) -> None:
+        """The graph lookup of this thread's attempt will not use what it was served: if the store counted a hit,
+        it becomes a miss for ``reason`` (once per lookup; ``trace=False`` where ``begin(stale=...)`` traced it)."""
+        attempt = self.attempt
+        if attempt.hit_counted and reason is not None:
+            attempt.hit_counted = False
+            self.store.record_unused_hit(key, reason, kind="fx", trace=trace)
 
     def _offer_variants(self, key: str) -> Iterator[tuple[Any, bytes, bool]]:
         attempt = self.attempt
         offered: set[bytes] = set()
         install_failed = False
-        flight = self.store.begin(key, wait_timeout=self.wait_timeout)
+        flight = self.store.begin(key, wait_timeout=self.wait_timeout, kind="fx")
+        attempt.hit_counted = flight.data is not None
         for waits in itertools.count():
             if flight.waited_s:
                 self._followed = True
                 self.metrics.changed()
             if flight.data is None:  # we compile it (leader, or unleased after a failure or timeout)
+                # after begin(stale=...): the first lookup's hit was not used (the stale begin traced the miss)
+                self._unused_hit(key, flight.miss_reason, trace=False)
                 self._hold(flight)
                 return
             artifact = self._unpack(key, flight.data, "fx")
@@ -279,12 +303,13 @@ class Integration:
                 yield graph, content, False
                 attempt.served_s = None  # resumed: its guards rejected these inputs
             reason = Reason.BAD_ARTIFACT if artifact is None else Reason.GUARD_REJECTED
-            self.store.record_unused_hit(key, reason)
             if install_failed or waits == VARIANT_WAITS:
                 # a variant we could not install may be the one we need: compile it here, unleased
                 # (its put replaces the stored twin with the same guards), or stop waiting
+                self._unused_hit(key, reason)
                 return
-            flight = self.store.begin(key, wait_timeout=self.wait_timeout, stale=flight.data, stale_reason=reason)
+            flight = self.store.begin(key, wait_timeout=self.wait_timeout, stale=flight.data, stale_reason=reason,
+                                      kind="fx")
 
     def fx_put(self, torch_key: str, data: bytes) -> None:
         """Merge the graph torch compiled here into its key's variants (compare-and-set), then free the lease."""
@@ -309,8 +334,7 @@ class Integration:
             return base.with_variant(variant, files).pack()
 
         # node=True: a node copy missing this variant is safe, since begin(stale=...) reads past it
-        if self.store.update(key, merged, trace=True, meta=meta, node=True).data is not None:
-            self.metrics.put("fx")
+        self.store.update(key, merged, trace=True, meta=meta, node=True, kind="fx")
         if ours and attempt.flight is not None:
             flight, attempt.flight = attempt.flight, None
             self._close_flight(flight)
@@ -341,7 +365,6 @@ class Integration:
         """Merge this rank's decisions into the shared state with a compare-and-set: concurrent ranks lose none."""
         key = KEY_PREFIX + pgo.shared_key(torch_key)
         failures: list[Exception] = []
-        wrote: list[bool] = [False]
 
         def merged(current: memoryview | None) -> bytes | None:
             failures.clear()
@@ -354,14 +377,12 @@ class Integration:
                         combined = None  # the store has every decision of this rank already: write nothing
                 except Exception as exc:  # noqa: BLE001 - torch's pickled state may fail in any way
                     failures.append(exc)  # replaced by this rank's state, which we can read
-            wrote[0] = combined is not None
             return None if combined is None else Artifact.single("pgo", combined).pack()
 
-        written = self.store.update(key, merged, meta={"kind": KIND_NAMES["pgo"]})
+        self.store.update(key, merged, meta={"kind": KIND_NAMES["pgo"]}, kind="pgo")  # counts a put only if it wrote
         if failures:
             self.metrics.fallback(Reason.PGO_MERGE_FAILED, f"{key}: {failures[0]!r}; published this rank's state")
-        if written.data is not None and wrote[0]:
-            self.metrics.put("pgo")
+        self.metrics.changed()
 
     # -- compile bookkeeping -------------------------------------------------------
     def describe_key(self, fx_key: str, details: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -391,8 +412,8 @@ class Integration:
         attempt = self.attempt
         attempt.compile_s += seconds
         if attempt.served_s is not None and attempt.key is not None:  # torch's guards rejected the entry we served
+            self._unused_hit(attempt.key, Reason.GUARD_REJECTED)
             self.metrics.hit_was_miss("fx", attempt.served_s)
-            self.store.record_unused_hit(attempt.key, Reason.GUARD_REJECTED)
             attempt.served_s = None
         self.store.record_compile(attempt.key, seconds)
         self.metrics.changed()

@@ -164,11 +164,12 @@ class IsaProbes:
     def probe_flight(self, key: str) -> Flight | None:
         """The flight under which this process builds the probe of ``key``, or None: another process built it
         (installed now, counted as a hit) or its artifact is unusable (counted; torch builds it here)."""
-        flight = self.store.begin(key, wait_timeout=self.wait_timeout, trace=False)
+        flight = self.store.begin(key, wait_timeout=self.wait_timeout, trace=False, kind="isa")
         if flight.reason is not None:
-            self.metrics.fallback(flight.reason, f"{key}: {flight.reason}; probing the CPU without other ranks")
+            self.metrics.fallback(flight.reason, f"{key}: {flight.reason}; probing the CPU without other ranks",
+                                  counted_by_store=True)
         if flight.data is None:
-            self.metrics.miss("isa")
+            self.metrics.changed()  # a miss, which the store counted
             return flight
         self._take("isa", key, flight.data)
         return None

@@ -35,8 +35,11 @@ from ..fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 
-#: artifact kinds looked up and published; ``precompiled`` is a whole function (the precompiled tier)
+#: artifact kinds looked up and published (the store's ``kind``); ``precompiled`` is a whole function (the
+#: precompiled tier)
 LOOKUP_KINDS = ("fx", "aot", "pgo", "isa", "autotune", "precompiled")
+#: the kinds of ``cache`` TotalHit/TotalMiss: lookups that stand for a compile (FX graphs, precompiled functions)
+GRAPH_KINDS = ("fx", "precompiled")
 
 
 def metrics_path(template: str | None, rank: int) -> Path | None:
@@ -47,9 +50,11 @@ def metrics_path(template: str | None, rank: int) -> Path | None:
 class Metrics:
     """What only the integration knows, plus a view of the store's own counters.
 
-    Compiles, waits, refusals and single-flight fallbacks are counted once, by the store
-    (:meth:`Store.stats`); this class adds the torch side: lookups and puts by artifact
-    kind, the seconds hits saved, kernels shipped and installed, and the integration's own
+    Compiles, waits, refusals, single-flight fallbacks and every lookup and put by artifact
+    kind (``cache``, ``lookups``: the integration passes ``kind=`` to the store, and a hit
+    it cannot use is :meth:`Store.record_unused_hit`) are counted once, by the store
+    (:meth:`Store.stats`); this class adds the torch side: the seconds hits saved, kernels
+    shipped and installed, the precompiled tier's details, and the integration's own
     fallbacks (a hook that failed, a malformed artifact, a failed non-graph lookup).
     """
 
@@ -61,7 +66,8 @@ class Metrics:
         self._started = time.monotonic()
         self._saved_s = 0.0
         self._fallbacks: Counter[str] = Counter()
-        self._lookups = {kind: {"hit": 0, "miss": 0, "put": 0} for kind in LOOKUP_KINDS}
+        #: fallback reasons warned about (once each), counted here or by the store
+        self._warned: set[str] = set()
         self._kernels = {"installed": 0, "shipped": 0}
         self._precompile_fallbacks: Counter[str] = Counter()
         self._stale_sources = 0
@@ -80,44 +86,58 @@ class Metrics:
             self.write()
 
     def hit(self, kind: str, saved_s: float) -> None:
+        """A hit of ``kind`` was used (the store counted it): the producer's ``saved_s`` compile seconds were saved."""
         with self._lock:
-            self._lookups[kind]["hit"] += 1
             self._saved_s += saved_s
         self.changed()
 
     def miss(self, kind: str) -> None:
-        with self._lock:
-            self._lookups[kind]["miss"] += 1
+        """A lookup of ``kind`` missed: the store counted it; this only rewrites the file when flushing.
+
+        Kept callable for code written when this class counted lookups itself.
+        """
         self.changed()
 
     def put(self, kind: str) -> None:
-        with self._lock:
-            self._lookups[kind]["put"] += 1
+        """An artifact of ``kind`` was published: the store counted it (``kind=``); as :meth:`miss`."""
         self.changed()
 
     def hit_was_miss(self, kind: str, saved_s: float) -> None:
-        """torch rejected an entry we served (its shape guards failed) and compiled: undo the hit."""
+        """torch did not use a hit after all (the store counts the miss: :meth:`Store.record_unused_hit`): the
+        ``saved_s`` that :meth:`hit` added were not saved."""
         with self._lock:
-            self._lookups[kind]["hit"] -= 1
-            self._lookups[kind]["miss"] += 1
             self._saved_s -= saved_s
         self.changed()
 
-    def fallback(self, reason: Reason, detail: str) -> None:
-        """The cache could not help with one lookup or publish; warned once per reason."""
+    def fallback(self, reason: Reason, detail: str, *, counted_by_store: bool = False) -> None:
+        """The cache could not help with one lookup or publish; warned once per reason.
+
+        ``counted_by_store``: the store counted it already (the reason of a fallback
+        :class:`~recipecache.store.Flight`), so it is only warned about here.
+        """
         with self._lock:
-            first = reason not in self._fallbacks
-            self._fallbacks[reason] += 1
+            first = reason not in self._warned
+            self._warned.add(reason)
+            if not counted_by_store:
+                self._fallbacks[reason] += 1
         if first:
             log.warning("recipecache: %s: %s (counted as fallback %r; not warned again)", reason, detail, str(reason))
         self.changed()
 
-    def precompile_fallback(self, detail: PrecompileDetail | Reason, message: str) -> None:
-        """The precompiled tier sent one call signature to the normal path; warned once per ``detail``."""
+    def precompile_fallback(self, detail: PrecompileDetail | Reason, message: str, *,
+                            counted_by_store: bool = False) -> None:
+        """The precompiled tier sent one call signature to the normal path; warned once per ``detail``.
+
+        Counted in ``precompile_fallbacks`` by detail and as fallback ``precompile_fallback``,
+        unless ``counted_by_store``: a store that could not coordinate (the reason of a
+        fallback :class:`~recipecache.store.Flight`, e.g. ``backend_down``) is the store's
+        fallback, counted once, by the store; only its detail is counted here.
+        """
         with self._lock:
             first = detail not in self._precompile_fallbacks
             self._precompile_fallbacks[detail] += 1
-            self._fallbacks[Reason.PRECOMPILE_FALLBACK] += 1
+            if not counted_by_store:
+                self._fallbacks[Reason.PRECOMPILE_FALLBACK] += 1
         if first:
             log.warning("recipecache: %s (counted as fallback %r, detail %r; not warned again)",
                         message, str(Reason.PRECOMPILE_FALLBACK), str(detail))
@@ -140,12 +160,14 @@ class Metrics:
         store = self.store.stats()
         compiles, compile_s, wait_s = store["compiles"], store["compile_s"], store["wait_s"]
         misses = store["misses_by_reason"]
+        # the store's fallbacks (it could not coordinate) and the integration's own: each event is in one of them
         fallbacks = Counter({str(k): v for k, v in store["fallback_by_reason"].items()})
+        lookups = {kind: store["by_kind"].get(kind, {"hit": 0, "miss": 0, "put": 0}) for kind in LOOKUP_KINDS}
+        # graph lookups, and whole functions the precompiled tier looked up
+        graphs = {k: sum(lookups[kind][k] for kind in GRAPH_KINDS) for k in ("hit", "miss")}
         local = self.local_hits_source() if self.local_hits_source is not None else {}
         with self._lock:
             fallbacks.update({str(k): v for k, v in self._fallbacks.items()})
-            # graph lookups, and whole functions the precompiled tier looked up
-            graphs = {k: self._lookups["fx"][k] + self._lookups["precompiled"][k] for k in ("hit", "miss")}
             out: dict[str, Any] = {
                 "rank": process_rank(),
                 "host": socket.gethostname(),
@@ -164,7 +186,7 @@ class Metrics:
                 "saved_s": round(self._saved_s, 6),
                 "refused": sum(n for reason, n in misses.items() if reason in REFUSED),
                 "fallbacks": dict(fallbacks),
-                "lookups": {kind: dict(counts) for kind, counts in self._lookups.items()},
+                "lookups": lookups,
                 "kernels": dict(self._kernels),
                 "precompile_fallbacks": {str(k): v for k, v in self._precompile_fallbacks.items()},
                 "stale_sources": self._stale_sources,

@@ -80,7 +80,8 @@ log = logging.getLogger(__name__)
 
 #: what follows the integration's CPU-key prefix in the tier's store keys
 KEY_KIND = "precompiled:"
-#: what ``recipecache ls`` calls a precompiled artifact (the ``kind`` of its envelope meta)
+#: what ``recipecache ls`` calls a precompiled artifact (the ``kind`` of its envelope meta), and the kind the
+#: store counts its lookups and puts under
 KIND_NAME = "precompiled"
 class Fallback:
     """A signature the tier does not serve: it runs on dynamo's normal path."""
@@ -219,8 +220,9 @@ class Tier:
         changed = code_digest.stale(found.sources)
         if not changed:
             return self._load(target, key, found, args, kwargs)
-        # another version of the code: look under the key naming this process's sources
+        # another version of the code: look under the key naming this process's sources (that lookup counts)
         self.metrics.stale_sources()
+        self.store.record_redirected_hit(kind=KIND_NAME)
         log.info("recipecache: %s was precompiled from other code (%s); looking for the code this process runs",
                  key, ", ".join(changed))
         versioned = versioned_key(key, code_digest.current(found.sources))
@@ -228,13 +230,14 @@ class Tier:
         if not isinstance(found, Precompiled):
             return found
         if code_digest.stale(found.sources):
-            return self.fallback(PrecompileDetail.SOURCE_CHANGED, f"{versioned} does not match the code this process runs")
+            return self._unused(versioned, PrecompileDetail.SOURCE_CHANGED,
+                                f"{versioned} does not match the code this process runs")
         return self._load(target, versioned, found, args, kwargs)
 
     def _fetch(self, target: Target, key: str, lookup: str, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Precompiled | Variant | Fallback:
         """The artifact under ``lookup``, or (a miss: this process leads) the result of compiling it."""
-        flight = self.store.begin(lookup, wait_timeout=self.wait_timeout)
+        flight = self.store.begin(lookup, wait_timeout=self.wait_timeout, kind=KIND_NAME)
         if flight.waited_s:
             self.metrics.changed()
         if flight.data is None:
@@ -242,28 +245,26 @@ class Tier:
         try:
             return Precompiled.unpack(flight.data)
         except ArtifactError as exc:
-            return self.fallback(Reason.BAD_ARTIFACT, f"{lookup}: {exc}")
+            return self._unused(lookup, Reason.BAD_ARTIFACT, f"{lookup}: {exc}")
 
     def _load(self, target: Target, key: str, stored: Precompiled, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Variant | Fallback:
         if stored.unsupported is not None:
-            self.metrics.miss("precompiled")
             if stored.unsupported not in VERDICTS:  # a verdict no version of the tier publishes
-                return self.fallback(Reason.BAD_ARTIFACT, f"{key}: unknown verdict {stored.unsupported!r}")
-            return self.fallback(PrecompileDetail(stored.unsupported), f"{target.name} cannot be precompiled "
-                                 f"({stored.unsupported}, found by the process that tried)")
+                return self._unused(key, Reason.BAD_ARTIFACT, f"{key}: unknown verdict {stored.unsupported!r}")
+            return self._unused(key, PrecompileDetail(stored.unsupported), f"{target.name} cannot be precompiled "
+                                f"({stored.unsupported}, found by the process that tried)")
         start = time.perf_counter()
         try:
             fn = self._deserialize(stored.entry, target)
         except Exception as exc:  # noqa: BLE001 - whatever torch raises while loading, training goes on
-            self.metrics.miss("precompiled")
             detail = PrecompileDetail.INCOMPATIBLE if "was created with a different" in str(exc) else PrecompileDetail.LOAD_FAILED
-            return self.fallback(detail, f"{key}: {type(exc).__name__}: {exc}")
+            return self._unused(key, detail, f"{key}: {type(exc).__name__}: {exc}")
         log.info("recipecache: loaded precompiled %s in %.3f s", target.name, time.perf_counter() - start)
         variant = Variant(fn, target.prefix)
         if not variant.accepts(args, kwargs):
-            self.metrics.miss("precompiled")
-            return self.fallback(PrecompileDetail.GUARD_FAILED, f"the guards of {target.name}'s precompiled artifact reject these inputs")
+            return self._unused(key, PrecompileDetail.GUARD_FAILED,
+                                f"the guards of {target.name}'s precompiled artifact reject these inputs")
         self.metrics.hit("precompiled", stored.compile_s)
         return variant
 
@@ -279,13 +280,13 @@ class Tier:
 
     def _lead(self, target: Target, key: str, flight: Flight, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Variant | Fallback:
-        """This process compiles ``key`` (``flight`` holds its lease) and publishes it, or falls back."""
-        self.metrics.miss("precompiled")
+        """This process compiles ``key`` (``flight`` holds its lease) and publishes it, or falls back (the store
+        counted the miss)."""
         if flight.miss_reason in REFUSED:
             flight.release()
             return self.fallback(flight.miss_reason, f"{key}: the stored artifact was refused")
         if flight.reason is not None:  # the store could not coordinate: no lease, nowhere to publish
-            return self.fallback(flight.reason, f"{key}: the store did not answer")
+            return self.fallback(flight.reason, f"{key}: the store did not answer", counted_by_store=True)
         with flight:
             return self._precompile(target, key, flight, args, kwargs)
 
@@ -334,12 +335,25 @@ class Tier:
             self.store.put(versioned, blob, trace=False, meta=meta)
         if flight.key != key:
             self.store.put(key, blob, trace=False, meta=meta)
-        if flight.publish(blob, meta=meta):
-            self.metrics.put("precompiled")
+        # counted under the flight's kind: the copies above are no artifacts of their own
+        flight.publish(blob, meta=meta)
+        self.metrics.changed()
 
-    def fallback(self, detail: PrecompileDetail | Reason, message: str) -> Fallback:
-        """Count a call signature the tier sends to the normal path (warned once per ``detail``)."""
-        self.metrics.precompile_fallback(detail, f"{message}; it runs on the normal path")
+    def _unused(self, key: str, detail: PrecompileDetail | Reason, message: str) -> Fallback:
+        """The artifact (or verdict) served under ``key`` cannot serve this call: the store's hit becomes a miss
+        (``bad_artifact``, else ``precompile_fallback``: the detail is counted here), and the call a fallback."""
+        reason = Reason.BAD_ARTIFACT if detail is Reason.BAD_ARTIFACT else Reason.PRECOMPILE_FALLBACK
+        self.store.record_unused_hit(key, reason, kind=KIND_NAME)
+        return self.fallback(detail, message)
+
+    def fallback(self, detail: PrecompileDetail | Reason, message: str, *, counted_by_store: bool = False) -> Fallback:
+        """Count a call signature the tier sends to the normal path (warned once per ``detail``).
+
+        ``counted_by_store``: ``detail`` is the reason of a fallback flight, which the store
+        counted as its fallback (:meth:`Metrics.precompile_fallback`).
+        """
+        self.metrics.precompile_fallback(detail, f"{message}; it runs on the normal path",
+                                         counted_by_store=counted_by_store)
         return Fallback(detail)
 
 
