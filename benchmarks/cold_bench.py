@@ -23,17 +23,22 @@ first; the short warm pair runs ``--warm-pairs`` times per repetition):
 * ``rc fresh``: ``recipecache-run --rank-dirs`` with empty dirs on the store ``rc cold`` filled;
 * ``plain warm``: ``torchrun`` again in ``plain cold``'s dirs (torch's warm local caches);
 * with ``--compare-tree DIR``, also ``base cold`` and ``base fresh``: ``rc cold`` and
-  ``rc fresh`` run from another checkout (say the main branch), for a before/after.
+  ``rc fresh`` run from another checkout (say the main branch), for a before/after;
+* with ``--precompile``, also ``pc cold`` and ``pc fresh``: ``rc cold`` and ``rc fresh`` with
+  ``recipecache-run --precompile`` (the precompiled tier, on a store of its own).
 
 Printed: the job walls, iteration 0 (the slowest rank's), each rank's critical path
 (seconds inside steps, where compiles and waits happen; for recipecache also its compile
 and wait seconds from the event log), medians, spreads (min-max) and the target ratios:
-cold rc/plain wall, fresh-rank iter 0 / plain warm iter 0. The runs of a case that start
-without PGO state must give bitwise-equal losses, and so must the fresh runs that start from
-the store's (see ``SECOND_RUNS``).
+cold rc/plain wall, fresh-rank iter 0 / plain warm iter 0; with ``--precompile`` also the
+tier's targets (issue 21): ``pc cold`` wall / ``plain cold`` wall <= 1.0, the fresh ranks'
+first two iterations / plain warm's <= 0.3 (goal 0.1), and the count of ``dynamic_shapes``
+fallbacks (0). The runs of a case that start without PGO state must give bitwise-equal
+losses, and so must the fresh runs that start from the store's (see ``SECOND_RUNS``), and
+the tier's two runs (``PRECOMPILE_SCENARIOS``).
 
     python benchmarks/cold_bench.py [--reps 3] [--warm-pairs 2] [--cases rotated,aligned] [--quick]
-                                    [--timeline] [--compare-tree /work/main] [--json FILE]
+                                    [--timeline] [--compare-tree /work/main] [--precompile] [--json FILE]
 """
 
 from __future__ import annotations
@@ -65,6 +70,13 @@ BASE_SCENARIOS = ("base cold", "base fresh")
 #: that starts from the store's.
 FIRST_RUNS = ("plain cold", "rc cold", "base cold", "plain warm")
 SECOND_RUNS = ("rc fresh", "base fresh")
+#: with --precompile: the precompiled tier, cold on an empty store and fresh ranks on it. A third loss
+#: group: the tier runs static per-shape kernels, not the normal path's dynamic ones, so its losses agree
+#: with each other bitwise (the fresh ranks load what the cold job built and ran) and with the others
+#: within float rounding
+PRECOMPILE_SCENARIOS = ("pc cold", "pc fresh")
+PRECOMPILE_COLD_TARGET = 1.0
+PRECOMPILE_FRESH_TARGET = 0.3
 TARGETS = {"rotated": 0.9, "aligned": 1.0}
 FRESH_TARGET = 1.0
 VOCAB = 64
@@ -140,11 +152,26 @@ class Run:
     ranks: list[dict[str, Any]]
     #: recipecache's event log (rc scenarios), for compile/wait seconds and the timeline
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: each rank's recipecache metrics file (rc scenarios)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def iter0_s(self) -> float:
         """Iteration 0 of the slowest rank: where the compiles are."""
         return max(r["iter_s"][0] for r in self.ranks)
+
+    @property
+    def first_two_s(self) -> float:
+        """Iterations 0 and 1 of the slowest rank (issue 21's fresh-rank measure)."""
+        return max(sum(r["iter_s"][:2]) for r in self.ranks)
+
+    def precompile_fallbacks(self) -> dict[str, int]:
+        """The precompiled tier's fallbacks by detail, summed over the ranks."""
+        total: dict[str, int] = {}
+        for m in self.metrics:
+            for detail, n in m.get("precompile_fallbacks", {}).items():
+                total[detail] = total.get(detail, 0) + n
+        return total
 
     @property
     def critical_s(self) -> list[float]:
@@ -174,7 +201,7 @@ def free_port() -> int:
 
 
 def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str], *, dirs: Path,
-            store: Path | None, tree: Path = ROOT) -> Run:
+            store: Path | None, tree: Path = ROOT, precompile: bool = False) -> Run:
     """Start one job: plain torchrun (``store`` None) or recipecache-run on ``store``; every rank in ``dirs``/rankN.
 
     ``tree`` is the checkout whose launcher and recipecache run (the job script is always this one).
@@ -196,18 +223,22 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
                "-m", "launcher.bootstrap", *script]
     else:
         cmd = [sys.executable, "-m", "launcher.main", "--nproc", "2", *port, "--cache", f"file://{store}",
-               "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs), *script]
+               "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs),
+               *(["--precompile"] if precompile else []), *script]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     events = list(read_events(run_dir / "events")) if store is not None else []
-    run = Run(scenario, case, rep, wall, json.loads(out.read_text())["ranks"], events)
+    metrics = [json.loads(path.read_text()) for path in sorted(run_dir.glob("metrics-rank*.json"))]
+    run = Run(scenario, case, rep, wall, json.loads(out.read_text())["ranks"], events, metrics)
     extra = ""
     if events:
         extra = (f"  compile {' '.join(f'{s:5.1f}' for s in run.seconds('compile'))}"
                  f"  wait {' '.join(f'{s:5.1f}' for s in run.seconds('wait'))}")
+    if precompile:
+        extra += f"  precompile fallbacks {run.precompile_fallbacks() or 'none'}"
     print(f"  {case:<8} rep {rep:<4} {scenario:<10}  wall {wall:6.1f} s  iter0 {run.iter0_s:6.2f} s  "
           f"in steps {' '.join(f'{s:6.1f}' for s in run.critical_s)}{extra}", flush=True)
     return run
@@ -243,10 +274,11 @@ def ratios(numerator: list[Run], denominator: list[Run], measure: Callable[[Run]
 
 def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
     """Print the case's table and target ratios; returns the figures."""
-    by = {scenario: [r for r in runs if r.scenario == scenario] for scenario in SCENARIOS + BASE_SCENARIOS}
+    by = {scenario: [r for r in runs if r.scenario == scenario]
+          for scenario in SCENARIOS + BASE_SCENARIOS + PRECOMPILE_SCENARIOS}
     by = {scenario: rs for scenario, rs in by.items() if rs}
     mismatched = []
-    for group in (FIRST_RUNS, SECOND_RUNS):
+    for group in (FIRST_RUNS, SECOND_RUNS, PRECOMPILE_SCENARIOS):
         members = [r for r in runs if r.scenario in group]
         mismatched += [f"{r.scenario} rep {r.rep}" for r in members if r.losses != members[0].losses]
     print(f"\n== case {case}: {len(by['rc cold'])} repetition(s), medians (min-max)")
@@ -279,11 +311,27 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
         figures["base_fresh_iter0"] = ratios(by["base fresh"], by["plain warm"], lambda r: r.iter0_s)
         print(f"compare tree: cold wall / plain {spread(figures['base_cold_wall'])}, "
               f"fresh iter 0 / plain warm {spread(figures['base_fresh_iter0'])}")
-    print("losses: " + ("bitwise equal among runs without PGO state and among fresh runs" if not mismatched
-                        else f"DIFFER in {', '.join(mismatched)}"))
+    if "pc cold" in by:
+        figures["pc_cold_wall"] = ratios(by["pc cold"], by["plain cold"], lambda r: r.wall_s)
+        figures["pc_fresh_first_two"] = ratios(by["pc fresh"], by["plain warm"], lambda r: r.first_two_s)
+        figures["pc_fallbacks"] = [r.precompile_fallbacks() for r in by["pc cold"] + by["pc fresh"]]
+        dynamic = sum(f.get("dynamic_shapes", 0) for f in figures["pc_fallbacks"])
+        plain = [loss for rank in by["plain cold"][0].losses for loss in rank]
+        tier = [loss for rank in by["pc cold"][0].losses for loss in rank]
+        figures["pc_max_loss_diff"] = max(abs(a - b) for a, b in zip(plain, tier))
+        print(f"precompiled tier: cold wall / plain cold wall {spread(figures['pc_cold_wall'])}  "
+              f"target <= {PRECOMPILE_COLD_TARGET}: {met(figures['pc_cold_wall'], PRECOMPILE_COLD_TARGET)}")
+        print(f"precompiled tier: fresh ranks' iterations 0+1 / plain warm's {spread(figures['pc_fresh_first_two'])}  "
+              f"target <= {PRECOMPILE_FRESH_TARGET}: {met(figures['pc_fresh_first_two'], PRECOMPILE_FRESH_TARGET)} "
+              "(goal 0.1)")
+        print(f"precompiled tier: dynamic_shapes fallbacks {dynamic}; all its fallbacks, per run "
+              f"{figures['pc_fallbacks']}; largest loss difference to plain cold {figures['pc_max_loss_diff']:.2e}")
+    print("losses: " + ("bitwise equal among runs without PGO state, among fresh runs and among the tier's runs"
+                        if not mismatched else f"DIFFER in {', '.join(mismatched)}"))
     figures["losses_equal"] = not mismatched
     figures["scenarios"] = {
         scenario: {"wall_s": [r.wall_s for r in rs], "iter0_s": [r.iter0_s for r in rs],
+                   "first_two_s": [r.first_two_s for r in rs],
                    "in_steps_s": [r.critical_s for r in rs],
                    "compile_s": [r.seconds("compile") for r in rs], "wait_s": [r.seconds("wait") for r in rs]}
         for scenario, rs in by.items()}
@@ -291,7 +339,7 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
 
 
 def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[str], compare: Path | None,
-             show: Callable[[Run], None]) -> list[Run]:
+             show: Callable[[Run], None], precompile: bool = False) -> list[Run]:
     """``reps`` interleaved repetitions of the scenarios; their order alternates between repetitions.
 
     The cold runs of a repetition come first (the warm ones need their dirs and stores),
@@ -304,17 +352,22 @@ def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[s
 
         def job(scenario: str, dirs: str, store: str | None, tree: Path = ROOT, tag: str = "") -> Callable[[], Run]:
             return lambda: run_job(work, scenario, case, f"{rep}{tag}", args, dirs=base / dirs,
-                                   store=None if store is None else base / store, tree=tree)
+                                   store=None if store is None else base / store, tree=tree,
+                                   precompile=scenario in PRECOMPILE_SCENARIOS)
 
         cold = [job("plain cold", "plain-dirs", None), job("rc cold", "rc-cold-dirs", "store")]
         if compare is not None:
             cold.append(job("base cold", "base-cold-dirs", "base-store", compare))
+        if precompile:
+            cold.append(job("pc cold", "pc-cold-dirs", "pc-store"))
         warm = []
         for k in range(warm_pairs):
             pair = [job("rc fresh", f"rc-fresh-dirs-{k}", "store", tag=f".{k}"),
                     job("plain warm", "plain-dirs", None, tag=f".{k}")]
             if compare is not None:
                 pair.append(job("base fresh", f"base-fresh-dirs-{k}", "base-store", compare, tag=f".{k}"))
+            if precompile:
+                pair.append(job("pc fresh", f"pc-fresh-dirs-{k}", "pc-store", tag=f".{k}"))
             warm += pair if (rep + k) % 2 == 0 else pair[::-1]
         if rep % 2:
             cold.reverse()
@@ -322,7 +375,7 @@ def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[s
         done += [start() for start in warm]
         runs += done
         for run in done:
-            if run.scenario in ("rc cold", "base cold"):
+            if run.scenario in ("rc cold", "base cold", "pc cold"):
                 show(run)
     return runs
 
@@ -341,6 +394,8 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
     p.add_argument("--compare-tree", type=Path, metavar="DIR",
                    help="also run recipecache-run cold and fresh from this checkout (e.g. /work/main), interleaved")
+    p.add_argument("--precompile", action="store_true",
+                   help="also run recipecache-run --precompile cold and fresh (the precompiled tier), interleaved")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))  # recipecache.runs.events, to read the runs' event logs
     cases = [c for c in args.cases.split(",") if c]
@@ -359,7 +414,8 @@ def main() -> None:
             print(timeline(run), flush=True)
 
     compare = args.compare_tree.resolve() if args.compare_tree else None
-    figures = {case: summarise(case, run_case(work, case, reps, args.warm_pairs, job_args, compare, show))
+    figures = {case: summarise(case, run_case(work, case, reps, args.warm_pairs, job_args, compare, show,
+                                              args.precompile))
                for case in cases}
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))

@@ -88,8 +88,11 @@ class PrecompileDetail(StrEnum):
     SOURCE_CHANGED = "source_changed"
     #: verdict: dynamo cannot trace the function whole
     GRAPH_BREAK = "graph_break"
-    #: verdict: the graph takes sizes as inputs, which torch 2.13's AOTInductor cannot compile
+    #: verdict: the graph takes sizes as inputs (``dynamic=True``, or dimensions marked dynamic), which
+    #: AOTInductor cannot compile (torch 2.13 and 2.14.1); other graphs are precompiled per shape
     DYNAMIC_SHAPES = "dynamic_shapes"
+    #: the compiled callable already has its bound of static per-shape artifacts (``precompile.MAX_SHAPES``)
+    TOO_MANY_SHAPES = "too_many_shapes"
     #: torch refuses to load an artifact built by another torch or Python
     INCOMPATIBLE = "incompatible"
     #: loading the artifact raised
@@ -100,6 +103,17 @@ class PrecompileDetail(StrEnum):
     PRECOMPILE_FAILED = "precompile_failed"
     #: the inputs live on a device the tier was not checked on
     DEVICE_UNCHECKED = "device_unchecked"
+
+
+class PrecompileShapes(StrEnum):
+    """How the precompiled tier serves a graph's input sizes: the decision counted per loaded or built artifact."""
+
+    #: one static artifact per input signature (sizes in the key): what the tier builds unless the
+    #: ``torch.compile`` asked for dynamic sizes, since AOTInductor compiles no graph with size inputs
+    STATIC_PER_SHAPE = "static_per_shape"
+    #: one artifact whose guards decide which sizes it serves (``dynamic=True``); AOTInductor of torch 2.13
+    #: and 2.14.1 refuses these graphs, so today they fall back as ``dynamic_shapes``
+    DYNAMIC = "dynamic"
 
 
 #: what the process that tried a precompile publishes for others to read instead of trying

@@ -285,6 +285,49 @@ def test_two_rank_job_one_rank_precompiles_and_the_other_loads(tmp_path: Path) -
     assert warm.losses == cold.losses
 
 
+LENGTHS_WORKER = Path(__file__).parent / "workers" / "precompile_lengths.py"
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(900)
+def test_varying_lengths_are_precompiled_per_shape_and_fresh_ranks_trace_nothing(tmp_path: Path) -> None:
+    """Issue 21: ``torch.compile(ddp)`` with torch's defaults on 3 lengths, 2 ranks meeting them rotated.
+
+    Torch's automatic dynamic makes the second length a process traces a dynamic graph, which
+    AOTInductor cannot compile: before, that length fell back (``dynamic_shapes``) to the normal
+    path. Now every signature is precompiled static, once across the ranks; a second job of fresh ranks on the
+    same store loads them all and traces and compiles nothing, its losses bitwise the cold job's
+    (the same artifacts ran) and within float tolerance of eager torch.
+    """
+    from test_multirank import RANKS, _env_without_recipecache
+
+    lengths = (8, 12, 16)  # rotated by rank: each rank traces two of them on a cold store
+    store = f"file://{tmp_path / 'store'}"
+    jobs = {}
+    for name in ("cold", "fresh"):
+        run_dir = tmp_path / name
+        proc = subprocess.run(
+            [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store, "--namespace", "lengths",
+             "--run-dir", str(run_dir), "--rank-dirs", str(tmp_path / f"{name}-dirs"), "--precompile", "--quiet",
+             str(LENGTHS_WORKER), str(run_dir / "out"), "--lengths", ",".join(map(str, lengths))],
+            check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=800)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        jobs[name] = [(json.loads((run_dir / f"metrics-rank{r}.json").read_text()),
+                       json.loads((run_dir / "out" / f"rank{r}.json").read_text())) for r in range(RANKS)]
+    signatures = len(lengths)  # per rank: one training signature per length
+    cold, fresh = jobs["cold"], jobs["fresh"]
+    for metrics, _ in cold:
+        assert metrics["precompile_fallbacks"] == {} and metrics["fallbacks"] == {}, metrics
+        assert metrics["precompile_shapes"] == {"static_per_shape": signatures}
+    assert sum(m["lookups"]["precompiled"]["put"] for m, _ in cold) == signatures, "each shape built once"
+    for (metrics, out), (_, cold_out) in zip(fresh, cold):
+        assert metrics["lookups"]["precompiled"] == {"hit": signatures, "miss": 0, "put": 0}
+        assert metrics["graph_compilation"]["TotalNumber"] == 0 and out["frames"] == 0, "no trace, no compile"
+        assert metrics["precompile_fallbacks"] == {} and metrics["precompile_shapes"] == {"static_per_shape": signatures}
+        assert out["losses"] == cold_out["losses"], "the same artifacts ran: bitwise equal"
+        assert out["losses"] == pytest.approx(out["eager"], rel=1e-4, abs=1e-5), "and torch's results"
+
+
 # -- in process, no compiles ------------------------------------------------------------------
 def test_precompiled_artifact_round_trip_and_refusals() -> None:
     art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32, ("SHIFT",)),), 2.5)
@@ -467,6 +510,71 @@ def test_calls_off_the_cpu_run_on_the_normal_path_counted() -> None:
         assert torch_integration.metrics()["precompile_fallbacks"] == {"device_unchecked": 2}
     finally:
         torch_integration.disable()
+
+
+def test_a_callable_gets_at_most_max_shapes_signatures_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21: static artifacts are per signature, so their number is bounded per compiled callable; past the
+    bound a new signature runs on the normal path (its dynamic graph) as ``too_many_shapes``, decided before
+    the store is asked. The store round trip is replaced here: this is the dispatcher's count, not a compile."""
+    import torch
+
+    from recipecache import torch_integration
+    from recipecache.torch_integration import precompile
+    from recipecache.torch_integration.precompile import Fallback
+    from recipecache.torch_integration.precompile_keys import signature
+
+    torch_integration.enable("memory://", namespace=NAMESPACE, precompile=True)
+    try:
+        module = torch.nn.Linear(2, 2)
+        dispatcher = torch.compile(module).forward
+        looked_up: list[str] = []
+
+        def resolve(target: Any, key: str, args: Any, kwargs: Any) -> Fallback:
+            looked_up.append(key)
+            return dispatcher.tier.fallback(precompile.PrecompileDetail.PRECOMPILE_FAILED, "not compiled in this test")
+
+        monkeypatch.setattr(dispatcher.tier, "resolve", resolve)
+        monkeypatch.setattr(precompile, "MAX_SHAPES", 2)
+        decided = []
+        for rows in (1, 2, 3, 1, 4):
+            args = (torch.zeros(rows, 2),)
+            decided.append(dispatcher._resolve(module, signature(module, args, {}), args, {}).detail)
+        assert len(looked_up) == 2 == len(set(looked_up)), "one lookup per signature, at most MAX_SHAPES"
+        assert decided == ["precompile_failed", "precompile_failed", "too_many_shapes", "precompile_failed",
+                           "too_many_shapes"]
+        assert torch_integration.metrics()["precompile_fallbacks"] == {"precompile_failed": 2, "too_many_shapes": 2}
+    finally:
+        torch_integration.disable()
+
+
+def test_a_static_trace_leaves_torchs_automatic_dynamic_state_alone() -> None:
+    """Issue 21: the tier traces each signature static; torch would then overwrite the sizes the normal path
+    recorded (a dimension it found dynamic would read as static, and the PGO state shared through the store
+    would lose it). ``normal_path_state_kept`` restores them. Real dynamo, eager backend: no compile."""
+    import torch
+    from torch._dynamo import pgo
+
+    from recipecache.torch_integration.precompile import normal_path_state_kept
+
+    def scaled(x: Any) -> Any:
+        return x * 2
+
+    def recorded() -> dict[str, Any]:
+        return {k.name: dict(v.automatic_dynamic) for k, v in pgo.get_code_state().items() if k.name == "scaled"}
+
+    torch._dynamo.reset()
+    try:
+        normal = torch.compile(scaled, backend="eager")
+        normal(torch.zeros(4))
+        normal(torch.zeros(6))  # the second size: torch records the dimension as dynamic
+        before = recorded()
+        assert before and "AutoDynamic" in repr(before), before
+        with normal_path_state_kept():
+            torch.compile(scaled, backend="eager", dynamic=False)(torch.zeros(8))
+            assert recorded() != before, "a static trace does overwrite torch's record"
+        assert recorded() == before
+    finally:
+        torch._dynamo.reset()
 
 
 def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.MonkeyPatch) -> None:

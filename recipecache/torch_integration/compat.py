@@ -136,6 +136,7 @@ HOOKS: tuple[Hook, ...] = (
           _i("_dynamo.eval_frame", "OptimizedModule"),
           _i("_dynamo.symbolic_convert", "InliningInstructionTranslator.inline_call_"),
           _i("_inductor.output_code", "CompiledAOTI"),
+          _i("_dynamo.pgo", "_CODE_STATE"), _i("_dynamo.pgo", "_INIT_CODE_STATE"),
           Interface("torch", "_TorchCompileAOTInductorWrapper")),
          requires=("graphs",)),
 )

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..env import process_rank
-from ..reasons import REFUSED, PrecompileDetail, Reason
+from ..reasons import REFUSED, PrecompileDetail, PrecompileShapes, Reason
 from ..store import Store
 from ..fsutil import write_atomic
 
@@ -70,6 +70,7 @@ class Metrics:
         self._warned: set[str] = set()
         self._kernels = {"installed": 0, "shipped": 0}
         self._precompile_fallbacks: Counter[str] = Counter()
+        self._precompile_shapes: Counter[str] = Counter()
         self._stale_sources = 0
         self._write_failed = False
         #: the figures last written (all but ``wall_s``), to skip a rewrite that would change nothing
@@ -143,6 +144,13 @@ class Metrics:
                         message, str(Reason.PRECOMPILE_FALLBACK), str(detail))
         self.changed()
 
+    def precompile_shapes(self, how: PrecompileShapes) -> None:
+        """The precompiled tier serves one call signature with an artifact built ``how`` (the counterpart of
+        :meth:`precompile_fallback`: together they say, per signature, what the tier decided and why)."""
+        with self._lock:
+            self._precompile_shapes[how] += 1
+        self.changed()
+
     def stale_sources(self) -> None:
         """A precompiled artifact was found for other code than this process runs (so not loaded)."""
         with self._lock:
@@ -189,6 +197,7 @@ class Metrics:
                 "lookups": lookups,
                 "kernels": dict(self._kernels),
                 "precompile_fallbacks": {str(k): v for k, v in self._precompile_fallbacks.items()},
+                "precompile_shapes": {str(k): v for k, v in self._precompile_shapes.items()},
                 "stale_sources": self._stale_sources,
                 "store": store,
             }

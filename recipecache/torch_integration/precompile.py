@@ -10,11 +10,23 @@ and compiles it with ``aot_compile_fullgraph`` and publishes it, the others wait
 load it. Why this mechanism and not torch's ``caching_precompile`` or a default-inductor
 ``aot_compile`` is measured in docs/torch-integration-notes.md ("The precompiled tier").
 
+Shapes that vary: AOTInductor (torch 2.13, and 2.14.1: checked) compiles no graph that
+takes sizes as inputs, and under ``torch.compile``'s default ``dynamic=None`` torch's
+automatic dynamic would make the second size of a dimension such a graph. So unless the
+user asked for ``dynamic=True`` (or marked dimensions dynamic), each input signature is
+precompiled *static* (``dynamic=False``, the sizes are in its key) and served by its own
+artifact: bucketed lengths are a handful of artifacts, found by the signature. At most
+:data:`MAX_SHAPES` per compiled callable; past that a new signature runs on the normal path
+(``too_many_shapes``), whose one dynamic graph then serves the rest. A static precompile leaves
+torch's automatic-dynamic/PGO state as the normal path left it (:func:`normal_path_state_kept`):
+the normal path keeps torch's decisions, shared across ranks by the store's PGO hooks. The
+metrics count how each served signature was built (``precompile_shapes``).
+
 Never wrong, never stuck: whatever the tier cannot serve runs on the normal path
 (dynamo, with the FX/AOT/PGO store hooks), counted as ``precompile_fallback`` with a
-detail: code dynamo cannot trace whole (``graph_break``) or a graph with size inputs,
-which torch 2.13's AOTInductor cannot compile (``dynamic_shapes``), both published as
-verdicts so other ranks do not try again; guards that reject the inputs
+detail: code dynamo cannot trace whole (``graph_break``) or a graph with size inputs
+(``dynamic_shapes``), both published as verdicts so other ranks do not try again; too
+many shapes; guards that reject the inputs
 (``guard_failed``); an artifact that does not load here (``load_failed``,
 ``incompatible``); a refused or malformed artifact; a backend other than inductor. Each
 signature's decision is remembered, so a fallback is counted once, not per step.
@@ -45,12 +57,14 @@ module, as dynamo itself does (it skips DDP's frames and compiles the inner forw
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +74,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils import _pytree as pytree
 
 from ..keys import make_key
-from ..reasons import REFUSED, VERDICTS, PrecompileDetail, Reason
+from ..reasons import REFUSED, VERDICTS, PrecompileDetail, PrecompileShapes, Reason
 from ..store import Flight, Store
 from . import aoti_files, code_digest, describe
 from .artifact import ArtifactError
@@ -107,7 +121,7 @@ class Variant:
 
 
 class DynamicShapes(Exception):
-    """The graph takes sizes as inputs: torch 2.13's AOTInductor compiles graphs of tensor inputs only."""
+    """The graph takes sizes as inputs: AOTInductor (torch 2.13, 2.14.1) compiles graphs of tensor inputs only."""
 
 
 class TensorInputsAOTInductor(torch._TorchCompileAOTInductorWrapper):
@@ -128,7 +142,48 @@ class TensorInputsAOTInductor(torch._TorchCompileAOTInductorWrapper):
 
 def aoti_backend(settings: CompileSettings) -> TensorInputsAOTInductor:
     """The AOTInductor backend ``aot_compile`` gets for what ``torch.compile`` was asked for."""
-    return TensorInputsAOTInductor(settings.mode or "default", settings.options, settings.dynamic)
+    return TensorInputsAOTInductor(settings.mode or "default", settings.options, precompile_dynamic(settings))
+
+
+#: static artifacts one compiled callable gets, one per input signature (train and eval are two).
+#: Bucketed lengths (the toolkit's buckets, typically 4 to 8) stay well inside; a callable that meets
+#: more distinct signatures is fed unbucketed lengths, where a compile per length would cost more than
+#: the normal path's one dynamic graph.
+MAX_SHAPES = 16
+
+
+def precompile_dynamic(settings: CompileSettings) -> bool:
+    """``dynamic`` of the precompile: only what the user asked for explicitly, else static (see the module doc)."""
+    return settings.dynamic is True
+
+
+def shapes_decision(settings: CompileSettings) -> PrecompileShapes:
+    """How the tier builds the artifacts of a callable compiled with ``settings``."""
+    return PrecompileShapes.DYNAMIC if precompile_dynamic(settings) else PrecompileShapes.STATIC_PER_SHAPE
+
+
+@contextmanager
+def normal_path_state_kept() -> Iterator[None]:
+    """Leave torch's automatic-dynamic/PGO state (``torch._dynamo.pgo``'s code state) as the block found it.
+
+    A static trace (automatic dynamic off) overwrites each input's recorded sizes with its own
+    (torch/_dynamo/pgo.py, ``update_automatic_dynamic``): a dimension the normal path had found
+    dynamic would read as static to the normal path's next compile, and the PGO state this
+    process shares through the store would lose it. Restored in place (torch's dict stays the
+    same object); not loaded yet, it is unloaded again, so the normal path loads it (from the
+    store, through the PGO hook) when it first needs it, as without the tier.
+    """
+    from torch._dynamo import pgo
+
+    state, initial = pgo._CODE_STATE, pgo._INIT_CODE_STATE
+    saved = None if state is None else copy.deepcopy(dict(state))
+    try:
+        yield
+    finally:
+        if state is not None and saved is not None:
+            state.clear()
+            state.update(saved)
+        pgo._CODE_STATE, pgo._INIT_CODE_STATE = state, initial
 
 
 #: device types the tier precompiles for: on CUDA (H200, torch 2.11) a cold ``aot_compile``
@@ -299,10 +354,10 @@ class Tier:
         start = time.perf_counter()
         verdict: PrecompileDetail | None = None
         why = ""
-        with traced_code(target.code) as codes:
+        with traced_code(target.code) as codes, normal_path_state_kept():
             try:
-                fn = aot_compile_fullgraph(target.traced, (args, kwargs), hooks=Hooks(),
-                                           backend=aoti_backend(target.settings), dynamic=target.settings.dynamic)
+                fn = aot_compile_fullgraph(target.traced, (args, kwargs), hooks=Hooks(), backend=aoti_backend(target.settings),
+                                           dynamic=precompile_dynamic(target.settings))
                 entry = AOTCompiledFunction.serialize(fn).serialized_data
             except (Unsupported, UserError, UncapturedHigherOrderOpError) as exc:
                 verdict, why = PrecompileDetail.GRAPH_BREAK, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -404,6 +459,8 @@ class Dispatcher:
         self._variants: list[Variant] = []
         #: store keys of the variants
         self._loaded: set[str] = set()
+        #: store keys looked up (each a precompile on a cold store), at most MAX_SHAPES
+        self._looked_up: set[str] = set()
         self._targets: dict[int, Target] = {}
         self._inner_normal: Callable[..., Any] | None = None
         self._ddp = isinstance(subject, DistributedDataParallel)
@@ -456,11 +513,17 @@ class Dispatcher:
                 elif key in self._loaded:  # that very artifact is here, and its guards just said no
                     decided = self.tier.fallback(
                         PrecompileDetail.GUARD_FAILED, f"the guards of {target.name}'s precompiled artifact reject these inputs")
+                elif key not in self._looked_up and len(self._looked_up) >= MAX_SHAPES:
+                    decided = self.tier.fallback(
+                        PrecompileDetail.TOO_MANY_SHAPES, f"{target.name} met more than {MAX_SHAPES} input signatures "
+                        "(bucket its inputs' lengths to precompile them all)")
                 else:
+                    self._looked_up.add(key)
                     decided = self.tier.resolve(target, key, args, kwargs)
                     if isinstance(decided, Variant):
                         self._variants.append(decided)
                         self._loaded.add(key)
+                        self.tier.metrics.precompile_shapes(shapes_decision(self.settings))
             self._decided[sig] = decided
             return decided
 

@@ -12,7 +12,7 @@ load), and it can tell so before torch unpickles anything.
 
 Framing is one msgpack map (never pickle)::
 
-    {"format": "recipecache-precompiled/2", "entry": <bytes>, "compile_s": <float>,
+    {"format": "recipecache-precompiled/3", "entry": <bytes>, "compile_s": <float>,
      "sources": [[<path>, <code digest, 32 bytes>, [<global name>, ...]], ...],
      "unsupported": <detail> | None}
 
@@ -34,7 +34,9 @@ import msgpack
 
 from .artifact import ArtifactError, decode
 
-FORMAT = "recipecache-precompiled/2"
+#: 3: a signature of sizes a ``dynamic=None`` compile met is precompiled static, so the
+#: ``dynamic_shapes`` verdicts format 2 published for it (under the same key parts) are retired
+FORMAT = "recipecache-precompiled/3"
 
 
 @dataclass(frozen=True)
