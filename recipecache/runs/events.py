@@ -46,8 +46,13 @@ log = logging.getLogger(__name__)
 #: help (``reason``); takeover: took a lease whose holder had died;
 #: compile_start: this process became the leader of ``key`` and compiles it now (the
 #: ``compile`` that follows ends it; ``recipecache-run`` prints both as progress);
-#: step: a training step ended (written by integrations; ``step`` = index).
-EVENT_KINDS = ("hit", "miss", "compile", "wait", "put", "fallback", "takeover", "compile_start", "step")
+#: step: a training step ended (written by integrations; ``step`` = index);
+#: eager: no-stall ran one call of graph ``key`` without inductor (``duration`` = that call's
+#: seconds) while it compiles behind the steps; switch: this process switched ``key`` to its
+#: compiled artifact (``duration`` = seconds the load took). A compile behind the steps records
+#: ``compile_start`` and ``compile`` with an extra ``"behind": true``.
+EVENT_KINDS = ("hit", "miss", "compile", "wait", "put", "fallback", "takeover", "compile_start", "step", "eager",
+               "switch")
 
 
 class EventLog:
