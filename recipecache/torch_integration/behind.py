@@ -180,6 +180,7 @@ class Behind:
         self._futures: list[Future[float]] = []
         self.graphs: dict[str, _Graph] = {}
         self._closed = False
+        self._probe_warmed = False
 
     # -- the hook side ------------------------------------------------------------
     def intercept(self, flight: Flight | None, what: tuple[str, str], args: tuple[Any, ...],
@@ -198,6 +199,7 @@ class Behind:
             return None
         with self._lock:
             self.graphs.setdefault(flight.key, _Graph(flight.key, *what))
+        self._warm_cpu_probe(args[1])
         config = inductor_config.save_config_portable()
         context = torch._guards.TracingContext.try_get()
         job = None
@@ -211,6 +213,30 @@ class Behind:
                 return None
             job = self._submit(flight, serialized)
         return Deferred(flight.key, what, job, config, context)
+
+    def _warm_cpu_probe(self, example_inputs: Any) -> None:
+        """Pick the CPU's vector ISA now, in the background, the first time a CPU graph is deferred.
+
+        Loading a compiled CPU graph asks for it, and a process that never compiled has not
+        picked it yet: on torch 2.13 that runs torch's probe libraries, seconds, which would
+        otherwise land in the step that switches. It runs g++ or the probe in child processes,
+        so the thread mostly waits without the interpreter lock.
+        """
+        with self._lock:
+            if self._probe_warmed or not any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                                             for t in example_inputs):
+                return
+            self._probe_warmed = True
+
+        def pick() -> None:
+            from torch._inductor import cpu_vec_isa
+
+            try:
+                cpu_vec_isa.pick_vec_isa()
+            except Exception:  # noqa: BLE001 - the switch picks it itself
+                log.debug("recipecache: background ISA pick failed", exc_info=True)
+
+        threading.Thread(target=pick, name="recipecache-isa", daemon=True).start()
 
     def graph(self, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule) -> BehindGraph:
         """The switching callable ``_compile_fx_inner`` returns for the deferred graph."""
