@@ -168,3 +168,69 @@ def test_fresh_ranks_after_compile_nothing(jobs: dict[str, dict[str, Any]]) -> N
     fresh = jobs["fresh"]
     assert not _events(fresh, "compile") and not _events(fresh, "eager")
     assert len({e["key"] for e in _events(fresh, "hit")}) == len({e["key"] for e in _events(jobs["cold"], "switch")})
+
+
+# -- the switching callable on its own ------------------------------------------------------
+def _behind_graph(reload: Any) -> tuple[Any, Any, Any]:
+    import torch
+    from concurrent.futures import Future
+
+    from recipecache.torch_integration.behind import Behind, Deferred
+    from recipecache.torch_integration.metrics import Metrics
+
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (x * 2,)
+
+    store = Store.open(StoreSettings("memory://", namespace="behind-unit"))
+    behind = Behind(store, Metrics(store, None, flush=False), 10.0)
+    job: Future[float] = Future()
+    graph = behind.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()))
+    return graph, job, behind
+
+
+@pytest.mark.torch
+def test_switching_callable_runs_eager_until_its_compile_is_done_then_compiled() -> None:
+    import torch
+
+    loads: list[int] = []
+
+    def reload() -> Any:
+        loads.append(1)
+        return lambda args: ("compiled", len(args))
+
+    graph, job, behind = _behind_graph(reload)
+    assert graph._boxed_call is True
+    for _ in range(3):
+        assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
+    assert not loads  # the compile is not done: never tried
+    job.set_result(1.0)
+    assert graph([torch.ones(2)]) == ("compiled", 1) and graph([torch.ones(2)]) == ("compiled", 1)
+    assert loads == [1]  # loaded once, then called
+    row = behind.snapshot()["k"]
+    assert row["eager_calls"] == 3 and row["switched_at"] is not None
+    assert behind.metrics.snapshot()["behind"]["switches"] == 1
+
+
+@pytest.mark.torch
+def test_switching_callable_stays_eager_when_its_compile_failed_or_its_load_fails() -> None:
+    import torch
+
+    def never() -> Any:
+        raise AssertionError("a failed compile is not loaded")
+
+    graph, job, _ = _behind_graph(never)
+    job.set_exception(RuntimeError("worker exited with status -9"))
+    for _ in range(2):
+        assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
+
+    def broken() -> Any:
+        raise OSError("the artifact's kernel is gone")
+
+    graph, job, behind = _behind_graph(broken)
+    job.set_result(1.0)
+    for _ in range(2):
+        assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
+    metrics = behind.metrics.snapshot()
+    assert metrics["behind"]["failed"] == 1 and metrics["fallbacks"] == {"behind_failed": 1}
+    assert "cannot load the compiled graph" in behind.snapshot()["k"]["failed"]
