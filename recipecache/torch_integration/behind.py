@@ -255,7 +255,7 @@ class Behind:
         job = _Job(flight.key, directory, flight)
         with open(directory / "job.pkl", "wb") as f:  # mkdtemp: only this user reads it (the secret is in it)
             pickle.dump({"settings": self.store.settings, "key": flight.key, "wire": wire,
-                         "threads": torch.get_num_threads()}, f)
+                         "threads": torch.get_num_threads(), "sys_path": list(sys.path)}, f)
         with self._lock:
             self._jobs[flight.key] = job
         self.store.events.record("compile_start", flight.key, behind=True)
@@ -411,7 +411,7 @@ class BehindGraph:
             behind = self._behind
             job, self._job = self._job, None
             if job is not None:
-                if job.exception() is not None:  # counted by the job: the graph stays eager here
+                if job.cancelled() or job.exception() is not None:  # counted by the job: the graph stays eager here
                     self._given_up = True
                     return None
             start = time.perf_counter()

@@ -2,7 +2,7 @@
 
 Started by :mod:`.behind` in a fresh interpreter (never the user's script). It reads
 ``JOB_DIR/job.pkl`` (the store settings, the graph's store key, torch's wire-format
-input of one graph compile, the parent's thread count), enables recipecache on the same
+input of one graph compile, the parent's thread count and ``sys.path``), enables recipecache on the same
 store, and runs torch's whole ``_compile_fx_inner`` on the graph in the context torch's
 own out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor
 config, virtualized state, tracing context, fake mode). The FX cache lookup misses (the
@@ -39,6 +39,10 @@ def compile_job(job: dict[str, Any]) -> dict[str, Any]:
     from .metrics import Metrics
 
     torch.set_num_threads(job["threads"])  # part of the graph's key: the parent's count
+    # the graph's pickle names the modules it was traced from (a model class in the node metadata and
+    # the tracing context): importable from where the rank imported them. Only what the pickle names
+    # is imported; the script itself (``__main__``) never is
+    sys.path[:0] = [p for p in job["sys_path"] if p and p not in sys.path]
     store = Store.open(job["settings"])
     metrics = Metrics(store, None, flush=False)
     on = {state.hook.name for state in compat.states() if state.on} - {"precompiled"}
@@ -57,6 +61,8 @@ def compile_job(job: dict[str, Any]) -> dict[str, Any]:
             seconds = time.perf_counter() - start
         published = metrics.snapshot()["lookups"]["fx"]
         key = integration.last_key
+        if key is None:  # torch's local cache (shared with the rank) had it: nothing to publish
+            return {"compile_s": seconds}
         if key != job["key"]:
             return {"error": f"the worker computed key {key}, the rank {job['key']}"}
         if not published["put"] and not published["hit"]:
