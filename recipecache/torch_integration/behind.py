@@ -47,14 +47,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch._inductor.config as inductor_config
 
-from ..reasons import Reason
+from ..reasons import Reason, Role
 from ..store import Flight, Store
 from .metrics import Metrics
 
@@ -160,7 +160,6 @@ class _Job:
     flight: Flight
     proc: subprocess.Popen[bytes] | None = None
     cancelled: bool = False
-    started: float = field(default_factory=time.perf_counter)
 
 
 class Behind:
@@ -193,8 +192,6 @@ class Behind:
         its cache for this graph), a lease-less fallback (the store failed: nothing to meet
         at), or a graph torch's wire format cannot carry.
         """
-        from ..reasons import Role
-
         if flight is None or flight.role not in (Role.LEADER, Role.BUSY) or self._closed:
             return None
         with self._lock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import sys
 import time
@@ -23,7 +24,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
 
 
 def compile_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -73,8 +73,15 @@ def compile_job(job: dict[str, Any]) -> dict[str, Any]:
         store.close()
 
 
+#: how much the worker (and the compilers it starts) yields the CPU to the rank's own steps
+NICENESS = 10
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    # the compile is behind the steps: on a GPU node it runs on cores nothing else wants, on a
+    # machine whose cores the ranks keep busy it takes what they leave (g++ inherits the niceness)
+    os.nice(NICENESS)
     directory = Path(argv[0])
     with open(directory / "job.pkl", "rb") as f:
         job = pickle.load(f)
