@@ -15,9 +15,11 @@ the result was written.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import pickle
+import signal
 import sys
 import time
 import traceback
@@ -73,6 +75,23 @@ def compile_job(job: dict[str, Any]) -> dict[str, Any]:
         store.close()
 
 
+def _die_with_parent() -> None:
+    """End with the rank that started us (Linux): a rank killed mid-job leaves no compile running on.
+
+    Its lease then expires and another process compiles the graph. At a normal exit the rank
+    waits for us itself (within the exit grace).
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the worker finishes its compile on its own
+        return
+    if os.getppid() == 1:  # the rank died before the call took effect
+        os._exit(1)
+
+
+#: prctl option from <linux/prctl.h>
+PR_SET_PDEATHSIG = 1
 #: how much the worker (and the compilers it starts) yields the CPU to the rank's own steps
 NICENESS = 10
 
@@ -82,6 +101,7 @@ def main(argv: list[str]) -> int:
     # the compile is behind the steps: on a GPU node it runs on cores nothing else wants, on a
     # machine whose cores the ranks keep busy it takes what they leave (g++ inherits the niceness)
     os.nice(NICENESS)
+    _die_with_parent()
     directory = Path(argv[0])
     with open(directory / "job.pkl", "rb") as f:
         job = pickle.load(f)
