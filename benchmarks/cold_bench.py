@@ -25,7 +25,14 @@ first; the short warm pair runs ``--warm-pairs`` times per repetition):
 * with ``--compare-tree DIR``, also ``base cold`` and ``base fresh``: ``rc cold`` and
   ``rc fresh`` run from another checkout (say the main branch), for a before/after;
 * with ``--precompile``, also ``pc cold`` and ``pc fresh``: ``rc cold`` and ``rc fresh`` with
-  ``recipecache-run --precompile`` (the precompiled tier, on a store of its own).
+  ``recipecache-run --precompile`` (the precompiled tier, on a store of its own);
+* with ``--no-stall``, also ``ns cold``: ``recipecache-run --no-stall`` on an empty store of its
+  own (graphs run without inductor while one rank compiles each in a worker), and ``ns fresh``:
+  fresh ranks with ``--no-stall`` on the store ``ns cold`` filled. Printed: each rank's slowest
+  step of ``ns cold`` over plain cold's first step (the slowest rank's; targets <= 0.25, goal
+  0.1), the job walls' ratio (target <= 1.1), the largest loss difference from plain cold at any
+  step (target <= 2e-3: eager and compiled differ in the last bits), and the compiles and eager
+  calls of ``ns fresh`` (target: none).
 
 Printed: the job walls, iteration 0 (the slowest rank's), each rank's critical path
 (seconds inside steps, where compiles and waits happen; for recipecache also its compile
@@ -38,7 +45,7 @@ losses, and so must the fresh runs that start from the store's (see ``SECOND_RUN
 the tier's two runs (``PRECOMPILE_SCENARIOS``).
 
     python benchmarks/cold_bench.py [--reps 3] [--warm-pairs 2] [--cases rotated,aligned] [--quick]
-                                    [--timeline] [--compare-tree /work/main] [--precompile] [--json FILE]
+                                    [--timeline] [--compare-tree /work/main] [--precompile] [--no-stall] [--json FILE]
 """
 
 from __future__ import annotations
@@ -61,6 +68,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("plain cold", "rc cold", "rc fresh", "plain warm")
 #: with --compare-tree: recipecache-run from another checkout (e.g. before a change), cold and fresh
 BASE_SCENARIOS = ("base cold", "base fresh")
+#: with --no-stall: recipecache-run --no-stall, cold on its own store, then fresh ranks on it
+NO_STALL_SCENARIOS = ("ns cold", "ns fresh")
+#: no-stall's targets: slowest step / plain cold first step, job wall / plain cold wall, loss difference
+NO_STALL_STEP_TARGET, NO_STALL_STEP_GOAL, NO_STALL_WALL_TARGET, NO_STALL_LOSS_TARGET = 0.25, 0.1, 1.1, 2e-3
 #: Losses are compared within each group. recipecache gives torch a job id, so torch's
 #: automatic-dynamic decisions (PGO) are shared through the store: a fresh rank on a filled
 #: store starts with the dimensions the cold job found dynamic and compiles dynamic graphs
@@ -190,6 +201,19 @@ class Run:
     def losses(self) -> list[list[float]]:
         return [r["losses"] for r in self.ranks]
 
+    @property
+    def first_step_s(self) -> float:
+        """The slowest rank's first step: where plain torchrun compiles the first graph."""
+        return max(r["steps"][0][4] for r in self.ranks)
+
+    @property
+    def worst_steps_s(self) -> list[float]:
+        """Per rank, its slowest step."""
+        return [max(step[4] for step in r["steps"]) for r in self.ranks]
+
+    def count(self, event: str) -> int:
+        return sum(1 for e in self.events if e["event"] == event)
+
 
 def free_port() -> int:
     """A port for torchrun's rendezvous: others may run jobs on this machine at the same time."""
@@ -201,7 +225,7 @@ def free_port() -> int:
 
 
 def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str], *, dirs: Path,
-            store: Path | None, tree: Path = ROOT, precompile: bool = False) -> Run:
+            store: Path | None, tree: Path = ROOT, launcher_args: Sequence[str] = ()) -> Run:
     """Start one job: plain torchrun (``store`` None) or recipecache-run on ``store``; every rank in ``dirs``/rankN.
 
     ``tree`` is the checkout whose launcher and recipecache run (the job script is always this one).
@@ -223,8 +247,7 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
                "-m", "launcher.bootstrap", *script]
     else:
         cmd = [sys.executable, "-m", "launcher.main", "--nproc", "2", *port, "--cache", f"file://{store}",
-               "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs),
-               *(["--precompile"] if precompile else []), *script]
+               "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs), *launcher_args, *script]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
@@ -275,7 +298,7 @@ def ratios(numerator: list[Run], denominator: list[Run], measure: Callable[[Run]
 def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
     """Print the case's table and target ratios; returns the figures."""
     by = {scenario: [r for r in runs if r.scenario == scenario]
-          for scenario in SCENARIOS + BASE_SCENARIOS + PRECOMPILE_SCENARIOS}
+          for scenario in SCENARIOS + BASE_SCENARIOS + PRECOMPILE_SCENARIOS + NO_STALL_SCENARIOS}
     by = {scenario: rs for scenario, rs in by.items() if rs}
     mismatched = []
     for group in (FIRST_RUNS, SECOND_RUNS, PRECOMPILE_SCENARIOS):
@@ -326,6 +349,8 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
               "(goal 0.1)")
         print(f"precompiled tier: dynamic_shapes fallbacks {dynamic}; all its fallbacks, per run "
               f"{figures['pc_fallbacks']}; largest loss difference to plain cold {figures['pc_max_loss_diff']:.2e}")
+    if "ns cold" in by:
+        figures.update(no_stall_figures(by["ns cold"], by["ns fresh"], by["plain cold"]))
     print("losses: " + ("bitwise equal among runs without PGO state, among fresh runs and among the tier's runs"
                         if not mismatched else f"DIFFER in {', '.join(mismatched)}"))
     figures["losses_equal"] = not mismatched
@@ -338,8 +363,33 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
     return figures
 
 
+def no_stall_figures(cold: list[Run], fresh: list[Run], plain: list[Run]) -> dict[str, Any]:
+    """Print no-stall's figures against plain torchrun cold (per repetition); returns them."""
+    worst = [max(ns.worst_steps_s) / p.first_step_s for ns, p in zip(cold, plain)]
+    per_rank = [[w / p.first_step_s for w in ns.worst_steps_s] for ns, p in zip(cold, plain)]
+    walls = ratios(cold, plain, lambda r: r.wall_s)
+    loss_diff = [max(abs(a - b) for mine, ref in zip(ns.losses, p.losses) for a, b in zip(mine, ref))
+                 for ns, p in zip(cold, plain)]
+    fresh_compiles = [r.count("compile") for r in fresh]
+    fresh_eager = [r.count("eager") for r in fresh]
+    met = lambda value, limit: "met" if value <= limit else "MISSED"  # noqa: E731
+    print(f"no-stall cold: slowest step / plain cold first step, per rank: "
+          f"{'; '.join(' '.join(f'{v:.3f}' for v in ranks) for ranks in per_rank)}  "
+          f"target <= {NO_STALL_STEP_TARGET}: {met(max(worst), NO_STALL_STEP_TARGET)} "
+          f"(goal {NO_STALL_STEP_GOAL}: {met(max(worst), NO_STALL_STEP_GOAL)})")
+    print(f"no-stall cold wall / plain cold wall: {spread(walls)}  target <= {NO_STALL_WALL_TARGET}: "
+          f"{met(statistics.median(walls), NO_STALL_WALL_TARGET)}; eager calls {[r.count('eager') for r in cold]}, "
+          f"compiles behind {[r.count('compile') for r in cold]}, switches {[r.count('switch') for r in cold]}")
+    print(f"no-stall max |loss - plain cold loss| at any step: {' '.join(f'{d:.2e}' for d in loss_diff)}  "
+          f"target <= {NO_STALL_LOSS_TARGET}: {met(max(loss_diff), NO_STALL_LOSS_TARGET)}")
+    print(f"no-stall fresh ranks after: compiles {fresh_compiles}, eager calls {fresh_eager}  target 0: "
+          f"{'met' if not any(fresh_compiles) and not any(fresh_eager) else 'MISSED'}")
+    return {"ns_worst_step_over_plain_first": per_rank, "ns_cold_wall": walls, "ns_max_loss_diff": loss_diff,
+            "ns_fresh_compiles": fresh_compiles, "ns_fresh_eager_calls": fresh_eager}
+
+
 def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[str], compare: Path | None,
-             show: Callable[[Run], None], precompile: bool = False) -> list[Run]:
+             show: Callable[[Run], None], precompile: bool = False, no_stall: bool = False) -> list[Run]:
     """``reps`` interleaved repetitions of the scenarios; their order alternates between repetitions.
 
     The cold runs of a repetition come first (the warm ones need their dirs and stores),
@@ -350,16 +400,18 @@ def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[s
     for rep in range(reps):
         base = work / f"{case}-{rep}"
 
-        def job(scenario: str, dirs: str, store: str | None, tree: Path = ROOT, tag: str = "") -> Callable[[], Run]:
+        def job(scenario: str, dirs: str, store: str | None, tree: Path = ROOT, tag: str = "",
+                launcher_args: Sequence[str] = ()) -> Callable[[], Run]:
             return lambda: run_job(work, scenario, case, f"{rep}{tag}", args, dirs=base / dirs,
-                                   store=None if store is None else base / store, tree=tree,
-                                   precompile=scenario in PRECOMPILE_SCENARIOS)
+                                   store=None if store is None else base / store, tree=tree, launcher_args=launcher_args)
 
         cold = [job("plain cold", "plain-dirs", None), job("rc cold", "rc-cold-dirs", "store")]
         if compare is not None:
             cold.append(job("base cold", "base-cold-dirs", "base-store", compare))
         if precompile:
-            cold.append(job("pc cold", "pc-cold-dirs", "pc-store"))
+            cold.append(job("pc cold", "pc-cold-dirs", "pc-store", launcher_args=["--precompile"]))
+        if no_stall:
+            cold.append(job("ns cold", "ns-cold-dirs", "ns-store", launcher_args=["--no-stall"]))
         warm = []
         for k in range(warm_pairs):
             pair = [job("rc fresh", f"rc-fresh-dirs-{k}", "store", tag=f".{k}"),
@@ -367,15 +419,17 @@ def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[s
             if compare is not None:
                 pair.append(job("base fresh", f"base-fresh-dirs-{k}", "base-store", compare, tag=f".{k}"))
             if precompile:
-                pair.append(job("pc fresh", f"pc-fresh-dirs-{k}", "pc-store", tag=f".{k}"))
+                pair.append(job("pc fresh", f"pc-fresh-dirs-{k}", "pc-store", tag=f".{k}", launcher_args=["--precompile"]))
             warm += pair if (rep + k) % 2 == 0 else pair[::-1]
         if rep % 2:
             cold.reverse()
         done = [start() for start in cold]
         done += [start() for start in warm]
+        if no_stall:  # fresh ranks right after the no-stall cold job, on its store
+            done.append(job("ns fresh", "ns-fresh-dirs", "ns-store", launcher_args=["--no-stall"])())
         runs += done
         for run in done:
-            if run.scenario in ("rc cold", "base cold", "pc cold"):
+            if run.scenario in ("rc cold", "base cold", "pc cold", "ns cold"):
                 show(run)
     return runs
 
@@ -392,6 +446,8 @@ def main() -> None:
     p.add_argument("--timeline", action="store_true", help="print each recipecache cold job's per-rank timeline")
     p.add_argument("--workdir", type=Path, help="keep every run's dirs, stores and outputs here (default: a temp dir)")
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
+    p.add_argument("--no-stall", action="store_true",
+                   help="also run recipecache-run --no-stall cold (own store) and fresh ranks after it")
     p.add_argument("--compare-tree", type=Path, metavar="DIR",
                    help="also run recipecache-run cold and fresh from this checkout (e.g. /work/main), interleaved")
     p.add_argument("--precompile", action="store_true",
@@ -415,7 +471,7 @@ def main() -> None:
 
     compare = args.compare_tree.resolve() if args.compare_tree else None
     figures = {case: summarise(case, run_case(work, case, reps, args.warm_pairs, job_args, compare, show,
-                                              args.precompile))
+                                              args.precompile, args.no_stall))
                for case in cases}
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))

@@ -39,6 +39,8 @@ METRICS_NAME = "metrics-rank{rank}.json"
 #: Seconds a node's ranks may take to exit once the script finished on all of them (``--exit-grace``):
 #: enough for atexit handlers that flush or upload, far less than a hang that would hold the job.
 DEFAULT_EXIT_GRACE_S = 120.0
+#: the part of the exit grace a rank may spend finishing no-stall compiles still running at exit
+BEHIND_SHARE_OF_GRACE = 0.8
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class LaunchConfig:
     prewarm: bool = False
     #: the precompiled tier: ranks load whole compiled functions instead of tracing
     precompile: bool = False
+    #: no-stall: a graph that missed runs without inductor while one rank compiles it behind the steps
+    no_stall: bool = False
     #: Gaudi: the node-local recipe directory every rank's bridge uses, synced by an agent
     hpu_dir: Path | None = None
     hpu_max_size_mb: int = 1024
@@ -141,6 +145,11 @@ class LaunchConfig:
             environ[env.PREWARM] = "1"
         if self.precompile:
             environ[env.PRECOMPILE] = "1"
+        if self.no_stall:
+            environ[env.NO_STALL] = "1"
+        # what a rank may spend at exit finishing compiles behind the steps: within the grace after
+        # which the launcher ends it, with a fifth of it left for the script's own atexit handlers
+        environ[env.EXIT_GRACE] = f"{self.exit_grace_s * BEHIND_SHARE_OF_GRACE:g}"
         if self.hpu_dir is not None:
             from recipecache.hpu import rank_environment
 
@@ -194,6 +203,7 @@ class LaunchConfig:
             node_dir=_node_dir(args),
             prewarm=args.prewarm,
             precompile=args.precompile,
+            no_stall=args.no_stall or env.switch(env.NO_STALL),
             hpu_dir=_hpu_dir(args, namespace),
             hpu_max_size_mb=_positive("--hpu-max-size-mb", args.hpu_max_size_mb),
             hpu_clear=args.hpu_clear,

@@ -119,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--precompile", action="store_true",
                       help="precompiled tier: ranks load whole compiled functions (bytecode, guards, AOTInductor "
                            "libraries) from the store instead of tracing; one rank precompiles each, the others load")
+    ours.add_argument("--no-stall", action="store_true",
+                      help="no rank stops for a compile: a graph that missed runs without inductor (as aot_eager) "
+                           "while one rank compiles it in a worker process; every rank switches to the compiled "
+                           "graph at its next call once it is published. Compiles still running when the script "
+                           "ends are finished within 80%% of --exit-grace")
     hpu = parser.add_argument_group("Intel Gaudi recipes")
     hpu.add_argument("--hpu", action="store_true",
                      help="point every rank's PT_HPU_RECIPE_CACHE_CONFIG at a node-local directory and sync it "

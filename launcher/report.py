@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -230,7 +231,40 @@ def build_report(
         "duplicates": list((graphs or {}).get("duplicates", [])),
         "missed": list((graphs or {}).get("missed", [])),
         "skipped": dict((graphs or {}).get("skipped", asdict(Skipped()))),
+        "behind": behind_graphs(metrics),
     }
+
+
+def _behind_rows(data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """A rank's well-formed no-stall graph rows (``behind.graphs`` of its metrics); damaged ones left out."""
+    graphs = _lookup(data, ("behind", "graphs"))
+    if not isinstance(graphs, Mapping):
+        return {}
+    return {str(key): row for key, row in graphs.items()
+            if isinstance(row, Mapping) and _count(row.get("eager_calls")) and is_seconds(row.get("compile_s"))
+            and (row.get("switched_at") is None or is_seconds(row.get("switched_at")))}
+
+
+def behind_graphs(metrics: Mapping[int, Mapping[str, Any] | Unreadable]) -> list[dict[str, Any]]:
+    """No-stall, per graph: who compiled it behind the steps and for how long, and per rank the calls it
+    ran without inductor and when it switched to the compiled graph (Unix time; None: it never did)."""
+    out: dict[str, dict[str, Any]] = {}
+    for rank in sorted(metrics):
+        data = metrics[rank]
+        if isinstance(data, Unreadable):
+            continue
+        for key, row in _behind_rows(data).items():
+            graph = out.setdefault(key, {"key": key, "name": str(row.get("name", "graph")),
+                                         "shapes": str(row.get("shapes", "")), "compiled_by": [], "compile_s": 0.0,
+                                         "ranks": {}})
+            if row["compile_s"]:
+                graph["compiled_by"].append(rank)
+                graph["compile_s"] += float(row["compile_s"])
+            graph["ranks"][str(rank)] = {"eager_calls": int(row["eager_calls"]),
+                                         "eager_s": float(row["eager_s"]) if is_seconds(row.get("eager_s")) else 0.0,
+                                         "switched_at": row.get("switched_at"),
+                                         **({"failed": str(row["failed"])} if row.get("failed") else {})}
+    return list(out.values())
 
 
 def format_report(report: Mapping[str, Any]) -> str:
@@ -274,6 +308,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                      f"{report['exit_grace_s']:g} s after the script finished on every rank of this node; ended "
                      f"(the exit status is the scripts' own; see hung_ranks in the report)")
     lines += format_graphs(report)
+    lines += format_behind(report)
     skipped = Skipped(**report.get("skipped", {}))
     if skipped:
         lines.append(f"WARNING: reading the event logs {skipped.describe()}")
@@ -294,6 +329,24 @@ def format_graphs(report: Mapping[str, Any]) -> list[str]:
     if missed:
         lines.append("compiled though other ranks had loaded it from the store:")
         lines += [f"  rank {m['rank']}: {m['label']}: {m['reason']}" for m in missed]
+    return lines
+
+
+def format_behind(report: Mapping[str, Any]) -> list[str]:
+    """No-stall's lines: per graph, seconds compiled behind and by whom, and per rank its eager calls and switch."""
+    graphs = report.get("behind") or []
+    if not graphs:
+        return []
+    lines = ["ran without inductor while compiling behind the steps (no-stall):"]
+    for graph in graphs:
+        by = ", ".join(map(str, graph["compiled_by"])) or "another job"
+        ranks = "; ".join(
+            f"rank {rank}: {row['eager_calls']} eager call(s), "
+            + (f"switched at {time.strftime('%H:%M:%S', time.localtime(row['switched_at']))}"
+               if row["switched_at"] is not None else f"never switched{' (' + row['failed'] + ')' if 'failed' in row else ''}")
+            for rank, row in graph["ranks"].items())
+        lines.append(f"  {graph['name']} {graph['shapes']}: compiled behind by rank {by} in {graph['compile_s']:.1f} s; "
+                     f"{ranks}")
     return lines
 
 

@@ -54,6 +54,12 @@ FINISHED_DIR = "RECIPECACHE_FINISHED_DIR"
 CPU_FINGERPRINT = "RECIPECACHE_CPU_FINGERPRINT"
 #: set by recipecache-run --precompile (or by hand): enable() also turns on the precompiled tier
 PRECOMPILE = "RECIPECACHE_PRECOMPILE"
+#: set by recipecache-run --no-stall (or by hand): a graph that missed runs without inductor while
+#: one process compiles it behind the steps (``1`` on, ``0`` or unset off)
+NO_STALL = "RECIPECACHE_NO_STALL"
+#: set by recipecache-run from --exit-grace: seconds a process may spend at exit finishing compiles
+#: it runs behind the steps
+EXIT_GRACE = "RECIPECACHE_EXIT_GRACE"
 
 
 def process_rank(environ: Mapping[str, str] | None = None) -> int:
@@ -77,6 +83,17 @@ def process_world_size(environ: Mapping[str, str] | None = None) -> int:
 def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the switch ``name`` is on (``1``); recipecache sets its switches to exactly that."""
     return (os.environ if environ is None else environ).get(name) == "1"
+
+
+def switch(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """The on/off variable ``name``: ``1`` on, ``0`` or unset (or empty) off; ConfigError for anything else.
+
+    For switches a user sets by hand, where a ``yes`` silently read as off would hide the mistake.
+    """
+    text = (os.environ if environ is None else environ).get(name, "")
+    if text not in ("", "0", "1"):
+        raise ConfigError(f"{name}={text!r}: use 1 (on) or 0 (off)")
+    return text == "1"
 
 
 #: what an operator's CPU fingerprint may be: it becomes part of store keys

@@ -69,6 +69,9 @@ class Reason(StrEnum):
     #: the precompiled tier could not serve a call (graph break, guards, load error, other toolchain...):
     #: it ran on the normal path; the metrics name the detail (``precompile_fallbacks``)
     PRECOMPILE_FALLBACK = "precompile_fallback"
+    #: no-stall: a graph's compile behind the steps failed, died, or its artifact could not be
+    #: loaded; the graph stays without inductor in this process
+    BEHIND_FAILED = "behind_failed"
 
 
 class PrecompileDetail(StrEnum):
@@ -143,3 +146,6 @@ class Role(StrEnum):
     TIMEOUT = "timeout"
     #: the store could not coordinate (it failed): we compile locally
     FALLBACK = "fallback"
+    #: another process holds the lease and we did not wait for it (``Store.begin(wait=False)``):
+    #: no-stall ranks run the graph without inductor meanwhile
+    BUSY = "busy"

@@ -19,7 +19,7 @@ import threading
 from collections import Counter, defaultdict
 from typing import Any
 
-_COUNTS = ("hits", "misses", "puts", "bytes_read", "bytes_written", "compiles", "waits", "leader", "follower",
+_COUNTS = ("hits", "misses", "puts", "bytes_read", "bytes_written", "compiles", "waits", "leader", "follower", "busy",
            "fallback", "takeovers", "deleted_bad", "update_conflicts",
            # the node tier (recipecache.node_tier): served from the node directory, waited for the node's
            # fetcher, read the remote store for the node (and the bytes it got), took a dead fetcher's place,

@@ -460,6 +460,7 @@ class Store:
         stale_reason: Reason = Reason.GUARD_REJECTED,
         trace: bool = True,
         kind: str | None = None,
+        wait: bool = True,
     ) -> Flight:
         """Look ``key`` up; on a miss either wait for the process compiling it or become its compiler.
 
@@ -478,6 +479,9 @@ class Store:
         the values). With ``stale`` the backend itself is read, never a node copy (the stale
         value may be that copy), and what it holds refreshes the node copy. ``trace=False`` keeps the
         flight (lookup, wait, compile start, publish) out of the event log, as for :meth:`lookup`.
+        ``wait=False``: when another process holds the lease, return at once with role ``busy``
+        (no data, no lease) instead of waiting for its artifact: for callers that have
+        something else to run meanwhile (no-stall) and look again later (:meth:`compiling`).
         """
         if stale is None:
             first = self._traced_read(key, trace=trace)
@@ -498,7 +502,7 @@ class Store:
             if stale is None:
                 self._stats.outcome(kind, None if hit else miss)
 
-        timeout = self.settings.wait_timeout if wait_timeout is None else wait_timeout
+        timeout = 0.0 if not wait else self.settings.wait_timeout if wait_timeout is None else wait_timeout
 
         def fetch() -> memoryview | None:
             return self._read(key).data if stale is None else self._fetch_fresh(key, stale)
@@ -508,7 +512,11 @@ class Store:
         except BackendError as exc:
             settle(False)
             return self._fallback(key, exc.reason, miss_reason=miss, trace=trace, kind=kind)
-        if outcome.waited_s:
+        if not wait and outcome.role is Role.TIMEOUT:
+            settle(False)
+            self._stats.count("busy")
+            return Flight(self, key, Role.BUSY, miss_reason=miss, trace=trace, kind=kind)
+        if outcome.waited_s and wait:
             self._stats.count("waits")
             self._stats.add_seconds("wait_s", outcome.waited_s)
             if trace:
@@ -526,10 +534,22 @@ class Store:
             self._stats.count("takeovers")
             if trace:
                 self.events.record("takeover", key)
-        if trace:
+        if trace and wait:  # wait=False: the caller says where it compiles (no-stall: behind the steps)
             self.events.record("compile_start", key)
         return Flight(self, key, Role.LEADER, lease=outcome.lease, waited_s=outcome.waited_s, miss_reason=miss,
                       trace=trace, kind=kind)
+
+    def compiling(self, key: str) -> bool:
+        """Whether a live lease on ``key`` says another process is compiling it now (False if the backend failed).
+
+        One lease read, nothing counted: cheap enough for a ``busy`` caller to ask every
+        half second before it looks the key up again.
+        """
+        try:
+            held = self._call("lease", self.backend.lease_holder, storage_key(self.namespace, key))
+        except BackendError:
+            return False
+        return held is not None and held.remaining_s > 0
 
     def _fallback(self, key: str, reason: Reason, *, miss_reason: Reason | None, waited_s: float = 0.0,
                   trace: bool = True, kind: str | None = None) -> Flight:

@@ -127,8 +127,17 @@ def test_rank_env_wiring(script: Path, tmp_path: Path) -> None:
         "RECIPECACHE_AUTO_ENABLE": "1",
         "RECIPECACHE_RANK_DIRS": f"{tmp_path}/dirs",
         "RECIPECACHE_NODE_DIR": f"{tmp_path}/dirs/rank{{rank}}/node",
+        # what a rank may spend finishing no-stall compiles at exit: 80% of the default --exit-grace
+        "RECIPECACHE_EXIT_GRACE": "96",
     }
     assert config.report_path == tmp_path / "run" / "report.json"
+
+
+def test_no_stall_wiring(script: Path, tmp_path: Path) -> None:
+    config = config_for("--no-stall", "--exit-grace", "50", str(script))
+    env = config.rank_env({})
+    assert env["RECIPECACHE_NO_STALL"] == "1" and env["RECIPECACHE_EXIT_GRACE"] == "40"
+    assert "RECIPECACHE_NO_STALL" not in config_for(str(script)).rank_env({})
 
 
 def test_node_tier_wiring(script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,11 @@ chrome://tracing open: ``{"traceEvents": [...]}`` with complete events (``"ph": 
 ``ts``/``dur`` in microseconds) and instants (``"ph": "i"``). Each rank is a process
 (``pid`` = rank) named ``rank N (host)``; its compiles, waits, fetches and publishes are
 duration events, its hits, misses, fallbacks and steps instants, each named by the graph
-(function and input shapes, from the key records) rather than by a hash.
+(function and input shapes, from the key records) rather than by a hash. No-stall adds two
+threads to a rank: its compiles behind the steps (``"behind": true``: a worker process, not the
+rank's own time) and, per graph, the span in which the rank ran it without inductor (from its
+first eager call to its last, with the number of calls); the switch to the compiled graph is a
+span of the rank itself.
 
 :func:`draw` renders the same timeline with matplotlib (the optional ``plot`` extra) for
 a README or a ticket.
@@ -27,7 +31,9 @@ from ..fsutil import write_atomic
 from .keyinfo import KeyInfo, graph_label, load_keys
 
 #: event kind -> the verb of its duration event (hits are fetches: the store read and verify)
-SPANS = {"compile": "compile", "wait": "wait for", "hit": "fetch", "put": "publish"}
+SPANS = {"compile": "compile", "wait": "wait for", "hit": "fetch", "put": "publish", "switch": "switch to compiled"}
+#: no-stall's threads of a rank besides its own (tid 0): compiles in a worker, graphs run without inductor
+BEHIND_TID, EAGER_TID = 1, 2
 #: event kinds drawn as instants
 INSTANTS = ("hit", "miss", "fallback", "takeover", "step")
 #: colours of the picture, one per span kind
@@ -66,14 +72,19 @@ def build_trace(records: Sequence[dict[str, Any]], keys: Mapping[str, Sequence[K
             {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
             {"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "recipecache"}},
         ]
+    eager: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for rec in records:
         kind, key = rec["event"], rec.get("key") or ""
+        if kind == "eager":
+            eager.setdefault((rec["rank"], key), []).append(rec)
+            continue
         label = _label(key, keys)
         args = {k: rec[k] for k in ("key", "reason", "bytes", "step") if rec.get(k) not in (None, "")}
-        base = {"pid": rec["rank"], "tid": 0, "cat": kind, "args": args}
+        behind = kind == "compile" and rec.get("behind") is True
+        base = {"pid": rec["rank"], "tid": BEHIND_TID if behind else 0, "cat": kind, "args": args}
         duration = float(rec.get("duration") or 0.0)
         if kind in SPANS and duration > 0:
-            events.append({**base, "ph": "X", "name": f"{SPANS[kind]} {label}",
+            events.append({**base, "ph": "X", "name": f"{'compile behind' if behind else SPANS[kind]} {label}",
                            "ts": round((_start(rec) - origin) * 1e6, 3), "dur": round(duration * 1e6, 3)})
         if kind in INSTANTS:
             name = f"step {rec.get('step', '')}" if kind == "step" else f"{kind} {label}"
@@ -81,6 +92,17 @@ def build_trace(records: Sequence[dict[str, Any]], keys: Mapping[str, Sequence[K
                 name += f" ({rec['reason']})"
             events.append({**base, "ph": "i", "s": "t", "name": name,
                            "ts": round((float(rec["time"]) - origin) * 1e6, 3)})
+    for (rank, key), calls in sorted(eager.items()):
+        start, end = min(_start(r) for r in calls), max(float(r["time"]) for r in calls)
+        seconds = sum(float(r.get("duration") or 0.0) for r in calls)
+        events.append({"pid": rank, "tid": EAGER_TID, "cat": "eager", "ph": "X",
+                       "name": f"without inductor {_label(key, keys)} ({len(calls)} calls)",
+                       "ts": round((start - origin) * 1e6, 3), "dur": round((end - start) * 1e6, 3),
+                       "args": {"key": key, "calls": len(calls), "seconds": round(seconds, 6)}})
+    threads = {(e["pid"], e["tid"]) for e in events if e.get("tid")}
+    names = {BEHIND_TID: "compiles behind the steps (worker)", EAGER_TID: "graphs run without inductor"}
+    events += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": names[tid]}}
+               for pid, tid in sorted(threads)]
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"origin_unix_s": origin}}
 
 

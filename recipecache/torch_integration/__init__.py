@@ -39,6 +39,9 @@ from ..reasons import Reason
 from ..store import Store, open_store
 from .metrics import Metrics, metrics_path
 
+#: seconds a process may spend at exit finishing no-stall compiles, unless told (recipecache-run's default)
+DEFAULT_EXIT_GRACE_S = 120.0
+
 __all__ = ["disable", "enable", "mark_step", "metrics", "write_metrics"]
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,8 @@ def enable(
     wait_timeout: float | None = None,
     metrics_file: str | None = None,
     precompile: bool | None = None,
+    no_stall: bool | None = None,
+    exit_grace: float | None = None,
 ) -> Store:
     """Route this process's torch.compile caches to the store ``url`` names and return that store.
 
@@ -76,7 +81,10 @@ def enable(
     :func:`recipecache.open_store`; ``wait_timeout`` (seconds a process waits for another
     one's compile) to ``RECIPECACHE_WAIT_TIMEOUT``; ``metrics_file`` to
     ``RECIPECACHE_METRICS_FILE``; ``precompile`` (the precompiled tier) to
-    ``RECIPECACHE_PRECOMPILE=1``. A malformed URL raises ConfigError (bad input); an
+    ``RECIPECACHE_PRECOMPILE=1``; ``no_stall`` (a graph that missed runs without inductor while
+    one process compiles it behind the steps, :mod:`.behind`) to ``RECIPECACHE_NO_STALL=1``, and
+    ``exit_grace`` (seconds the process may spend at exit finishing those compiles) to
+    ``RECIPECACHE_EXIT_GRACE``, else 120. A malformed URL raises ConfigError (bad input); an
     unreachable store does not (it degrades at use). Calling it again while enabled
     returns the current store.
     """
@@ -89,6 +97,9 @@ def enable(
                           metrics_path(template, process_rank()),
                           flush=env.flag(env.METRICS_FLUSH))
         want_tier = precompile if precompile is not None else env.flag(env.PRECOMPILE)
+        want_behind = no_stall if no_stall is not None else env.switch(env.NO_STALL)
+        grace = (env.seconds(env.EXIT_GRACE, DEFAULT_EXIT_GRACE_S) if exit_grace is None
+                 else env.positive_seconds("exit_grace", str(exit_grace)))
         try:
             import torch
 
@@ -96,13 +107,15 @@ def enable(
 
             hooks = compat.states()
             on = {state.hook.name for state in hooks if state.on}
-            integration = patches.attach(store, metrics, wait_timeout, on)
+            behind_on = want_behind and "no_stall" in on
+            integration = patches.attach(store, metrics, wait_timeout, on, wait_for_lease=not behind_on)
         except (ImportError, AttributeError) as exc:
             # a torch that lacks even what the hooks module imports
             metrics.fallback(Reason.TORCH_INTERNALS, f"cannot hook this torch ({exc!r}); it compiles without the cache")
         else:
             _session.hooked = True
-            left_off, message = compat.warning(hooks, torch.__version__, skip=() if want_tier else ("precompiled",))
+            skip = () if want_tier else ("precompiled",)
+            left_off, message = compat.warning(hooks, torch.__version__, skip=skip if want_behind else (*skip, "no_stall"))
             if left_off:
                 metrics.fallback(Reason.TORCH_INTERNALS, message)
             elif message:
@@ -114,6 +127,11 @@ def enable(
                 _session.tier = tier.attach(store, metrics, wait_timeout, integration.cpu_key)
             except (ImportError, AttributeError) as exc:  # beyond what compat checks
                 metrics.fallback(Reason.TORCH_INTERNALS, f"no precompiled tier on this torch ({exc!r})")
+        if _session.hooked and behind_on:
+            from .behind import Behind
+
+            integration.behind = Behind(store, metrics, grace)
+            metrics.behind_graphs_source = integration.behind.snapshot
         _session.store, _session.metrics, _session.next_step = store, metrics, 0
         if not _session.exit_hook:
             atexit.register(_at_exit)
@@ -173,6 +191,7 @@ def _at_exit() -> None:
     if _session.hooked:
         from . import patches
 
+        patches.finish_behind()
         patches.release_leases()
     if _session.metrics is not None:
         _session.metrics.write(if_changed=True)  # unchanged since the script returned: the file is right

@@ -106,13 +106,21 @@ class _Attempt(threading.local):
 class Integration:
     """One enabled store: the state the hooks share (torch builds backends with no arguments)."""
 
-    def __init__(self, store: Store, metrics: Metrics, wait_timeout: float | None) -> None:
+    def __init__(self, store: Store, metrics: Metrics, wait_timeout: float | None, *,
+                 wait_for_lease: bool = True) -> None:
         #: graph artifacts (FX) are single-flighted and traced in the event log (the simulator
         #: replays it as the job's compile keys); AOTAutograd, PGO and probe entries are not
         #: compiles, so their lookups and puts stay out of the trace (``trace=False``)
         self.store = store
         self.metrics = metrics
         self.wait_timeout = wait_timeout
+        #: False: a graph whose lease another process holds is not waited for (role ``busy``): no-stall
+        #: ranks run it eagerly meanwhile (:attr:`behind`), a no-stall worker compiles it for that holder
+        self.wait_for_lease = wait_for_lease
+        #: no-stall's background compiles (:mod:`.behind`), when enabled
+        self.behind: Any = None
+        #: the store key of the graph this process looked up last (the no-stall worker reports it)
+        self.last_key: str | None = None
         #: this host's CPU fingerprint, in the key of every artifact holding compiled CPU code
         #: (:mod:`.host_cpu`; ConfigError for a malformed override)
         self.cpu = host_cpu.fingerprint()
@@ -249,7 +257,7 @@ class Integration:
         self.end_attempt()
         key = self.cpu_key(torch_key)
         attempt = self.attempt
-        attempt.key = key
+        attempt.key = self.last_key = key
         self.guarded(self.record_key, torch_key)
         try:
             yield from self._offer_variants(key)
@@ -274,7 +282,7 @@ class Integration:
         attempt = self.attempt
         offered: set[bytes] = set()
         install_failed = False
-        flight = self.store.begin(key, wait_timeout=self.wait_timeout, kind="fx")
+        flight = self.store.begin(key, wait_timeout=self.wait_timeout, kind="fx", wait=self.wait_for_lease)
         attempt.hit_counted = flight.data is not None
         for waits in itertools.count():
             if flight.waited_s:
@@ -309,7 +317,22 @@ class Integration:
                 self._unused_hit(key, reason)
                 return
             flight = self.store.begin(key, wait_timeout=self.wait_timeout, stale=flight.data, stale_reason=reason,
-                                      kind="fx")
+                                      kind="fx", wait=self.wait_for_lease)
+
+    def defer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
+        """No-stall: torch is about to compile the graph this thread looked up and missed; the
+        :class:`~.behind.Deferred` to raise instead, or None to compile it here (:meth:`.behind.Behind.intercept`).
+
+        A leader's lease goes with its background compile (released when that ends), not with this attempt.
+        """
+        attempt = self.attempt
+        flight = attempt.flight if attempt.key is not None else None
+        deferred = self.behind.intercept(flight, attempt.what, args, kwargs)
+        if deferred is not None and flight is not None:
+            with self._lock:
+                self._flights.pop(id(flight), None)
+            attempt.flight = None
+        return deferred
 
     def fx_put(self, torch_key: str, data: bytes) -> None:
         """Merge the graph torch compiled here into its key's variants (compare-and-set), then free the lease."""

@@ -139,6 +139,25 @@ HOOKS: tuple[Hook, ...] = (
           _i("_dynamo.pgo", "_CODE_STATE"), _i("_dynamo.pgo", "_INIT_CODE_STATE"),
           Interface("torch", "_TorchCompileAOTInductorWrapper")),
          requires=("graphs",)),
+    Hook("no_stall", "no-stall (enable(no_stall=True)): a graph that missed runs without inductor while one process "
+                     "compiles it in a worker",
+         (_i("_inductor.compile_fx_ext", "_WireProtocolInput",
+             "gm", "example_inputs", "inputs_to_check", "graph_kwargs", "tracing_context", "config", "virtualized",
+             "deterministic_guard_for_testing", "logger_state", "lowering", "fake_tensor_mode"),
+          _i("_inductor.compile_fx_ext", "_graph_contains_triton_kernel_wrappers"),
+          _i("_inductor.compile_fx_ext", "_VirtualizedSerializer.serialize"),
+          _i("_inductor.compile_fx_ext", "_LoweringSerializer"),
+          _i("_inductor.compile_fx_ext", "_LoggerState"),
+          _i("_inductor.compile_fx_ext", "_FakeTensorModeSerializer"),
+          _i("_inductor.codecache", "FxGraphCache._check_for_hop"),
+          _i("fx._graph_pickler", "GraphPickler.dumps", "obj", "options"),
+          _i("fx._graph_pickler", "Options"),
+          _i("_inductor.compile_fx_ext", "_WireProtocolPickledInput.deserialize"),
+          _i("_inductor.compile_fx_ext", "_current_fake_mode"),
+          _i("_inductor.config", "save_config_portable"),
+          _i("_guards", "tracing"),
+          _i("fx._lazy_graph_module", "_LazyGraphModule.force_recompile")),
+         requires=("graphs", "compile_count")),
 )
 
 

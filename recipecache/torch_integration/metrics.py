@@ -72,6 +72,11 @@ class Metrics:
         self._precompile_fallbacks: Counter[str] = Counter()
         self._precompile_shapes: Counter[str] = Counter()
         self._stale_sources = 0
+        #: no-stall (:mod:`.behind`): calls run without inductor and their seconds, switches to the
+        #: compiled graph, compiles run behind the steps and their seconds, and those that failed
+        self._behind = dict.fromkeys(("eager_calls", "eager_s", "switches", "compiles", "compile_s", "failed"), 0)
+        #: per graph key, what no-stall did with it here (set by the hooks: the report's rows)
+        self.behind_graphs_source: Callable[[], dict[str, Any]] | None = None
         self._write_failed = False
         #: the figures last written (all but ``wall_s``), to skip a rewrite that would change nothing
         self._written: dict[str, Any] | None = None
@@ -157,6 +162,17 @@ class Metrics:
             self._stale_sources += 1
         self.changed()
 
+    def behind(self, **counts: float) -> None:
+        """No-stall figures to add (``eager_calls``, ``eager_s``, ``switches``, ``compiles``, ``compile_s``, ``failed``).
+
+        An eager call changes only counters the report sums at the end, so it rewrites no file.
+        """
+        with self._lock:
+            for name, n in counts.items():
+                self._behind[name] += n
+        if set(counts) - {"eager_calls", "eager_s"}:
+            self.changed()
+
     def kernels(self, *, installed: int = 0, shipped: int = 0) -> None:
         with self._lock:
             self._kernels["installed"] += installed
@@ -174,6 +190,7 @@ class Metrics:
         # graph lookups, and whole functions the precompiled tier looked up
         graphs = {k: sum(lookups[kind][k] for kind in GRAPH_KINDS) for k in ("hit", "miss")}
         local = self.local_hits_source() if self.local_hits_source is not None else {}
+        behind_graphs = self.behind_graphs_source() if self.behind_graphs_source is not None else {}
         with self._lock:
             fallbacks.update({str(k): v for k, v in self._fallbacks.items()})
             out: dict[str, Any] = {
@@ -199,6 +216,8 @@ class Metrics:
                 "precompile_fallbacks": {str(k): v for k, v in self._precompile_fallbacks.items()},
                 "precompile_shapes": {str(k): v for k, v in self._precompile_shapes.items()},
                 "stale_sources": self._stale_sources,
+                "behind": {**{k: round(v, 6) if isinstance(v, float) else v for k, v in self._behind.items()},
+                           "graphs": behind_graphs},
                 "store": store,
             }
         return out

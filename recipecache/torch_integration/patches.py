@@ -10,6 +10,7 @@ keys, flights and artifacts (:mod:`._hooks`). Which hooks are installed is
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Collection, Iterator
 from typing import Any
@@ -79,6 +80,10 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         return original_precompile_header(header, hashable_cmd_line, **compile_command)
 
     def fx_codegen_and_compile(*args: Any, **kwargs: Any) -> Any:
+        if integration.behind is not None:
+            deferred = integration.guarded(integration.defer, args, kwargs)
+            if deferred is not None:
+                raise deferred  # no-stall: _compile_fx_inner returns the graph's switching callable
         start = time.perf_counter()
         try:
             return original_codegen(*args, **kwargs)
@@ -90,12 +95,26 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         integration.guarded(integration.describe_key, key, details, args, kwargs)
         return key, details
 
-    def _compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
+    def run_inner(*args: Any, **kwargs: Any) -> Any:
         integration.guarded(integration.end_attempt)
         try:
             return original_inner(*args, **kwargs)
         finally:
             integration.guarded(integration.end_attempt)
+
+    def _compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
+        behind = integration.behind
+        if behind is None:
+            return run_inner(*args, **kwargs)
+        try:
+            return run_inner(*args, **kwargs)
+        except Exception as exc:
+            deferred = behind.deferred_of(exc)
+            if deferred is None:
+                raise
+            # no-stall: eager until the compiled graph exists; reloading runs this compile again (a hit then)
+            args = (args[0], list(args[1]), *args[2:])
+            return behind.graph(deferred, functools.partial(run_inner, *args, **kwargs), args[0])
 
     def iterate_over_candidates(cls: type, local: bool, remote: Any, key: str) -> Iterator[tuple[Any, bytes, bool]]:
         ours = remote is not None and isinstance(remote.backend, FxBackend)
@@ -162,6 +181,8 @@ def _install(integration: Integration, on: frozenset[str]) -> None:
 
 
 def _uninstall(integration: Integration) -> None:
+    if integration.behind is not None:
+        integration.guarded(integration.behind.close)
     integration.close()
     for owner, name, value in reversed(_originals):
         if value is _INHERITED:
@@ -211,10 +232,14 @@ class AutotuneBackend(_StoreBackend):
     kind = "autotune"
 
 
-def attach(store: Store, metrics: Metrics, wait_timeout: float | None, on: Collection[str]) -> Integration:
-    """Hook torch up to the stores with the hooks ``on`` (see :mod:`.compat`); nothing changed if it raises."""
+def attach(store: Store, metrics: Metrics, wait_timeout: float | None, on: Collection[str], *,
+           wait_for_lease: bool = True) -> Integration:
+    """Hook torch up to the stores with the hooks ``on`` (see :mod:`.compat`); nothing changed if it raises.
+
+    ``wait_for_lease=False``: never wait for another process's compile (no-stall, and its worker).
+    """
     global _active
-    integration = Integration(store, metrics, wait_timeout)
+    integration = Integration(store, metrics, wait_timeout, wait_for_lease=wait_for_lease)
     _active = integration
     try:
         _install(integration, frozenset(on))
@@ -230,6 +255,12 @@ def detach() -> None:
     if _active is not None:
         integration, _active = _active, None
         _uninstall(integration)
+
+
+def finish_behind() -> None:
+    """At exit: let no-stall compiles in flight finish and publish, within the exit grace (:meth:`.behind.Behind.finish`)."""
+    if _active is not None and _active.behind is not None:
+        _active.guarded(_active.behind.finish, _active.behind.exit_grace)
 
 
 def release_leases() -> None:

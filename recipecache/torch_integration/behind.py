@@ -1,0 +1,452 @@
+"""No-stall: a graph that missed runs without inductor while one process compiles it behind the steps.
+
+A JIT's tiers (the JVM's interpreter while C2 compiles, V8's Ignition while TurboFan
+does) applied to torch.compile, with the store as the meeting point:
+
+* A rank meets a graph (forward or backward, after dynamo and AOTAutograd traced it)
+  whose FX entry is not in the store. Instead of compiling it inline, the hooks raise
+  :class:`Deferred` from inside torch's ``fx_codegen_and_compile`` (the FX cache lookup
+  has run and missed by then), and ``_compile_fx_inner`` returns a :class:`BehindGraph`:
+  a boxed callable (inductor's calling convention) that runs the traced graph module
+  eagerly, as torch's ``aot_eager`` backend does, until the compiled graph is there.
+* Exactly one process of the job compiles it: the one that took the key's lease
+  (``Store.begin(wait=False)``; the others get role ``busy`` at once, never waiting). It
+  sends the graph, with torch's own wire format for out-of-process compiles
+  (``_SerializedFxCompile.serialize_compile``: ``GraphPickler`` carries the FakeTensors
+  and the shape environment), to a worker process (:mod:`.behind_worker`), which runs
+  torch's whole ``_compile_fx_inner`` with recipecache enabled: the entry and its kernels
+  land in the store exactly as an inline compile's would, so a later job of fresh ranks
+  hits it and compiles nothing. The worker is a fresh interpreter started with ``-m``
+  (never the user's script), so the compile holds no lock of the training process and,
+  on a GPU node, runs on otherwise idle CPU cores.
+* At its next call after the artifact exists (the leader: its job finished; the others:
+  the key's lease is gone, asked at most every :data:`POLL_S`), a process loads it through
+  torch's FX cache path: it runs ``_compile_fx_inner`` again with the graph, inputs and
+  arguments it kept, under the tracing context and inductor config of the first attempt,
+  which now hits. From then on the compiled graph runs.
+* A compile that fails, a worker that dies, a load that misses or raises: the graph stays
+  eager in this process, counted (fallback ``behind_failed``, warned once); the lease is
+  released, so another process may compile it. Never a crash, never a hang.
+* Compiles still running when the script ends are finished before the process exits,
+  for at most the exit grace (:meth:`Behind.finish`), then ended.
+
+Numerics are those of eager versus ``torch.compile``: the eager graph and the compiled one
+may differ in the last bits, as any eager run and its compiled twin do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch._inductor.config as inductor_config
+
+from ..reasons import Reason, Role
+from ..store import Flight, Store
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+#: seconds between two looks of a ``busy`` process at the key's lease
+POLL_S = 0.5
+
+
+class Deferred(Exception):
+    """Raised by the hooks inside torch's compile of one graph: do not compile it here and now.
+
+    torch wraps it (``InductorError``); :func:`deferred_of` finds it again.
+    """
+
+    def __init__(self, key: str, what: tuple[str, str], job: Future[float] | None, config: dict[str, Any],
+                 context: Any) -> None:
+        super().__init__(f"compile of {key} deferred")
+        self.key = key
+        self.what = what
+        #: the background compile this process started (leader), or None (another process compiles it)
+        self.job = job
+        self.config = config
+        self.context = context
+
+
+def deferred_of(exc: BaseException) -> Deferred | None:
+    """The :class:`Deferred` that ``exc`` is or wraps (torch re-raises it as ``InductorError``), else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, Deferred):
+            return current
+        seen.add(id(current))
+        current = getattr(current, "inner_exception", None) or current.__cause__ or current.__context__
+    return None
+
+
+#: ops a worker can look up by name: torch's own (the worker runs the same torch, never the user's
+#: code, so ops a user library registers are not there). torch's wire format allows ``aten`` only
+#: (``GraphPickler``'s default ``ops_filter``), which turns away most training graphs (``prims.iota``
+#: of an ``arange``, for one)
+_WORKER_OPS = ("torch.ops.aten.", "torch.ops.prims.", "torch.ops.fbgemm.")
+
+
+def _worker_op(name: str) -> bool:
+    return name.startswith(_WORKER_OPS)
+
+
+def wire_input(gm: torch.fx.GraphModule, example_inputs: Any, inputs_to_check: Any, graph_kwargs: dict[str, Any]) -> bytes | None:
+    """torch's wire-format input of one graph compile (what ``_SerializedFxCompile.serialize_compile``
+    builds), pickled with :data:`_WORKER_OPS` allowed; None if the graph cannot travel (torch's reasons:
+    a higher-order op its cache bypasses, a Triton kernel wrapper, something unpicklable)."""
+    from pickle import PicklingError
+
+    from torch._inductor import compile_fx_ext as ext
+    from torch._inductor.codecache import BypassFxGraphCache, FxGraphCache
+    from torch.fx._graph_pickler import GraphPickler, Options
+
+    try:
+        FxGraphCache._check_for_hop(gm)
+        if ext._graph_contains_triton_kernel_wrappers(gm):
+            return None
+        wire = ext._WireProtocolInput(
+            gm, example_inputs, inputs_to_check, graph_kwargs, torch._guards.TracingContext.try_get(),
+            inductor_config.save_config_portable(), ext._VirtualizedSerializer.serialize(), None, ext._LoggerState(),
+            ext._LoweringSerializer(), ext._FakeTensorModeSerializer(ext._current_fake_mode()))
+        return GraphPickler.dumps(wire, Options(ops_filter=_worker_op))
+    except (AttributeError, BypassFxGraphCache, PicklingError, NotImplementedError) as exc:
+        log.debug("recipecache: cannot send graph to a worker: %r", exc)
+        return None
+
+
+@dataclass
+class _Graph:
+    """What this process knows of one graph compiled behind (the report's row)."""
+
+    key: str
+    name: str
+    shapes: str
+    eager_calls: int = 0
+    eager_s: float = 0.0
+    #: wall-clock time (Unix seconds) this process switched to the compiled graph, and the switch's seconds
+    switched_at: float | None = None
+    switch_s: float = 0.0
+    #: seconds this process's background compile of the graph took
+    compile_s: float = 0.0
+    failed: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shapes": self.shapes, "eager_calls": self.eager_calls,
+                "eager_s": round(self.eager_s, 6), "switched_at": self.switched_at,
+                "switch_s": round(self.switch_s, 6), "compile_s": round(self.compile_s, 6),
+                **({"failed": self.failed} if self.failed else {})}
+
+
+@dataclass
+class _Job:
+    """One background compile: the worker process and where its input and result live."""
+
+    key: str
+    directory: Path
+    flight: Flight
+    proc: subprocess.Popen[bytes] | None = None
+    cancelled: bool = False
+
+
+class Behind:
+    """This process's background compiles and switching graphs (one per enabled integration)."""
+
+    deferred_of = staticmethod(deferred_of)
+
+    def __init__(self, store: Store, metrics: Metrics, exit_grace: float) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.exit_grace = exit_grace
+        # one compile at a time per process: forward and backward of one step would otherwise
+        # fight over the same cores; they finish one after the other, the first switching early
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recipecache-behind")
+        self._lock = threading.Lock()
+        self._jobs: dict[str, _Job] = {}
+        self._futures: list[Future[float]] = []
+        self.graphs: dict[str, _Graph] = {}
+        self._closed = False
+        self._probe_warmed = False
+
+    # -- the hook side ------------------------------------------------------------
+    def intercept(self, flight: Flight | None, what: tuple[str, str], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Deferred | None:
+        """torch is about to compile a graph that missed (``fx_codegen_and_compile(*args, **kwargs)``).
+
+        ``flight`` is this thread's single-flight of the graph's key: a leader sends the graph
+        to a worker, a ``busy`` process leaves it to the lease holder; both get a
+        :class:`Deferred` to raise. None (compile inline as usual): no flight (torch bypassed
+        its cache for this graph), a lease-less fallback (the store failed: nothing to meet
+        at), or a graph torch's wire format cannot carry.
+        """
+        if flight is None or flight.role not in (Role.LEADER, Role.BUSY) or self._closed:
+            return None
+        with self._lock:
+            self.graphs.setdefault(flight.key, _Graph(flight.key, *what))
+        self._warm_cpu_probe(args[1])
+        config = inductor_config.save_config_portable()
+        context = torch._guards.TracingContext.try_get()
+        job = None
+        if flight.role is Role.LEADER:
+            gm, example_inputs, inputs_to_check = args[:3]
+            graph_kwargs = {k: v for k, v in kwargs.items() if k != "compile_region_name"}
+            serialized = wire_input(gm, example_inputs, inputs_to_check, graph_kwargs)
+            if serialized is None:
+                self._failed(flight.key, what, "torch cannot serialize this graph for a worker; compiling it inline")
+                self.store.events.record("compile_start", flight.key)
+                return None
+            job = self._submit(flight, serialized)
+        return Deferred(flight.key, what, job, config, context)
+
+    def _warm_cpu_probe(self, example_inputs: Any) -> None:
+        """Pick the CPU's vector ISA now, in the background, the first time a CPU graph is deferred.
+
+        Loading a compiled CPU graph asks for it, and a process that never compiled has not
+        picked it yet: on torch 2.13 that runs torch's probe libraries, seconds, which would
+        otherwise land in the step that switches. It runs g++ or the probe in child processes,
+        so the thread mostly waits without the interpreter lock.
+        """
+        with self._lock:
+            if self._probe_warmed or not any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                                             for t in example_inputs):
+                return
+            self._probe_warmed = True
+
+        def pick() -> None:
+            from torch._inductor import cpu_vec_isa
+
+            try:
+                cpu_vec_isa.pick_vec_isa()
+            except Exception:  # noqa: BLE001 - the switch picks it itself
+                log.debug("recipecache: background ISA pick failed", exc_info=True)
+
+        threading.Thread(target=pick, name="recipecache-isa", daemon=True).start()
+
+    def graph(self, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule) -> BehindGraph:
+        """The switching callable ``_compile_fx_inner`` returns for the deferred graph."""
+        with self._lock:
+            self.graphs.setdefault(deferred.key, _Graph(deferred.key, *deferred.what))
+        return BehindGraph(self, deferred, reload, gm)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Per graph key, what no-stall did with it in this process (the metrics' ``behind.graphs``)."""
+        with self._lock:
+            return {key: graph.as_json() for key, graph in self.graphs.items()}
+
+    # -- background compiles -------------------------------------------------------
+    def _submit(self, flight: Flight, wire: bytes) -> Future[float]:
+        directory = Path(tempfile.mkdtemp(prefix="recipecache-behind-"))
+        job = _Job(flight.key, directory, flight)
+        with open(directory / "job.pkl", "wb") as f:  # mkdtemp: only this user reads it (the secret is in it)
+            pickle.dump({"settings": self.store.settings, "key": flight.key, "wire": wire,
+                         "threads": torch.get_num_threads(), "sys_path": list(sys.path)}, f)
+        with self._lock:
+            self._jobs[flight.key] = job
+        self.store.events.record("compile_start", flight.key, behind=True)
+        future = self._pool.submit(self._run, job)
+        with self._lock:
+            self._futures.append(future)
+        return future
+
+    def _run(self, job: _Job) -> float:
+        """Run one worker to its end; the compile's seconds, or raise why it failed (counted). Always frees the lease."""
+        graph = self.graphs[job.key]
+        try:
+            seconds = self._work(job)
+        except Exception as exc:
+            self._failed(job.key, (graph.name, graph.shapes), f"the compile behind failed ({exc})")
+            raise
+        finally:
+            job.flight.release()
+            with self._lock:
+                self._jobs.pop(job.key, None)
+            _remove(job.directory)
+        self.store.events.record("compile", job.key, seconds, behind=True)
+        self.metrics.behind(compiles=1, compile_s=seconds)
+        with self._lock:
+            graph.compile_s += seconds
+        return seconds
+
+    def _work(self, job: _Job) -> float:
+        """Start the worker of ``job`` and wait for it; the compile's seconds, or raise why it failed."""
+        if job.cancelled:
+            raise RuntimeError("the process was exiting")
+        env = dict(os.environ)
+        for name in ("RECIPECACHE_EVENT_LOG", "RECIPECACHE_METRICS_FILE", "RECIPECACHE_METRICS_FLUSH"):
+            env.pop(name, None)  # the parent records the background compile; the worker writes nothing of its own
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        with open(job.directory / "worker.log", "wb") as out:
+            job.proc = subprocess.Popen(
+                [sys.executable, "-m", "recipecache.torch_integration.behind_worker", str(job.directory)],
+                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                cwd=job.directory)
+            status = job.proc.wait()
+        result_path = job.directory / "result.pkl"
+        if status != 0 or not result_path.exists():
+            tail = (job.directory / "worker.log").read_bytes()[-600:].decode(errors="replace").strip()
+            raise RuntimeError(f"worker exited with status {status}" + (f": ...{tail}" if tail else ""))
+        with open(result_path, "rb") as f:
+            result = pickle.load(f)
+        if result.get("error"):
+            raise RuntimeError(result["error"])
+        return float(result["compile_s"])
+
+    def _failed(self, key: str, what: tuple[str, str], why: str) -> None:
+        with self._lock:
+            graph = self.graphs.setdefault(key, _Graph(key, *what))
+            graph.failed = why
+        self.metrics.behind(failed=1)
+        self.metrics.fallback(Reason.BEHIND_FAILED, f"{what[0]} {what[1]} ({key}): {why}; it runs without inductor")
+
+    # -- exit ----------------------------------------------------------------------
+    def finish(self, timeout: float) -> None:
+        """Let the compiles in flight finish and publish, for at most ``timeout`` seconds; then end them.
+
+        Runs at exit: the next job then starts warm, and the exit is never held longer.
+        """
+        deadline = time.monotonic() + max(timeout, 0.0)
+        with self._lock:
+            self._closed = True
+            futures = list(self._futures)
+            pending = [f for f in futures if not f.done()]
+        if pending:
+            log.info("recipecache: finishing %d compile(s) behind before exit (at most %.0f s)", len(pending), timeout)
+        for future in futures:
+            remaining = deadline - time.monotonic()
+            try:
+                future.result(timeout=max(remaining, 0.0))
+            except Exception:  # noqa: BLE001 - failures are counted where they are seen; here only the deadline counts
+                pass
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.cancelled = True
+            if job.proc is not None and job.proc.poll() is None:
+                log.warning("recipecache: ending the compile behind of %s: past the exit grace", job.key)
+                job.proc.kill()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        """End every worker at once (disable)."""
+        self.finish(0.0)
+
+
+class BehindGraph:
+    """Inductor's output for one graph while it compiles elsewhere: eager until the compiled graph exists.
+
+    Boxed calling convention (``_boxed_call``), like the ``OutputCode`` it stands for; an
+    instance attribute, since torch wraps the backward's callable (``functools.wraps`` copies
+    the instance's ``__dict__``, not its class's). It carries no ``_fx_graph_cache_key``, so
+    AOTAutograd does not save an entry pointing at it; the next process finds the graph's FX
+    entry through its own trace.
+    """
+
+    def __init__(self, behind: Behind, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule) -> None:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+
+        self._boxed_call = True
+        self._behind = behind
+        self._key = deferred.key
+        self._what = deferred.what
+        self._reload = reload
+        self._config = deferred.config
+        self._context = deferred.context
+        self._job = deferred.job
+        self._next_poll = time.monotonic() + POLL_S
+        self._lock = threading.Lock()
+        self._compiled: Callable[[list[Any]], Any] | None = None
+        #: the graph failed behind in this process: eager for good
+        self._given_up = False
+        _LazyGraphModule.force_recompile(gm)  # as torch's own eager output of an empty graph
+        self._eager = gm.forward
+
+    def __call__(self, args: list[Any]) -> Any:
+        compiled = self._compiled
+        if compiled is None and not self._given_up and self._due():
+            compiled = self._switch()
+        if compiled is not None:
+            return compiled(args)
+        start = time.perf_counter()
+        out = self._eager(*args)
+        seconds = time.perf_counter() - start
+        self._behind.store.events.record("eager", self._key, seconds)
+        self._behind.metrics.behind(eager_calls=1, eager_s=seconds)
+        with self._behind._lock:
+            graph = self._behind.graphs[self._key]
+            graph.eager_calls += 1
+            graph.eager_s += seconds
+        return out
+
+    def _due(self) -> bool:
+        """Whether to try the switch now: our job ended, or the key's lease is gone (looked at every POLL_S)."""
+        if self._job is not None:
+            return self._job.done()
+        now = time.monotonic()
+        if now < self._next_poll:
+            return False
+        self._next_poll = now + POLL_S
+        return not self._behind.store.compiling(self._key)
+
+    def _switch(self) -> Callable[[list[Any]], Any] | None:
+        with self._lock:
+            if self._compiled is not None or self._given_up:
+                return self._compiled
+            behind = self._behind
+            job, self._job = self._job, None
+            if job is not None:
+                if job.cancelled() or job.exception() is not None:  # counted by the job: the graph stays eager here
+                    self._given_up = True
+                    return None
+            start = time.perf_counter()
+            try:
+                compiled = self._load()
+            except Exception as exc:  # noqa: BLE001 - Deferred included: see below
+                deferred = deferred_of(exc)
+                if deferred is None or job is not None:
+                    # our own compile published it, yet loading missed or raised: do not try again
+                    self._given_up = True
+                    why = "its artifact was not found after the compile" if deferred is not None else repr(exc)
+                    behind._failed(self._key, self._what, f"cannot load the compiled graph ({why})")
+                    return None
+                # not there yet (the holder failed, or its lease expired): we lead now, or wait for the new holder
+                self._job = deferred.job
+                return None
+            seconds = time.perf_counter() - start
+            self._compiled = compiled
+            behind.store.events.record("switch", self._key, seconds)
+            behind.metrics.behind(switches=1)
+            with behind._lock:
+                graph = behind.graphs[self._key]
+                graph.switched_at, graph.switch_s = time.time(), seconds
+            log.info("recipecache: %s %s now runs compiled (switch took %.3f s)", *self._what, seconds)
+            return compiled
+
+    def _load(self) -> Callable[[list[Any]], Any]:
+        """torch's ``_compile_fx_inner`` again, in the context of the first attempt: a hit now."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.utils._python_dispatch._disable_current_modes())
+            stack.enter_context(inductor_config.patch(self._config))
+            stack.enter_context(torch._guards.tracing(self._context))
+            return self._reload()
+
+
+def _remove(directory: Path) -> None:
+    for child in directory.iterdir() if directory.exists() else ():
+        with contextlib.suppress(OSError):
+            child.unlink()
+    with contextlib.suppress(OSError):
+        directory.rmdir()

@@ -1,0 +1,120 @@
+"""The worker of a no-stall compile: ``python -m recipecache.torch_integration.behind_worker JOB_DIR``.
+
+Started by :mod:`.behind` in a fresh interpreter (never the user's script). It reads
+``JOB_DIR/job.pkl`` (the store settings, the graph's store key, torch's wire-format
+input of one graph compile, the parent's thread count and ``sys.path``), enables recipecache on the same
+store, and runs torch's whole ``_compile_fx_inner`` on the graph in the context torch's
+own out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor
+config, virtualized state, tracing context, fake mode). The FX cache lookup misses (the
+parent holds the key's lease, so this process does not wait for it), inductor compiles,
+and torch's put publishes the entry with its kernels through the normal path. It writes
+``JOB_DIR/result.pkl``: the compile's seconds, or the error; the exit status is 0 when
+the result was written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+
+def compile_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Compile and publish the graph of ``job``; what the parent reads back."""
+    import torch
+    from torch._inductor import compile_fx
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx_ext import _current_fake_mode, _WireProtocolPickledInput
+    from torch._inductor.debug import DebugContext
+
+    from ..store import Store
+    from . import compat, patches
+    from .metrics import Metrics
+
+    torch.set_num_threads(job["threads"])  # part of the graph's key: the parent's count
+    # the graph's pickle names the modules it was traced from (a model class in the node metadata and
+    # the tracing context): importable from where the rank imported them. Only what the pickle names
+    # is imported; the script itself (``__main__``) never is
+    sys.path[:0] = [p for p in job["sys_path"] if p and p not in sys.path]
+    store = Store.open(job["settings"])
+    metrics = Metrics(store, None, flush=False)
+    on = {state.hook.name for state in compat.states() if state.on} - {"precompiled"}
+    integration = patches.attach(store, metrics, job["settings"].wait_timeout, on, wait_for_lease=False)
+    try:
+        wire = _WireProtocolPickledInput(job["wire"]).deserialize()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(wire.virtualized.patch())
+            stack.enter_context(wire.lowering.patch())
+            stack.enter_context(inductor_config.patch(wire.config))
+            stack.enter_context(torch._guards.tracing(wire.tracing_context))
+            stack.enter_context(DebugContext())
+            stack.enter_context(wire.fake_tensor_mode.patch(_current_fake_mode()))
+            start = time.perf_counter()
+            compile_fx._compile_fx_inner(wire.gm, wire.example_inputs, **wire.graph_kwargs)
+            seconds = time.perf_counter() - start
+        published = metrics.snapshot()["lookups"]["fx"]
+        key = integration.last_key
+        if key is None:  # torch's local cache (shared with the rank) had it: nothing to publish
+            return {"compile_s": seconds}
+        if key != job["key"]:
+            return {"error": f"the worker computed key {key}, the rank {job['key']}"}
+        if not published["put"] and not published["hit"]:
+            return {"error": "the compiled graph was not published (see the store's warnings)"}
+        return {"compile_s": seconds}
+    finally:
+        patches.detach()
+        store.close()
+
+
+def _die_with_parent() -> None:
+    """End with the rank that started us (Linux): a rank killed mid-job leaves no compile running on.
+
+    Its lease then expires and another process compiles the graph. At a normal exit the rank
+    waits for us itself (within the exit grace).
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the worker finishes its compile on its own
+        return
+    if os.getppid() == 1:  # the rank died before the call took effect
+        os._exit(1)
+
+
+#: prctl option from <linux/prctl.h>
+PR_SET_PDEATHSIG = 1
+#: how much the worker (and the compilers it starts) yields the CPU to the rank's own steps
+NICENESS = 10
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    # the compile is behind the steps: on a GPU node it runs on cores nothing else wants, on a
+    # machine whose cores the ranks keep busy it takes what they leave (g++ inherits the niceness)
+    os.nice(NICENESS)
+    _die_with_parent()
+    directory = Path(argv[0])
+    with open(directory / "job.pkl", "rb") as f:
+        job = pickle.load(f)
+    try:
+        result = compile_job(job)
+    except Exception as exc:  # noqa: BLE001 - the parent reads it and keeps the graph eager
+        traceback.print_exc()
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    with open(directory / "result.tmp", "wb") as f:
+        pickle.dump(result, f)
+    (directory / "result.tmp").rename(directory / "result.pkl")  # the parent never reads half a result
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

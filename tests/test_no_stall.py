@@ -1,0 +1,236 @@
+"""No-stall (``enable(no_stall=True)``, ``recipecache-run --no-stall``): ranks keep training while a graph compiles behind them.
+
+* the store's non-blocking begin: a process never waits for a lease another one holds;
+* a bad ``RECIPECACHE_NO_STALL`` is one line and exit status 2;
+* one process whose background compile is killed: the graph stays eager, counted, and training goes on;
+* a real 2-rank torchrun job (gloo) on a cold store: each rank runs graphs eagerly while a worker
+  compiles them, every graph is compiled once in the job, every rank switches, the losses match plain
+  torchrun's; a job of fresh ranks right after compiles nothing and runs nothing eagerly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recipecache.reasons import Role
+from recipecache.runs.events import read_events
+from recipecache.settings import StoreSettings
+from recipecache.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKERS = Path(__file__).resolve().parent / "workers"
+TRAIN = WORKERS / "no_stall_train.py"
+RANKS = 2
+#: the largest loss difference allowed between a step run eagerly and the same step under torch.compile
+LOSS_TOLERANCE = 2e-3
+
+
+@pytest.fixture(params=["filesystem", "redis"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "filesystem":
+        return f"file://{tmp_path / 'cache'}"
+    request.applymarker(pytest.mark.redis)
+    return str(request.getfixturevalue("redis_url"))
+
+
+def test_begin_without_wait_is_busy_while_another_process_leads(url: str) -> None:
+    leader = Store.open(StoreSettings(url, namespace="busy"))
+    other = Store.open(StoreSettings(url, namespace="busy"))
+    with leader.begin("k") as flight:
+        assert flight.role is Role.LEADER
+        busy = other.begin("k", wait=False, wait_timeout=600)  # answered at once, not after the timeout
+        assert busy.role is Role.BUSY and busy.data is None and busy.lease is None
+        assert other.compiling("k")
+        flight.publish(b"artifact")
+    assert not other.compiling("k")
+    again = other.begin("k", wait=False)
+    assert again.role is Role.HIT and again.data == b"artifact"
+    assert other.stats()["busy"] == 1 and other.stats()["waits"] == 0
+
+
+def _env_without_recipecache() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
+
+
+def test_bad_no_stall_variable_is_one_line_and_status_2(tmp_path: Path) -> None:
+    env = _env_without_recipecache() | {"RECIPECACHE_NO_STALL": "yes"}
+    proc = subprocess.run([sys.executable, "-m", "launcher.main", "--nproc", "1", "--run-dir", str(tmp_path / "run"),
+                           str(TRAIN)], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "RECIPECACHE_NO_STALL='yes'" in lines[0] and "1 (on) or 0 (off)" in lines[0]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_killed_worker_leaves_the_graph_eager_counted(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    env = _env_without_recipecache() | {"RECIPECACHE_DIR": str(tmp_path / "store"),
+                                        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    proc = subprocess.run([sys.executable, str(WORKERS / "no_stall_kill.py"), str(out)], capture_output=True,
+                          text=True, env=env, timeout=540, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    behind = result["metrics"]["behind"]
+    assert behind["failed"] >= 1
+    assert result["metrics"]["fallbacks"].get("behind_failed") == behind["failed"]
+    failed = [g for g in behind["graphs"].values() if g.get("failed")]
+    assert failed and all(g["switched_at"] is None for g in failed)
+    assert all(g["eager_calls"] >= 5 for g in failed)  # it went on running without inductor
+    assert result["still_leased"] == [False] * len(failed)  # another process may compile it
+    assert "behind_failed" in proc.stderr  # the one warning
+
+
+# -- a real job ------------------------------------------------------------------------
+def _launch(tmp: Path, name: str, store_url: str, *args: str) -> dict[str, Any]:
+    run_dir = tmp / name
+    out = run_dir / "out.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store_url, "--namespace", "nostall",
+         "--run-dir", str(run_dir), "--rank-dirs", str(tmp / f"{name}-dirs"), "--no-stall", str(TRAIN), *args,
+         "--out", str(out)],
+        check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {**json.loads(out.read_text()), "events": list(read_events(run_dir / "events")),
+            "report": json.loads((run_dir / "report.json").read_text()),
+            "metrics": [json.loads((run_dir / f"metrics-rank{r}.json").read_text()) for r in range(RANKS)]}
+
+
+def _plain(tmp: Path, steps: int) -> dict[str, Any]:
+    local = tmp / "plain-local"
+    (local / "tmp").mkdir(parents=True)
+    env = _env_without_recipecache() | {"TMPDIR": str(local / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(local / "inductor"),
+                                        "OMP_NUM_THREADS": "1"}
+    out = tmp / "plain.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), str(TRAIN),
+                           "--steps", str(steps), "--pause", "0", "--out", str(out)],
+                          check=False, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
+    tmp = tmp_path_factory.mktemp("nostall")
+    store = f"file://{tmp / 'store'}"
+    cold = _launch(tmp, "cold", store, "--until-switched", "600")
+    fresh = _launch(tmp, "fresh", store, "--steps", "4")
+    yield {"cold": cold, "fresh": fresh, "plain": _plain(tmp, cold["steps"])}
+
+
+def _events(job: dict[str, Any], kind: str, rank: int | None = None) -> list[dict[str, Any]]:
+    return [e for e in job["events"] if e["event"] == kind and (rank is None or e["rank"] == rank)]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(1800)
+def test_ranks_run_eager_while_a_worker_compiles_then_switch(jobs: dict[str, dict[str, Any]]) -> None:
+    cold = jobs["cold"]
+    behind = Counter(e["key"] for e in _events(cold, "compile") if e.get("behind"))
+    assert behind and max(behind.values()) == 1, f"graphs compiled more than once: {behind}"
+    assert not [e for e in _events(cold, "compile") if not e.get("behind")], "a rank compiled inline"
+    assert cold["report"]["total"]["compiles"] == 0  # no step waited for a compile
+    for rank in range(RANKS):
+        eager = {e["key"] for e in _events(cold, "eager", rank)}
+        switched = {e["key"]: e["time"] for e in _events(cold, "switch", rank)}
+        assert eager and eager == set(switched) == set(behind), f"rank {rank}"
+        for e in _events(cold, "eager", rank):
+            assert e["time"] <= switched[e["key"]]  # eager until the switch, compiled after it
+        # rank r compiles what it met first; the graphs another rank compiled it ran eagerly meanwhile
+        compiled_here = {e["key"] for e in _events(cold, "compile", rank)}
+        assert compiled_here and eager - compiled_here
+        row = cold["metrics"][rank]["behind"]
+        assert row["failed"] == 0 and row["switches"] == len(behind)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(1800)
+def test_losses_match_plain_torchrun(jobs: dict[str, dict[str, Any]]) -> None:
+    cold, plain = jobs["cold"], jobs["plain"]
+    assert len(cold["losses"]) == len(plain["losses"]) == cold["steps"]
+    worst = max(abs(a - b) for step, ref in zip(cold["losses"], plain["losses"]) for a, b in zip(step, ref))
+    assert worst <= LOSS_TOLERANCE
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(1800)
+def test_fresh_ranks_after_compile_nothing(jobs: dict[str, dict[str, Any]]) -> None:
+    fresh = jobs["fresh"]
+    assert not _events(fresh, "compile") and not _events(fresh, "eager")
+    assert len({e["key"] for e in _events(fresh, "hit")}) == len({e["key"] for e in _events(jobs["cold"], "switch")})
+
+
+# -- the switching callable on its own ------------------------------------------------------
+def _behind_graph(reload: Any) -> tuple[Any, Any, Any]:
+    import torch
+    from concurrent.futures import Future
+
+    from recipecache.torch_integration.behind import Behind, Deferred
+    from recipecache.torch_integration.metrics import Metrics
+
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (x * 2,)
+
+    store = Store.open(StoreSettings("memory://", namespace="behind-unit"))
+    behind = Behind(store, Metrics(store, None, flush=False), 10.0)
+    job: Future[float] = Future()
+    graph = behind.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()))
+    return graph, job, behind
+
+
+@pytest.mark.torch
+def test_switching_callable_runs_eager_until_its_compile_is_done_then_compiled() -> None:
+    import torch
+
+    loads: list[int] = []
+
+    def reload() -> Any:
+        loads.append(1)
+        return lambda args: ("compiled", len(args))
+
+    graph, job, behind = _behind_graph(reload)
+    assert graph._boxed_call is True
+    for _ in range(3):
+        assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
+    assert not loads  # the compile is not done: never tried
+    job.set_result(1.0)
+    assert graph([torch.ones(2)]) == ("compiled", 1) and graph([torch.ones(2)]) == ("compiled", 1)
+    assert loads == [1]  # loaded once, then called
+    row = behind.snapshot()["k"]
+    assert row["eager_calls"] == 3 and row["switched_at"] is not None
+    assert behind.metrics.snapshot()["behind"]["switches"] == 1
+
+
+@pytest.mark.torch
+def test_switching_callable_stays_eager_when_its_compile_failed_or_its_load_fails() -> None:
+    import torch
+
+    def never() -> Any:
+        raise AssertionError("a failed compile is not loaded")
+
+    graph, job, _ = _behind_graph(never)
+    job.set_exception(RuntimeError("worker exited with status -9"))
+    for _ in range(2):
+        assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
+
+    def broken() -> Any:
+        raise OSError("the artifact's kernel is gone")
+
+    graph, job, behind = _behind_graph(broken)
+    job.set_result(1.0)
+    for _ in range(2):
+        assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
+    metrics = behind.metrics.snapshot()
+    assert metrics["behind"]["failed"] == 1 and metrics["fallbacks"] == {"behind_failed": 1}
+    assert "cannot load the compiled graph" in behind.snapshot()["k"]["failed"]

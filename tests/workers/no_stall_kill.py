@@ -1,0 +1,79 @@
+"""One process with no-stall: its first compile behind the steps is killed (the worker process).
+
+Argument: a JSON file to write. The graph whose worker died must stay eager (counted as
+``behind_failed``), its lease released, and training go on; the script writes the losses, its
+no-stall metrics and whether the killed graph's key is still leased.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import recipecache
+
+
+def worker_pid() -> int | None:
+    """The pid of this process's no-stall worker, if one runs."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        if ppid == os.getpid() and b"behind_worker" in cmdline:
+            return int(entry.name)
+    return None
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    store = recipecache.enable(no_stall=True, exit_grace=60)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    compiled = torch.compile(model)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    losses = []
+
+    def step() -> None:
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+
+    step()
+    deadline = time.monotonic() + 120
+    pid = worker_pid()
+    while pid is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pid = worker_pid()
+    assert pid is not None, "no worker started"
+    os.kill(pid, signal.SIGKILL)
+    behind = recipecache.torch_integration.metrics()["behind"]
+    while behind["failed"] == 0 and time.monotonic() < deadline:
+        step()
+        time.sleep(0.1)
+        behind = recipecache.torch_integration.metrics()["behind"]
+    for _ in range(5):
+        step()
+    metrics = recipecache.torch_integration.metrics()
+    failed = [key for key, g in metrics["behind"]["graphs"].items() if g.get("failed")]
+    Path(sys.argv[1]).write_text(json.dumps({
+        "losses": losses, "metrics": metrics,
+        "still_leased": [store.compiling(key) for key in failed]}))
+
+
+if __name__ == "__main__":
+    main()

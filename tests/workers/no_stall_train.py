@@ -1,0 +1,77 @@
+"""The example's DDP job (``examples/train.py``: its model, batches and bucket schedule), run for a
+number of steps (``--steps``) or, with ``--until-switched MAX``, until every rank runs every graph
+it met compiled (at most MAX steps; no-stall's switch, agreed through an all-reduce each step).
+
+Rank 0 writes ``--out``: per step every rank's loss, and the steps the job ran. Steps pause
+``--pause`` seconds, as a data loader would, so a compile behind them gets the cores too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from train import TinyLM, bucket_length, gather_at_rank0, make_batch  # noqa: E402
+
+
+def all_switched() -> bool:
+    """Whether every graph this process ran without inductor now runs compiled (True without recipecache)."""
+    try:
+        from recipecache.torch_integration import metrics
+    except ImportError:
+        return True
+    graphs = metrics().get("behind", {}).get("graphs", {})
+    return all(g["switched_at"] is not None or g.get("failed") for g in graphs.values())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--until-switched", type=int, default=0, metavar="MAX")
+    p.add_argument("--buckets", default="16,32")
+    p.add_argument("--pause", type=float, default=0.2)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    buckets = [int(b) for b in args.buckets.split(",")]
+    torch.manual_seed(0)
+    model = DistributedDataParallel(TinyLM(32))
+    compiled = torch.compile(model, dynamic=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses: list[float] = []
+    step_s: list[float] = []
+    limit = args.until_switched or args.steps
+    for step in range(limit):
+        tokens, targets = make_batch(step, rank, 4, bucket_length(step, rank, buckets), 0)
+        start = time.perf_counter()
+        loss = compiled(tokens, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step_s.append(time.perf_counter() - start)
+        losses.append(loss.item())
+        time.sleep(args.pause)
+        if args.until_switched and step + 1 >= 2 * len(buckets):
+            done = torch.tensor([1 if all_switched() else 0])
+            dist.all_reduce(done, op=dist.ReduceOp.MIN)
+            if done.item():
+                break
+    del compiled, model, opt
+    gathered = gather_at_rank0({"losses": losses, "step_s": step_s}, args.out, rank, world)
+    if gathered is not None:
+        args.out.write_text(json.dumps({"steps": len(losses), "losses": [list(v) for v in zip(*(g["losses"] for g in gathered))],
+                                        "step_s": [list(v) for v in zip(*(g["step_s"] for g in gathered))]}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
