@@ -260,7 +260,7 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
     if events:
         extra = (f"  compile {' '.join(f'{s:5.1f}' for s in run.seconds('compile'))}"
                  f"  wait {' '.join(f'{s:5.1f}' for s in run.seconds('wait'))}")
-    if precompile:
+    if "--precompile" in launcher_args:
         extra += f"  precompile fallbacks {run.precompile_fallbacks() or 'none'}"
     print(f"  {case:<8} rep {rep:<4} {scenario:<10}  wall {wall:6.1f} s  iter0 {run.iter0_s:6.2f} s  "
           f"in steps {' '.join(f'{s:6.1f}' for s in run.critical_s)}{extra}", flush=True)
