@@ -29,6 +29,15 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
+@pytest.fixture(params=["filesystem", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store URL of each default backend: a fresh filesystem store, and the session's real Redis (marked ``redis``)."""
+    if request.param == "filesystem":
+        return f"file://{tmp_path / 'cache'}"
+    request.applymarker(pytest.mark.redis)
+    return str(request.getfixturevalue("redis_url"))
+
+
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
     """A real 3-primary Redis Cluster for the session (no replicas: tests that kill a node start their own)."""

@@ -283,14 +283,6 @@ def test_a_reader_deleting_a_bad_value_never_deletes_a_good_one_published_meanwh
 
 
 # -- stores across fork ------------------------------------------------------------------------
-@pytest.fixture(params=["filesystem", "redis"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "filesystem":
-        return f"file://{tmp_path / 'cache'}"
-    request.applymarker(pytest.mark.redis)
-    return str(request.getfixturevalue("redis_url"))
-
-
 #: 4 MiB that a forked child and its parent both know without passing them on
 _CHILD_DATA = bytes(range(256)) * (4 << 12)
 

@@ -34,17 +34,9 @@ RANKS = 2
 LOSS_TOLERANCE = 2e-3
 
 
-@pytest.fixture(params=["filesystem", "redis"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "filesystem":
-        return f"file://{tmp_path / 'cache'}"
-    request.applymarker(pytest.mark.redis)
-    return str(request.getfixturevalue("redis_url"))
-
-
-def test_begin_without_wait_is_busy_while_another_process_leads(url: str) -> None:
-    leader = Store.open(StoreSettings(url, namespace="busy"))
-    other = Store.open(StoreSettings(url, namespace="busy"))
+def test_begin_without_wait_is_busy_while_another_process_leads(store_url: str) -> None:
+    leader = Store.open(StoreSettings(store_url, namespace="busy"))
+    other = Store.open(StoreSettings(store_url, namespace="busy"))
     with leader.begin("k") as flight:
         assert flight.role is Role.LEADER
         busy = other.begin("k", wait=False, wait_timeout=600)  # answered at once, not after the timeout

@@ -520,18 +520,26 @@ def test_guard_variants_of_one_key_are_all_kept_and_each_is_hit(integration: Any
     assert other.metrics.snapshot()["cache"] == {"TotalHit": 0, "TotalMiss": 1}
 
 
+def _wait_for_a_variant(integration: Any, stored: str, compiled: str, wanted: str) -> tuple[Any, list[Any]]:
+    """Variant ``stored`` is published; another process leads the compile of ``compiled``; a third,
+    wanting ``wanted``, rejects ``stored`` and waits on that lease until ``compiled`` lands.
+    Returns the waiting process and what its lookup found."""
+    assert _lookup(integration, _guards(stored)) is None
+    integration.fx_put(FX_KEY, _fx_entry(stored))
+    leader, waiter = _another(integration), _another(integration, wait_timeout=30)
+    assert _lookup(leader, _guards(compiled)) is None and leader.attempt.flight.role == "leader"
+    found: list[Any] = []
+    waiting = threading.Thread(target=lambda: found.append(_lookup(waiter, _guards(wanted))))
+    waiting.start()
+    time.sleep(0.3)  # the waiter rejects the stored variant and waits on the leader's lease
+    leader.fx_put(FX_KEY, _fx_entry(compiled))
+    waiting.join(timeout=30)
+    return waiter, found
+
+
 def test_a_process_waits_for_the_variant_another_is_compiling(integration: Any) -> None:
     small, large = "L['t0'] <= 4096", "4097 <= L['t0']"
-    assert _lookup(integration, _guards(small)) is None
-    integration.fx_put(FX_KEY, _fx_entry(small))
-    leader, follower = _another(integration), _another(integration, wait_timeout=30)
-    assert _lookup(leader, _guards(large)) is None and leader.attempt.flight.role == "leader"
-    found: list[Any] = []
-    waiting = threading.Thread(target=lambda: found.append(_lookup(follower, _guards(large))))
-    waiting.start()
-    time.sleep(0.3)  # the follower rejects the small variant and waits on the leader's lease
-    leader.fx_put(FX_KEY, _fx_entry(large))
-    waiting.join(timeout=30)
+    follower, found = _wait_for_a_variant(integration, small, large, large)
     assert found and found[0].guards_expr == large
     assert follower.metrics.snapshot()["graph_compilation"]["TotalNumber"] == 0
     assert follower.store.stats()["waits"] >= 1
@@ -611,16 +619,7 @@ def test_a_hit_found_unusable_is_counted_once_as_a_miss_by_the_store_and_the_met
     is a miss in the store as in the metrics (it was a store hit); torch compiling after it accepted an entry
     turns that hit into a miss once. The metrics' figures are the store's."""
     small, large, huge = "L['t0'] <= 4096", "4097 <= L['t0'] <= 8192", "8193 <= L['t0']"
-    assert _lookup(integration, _guards(small)) is None
-    integration.fx_put(FX_KEY, _fx_entry(small))
-    leader, late = _another(integration), _another(integration, wait_timeout=30)
-    assert _lookup(leader, _guards(large)) is None and leader.attempt.flight.role == "leader"
-    found: list[Any] = []
-    waiting = threading.Thread(target=lambda: found.append(_lookup(late, _guards(huge))))
-    waiting.start()
-    time.sleep(0.3)  # `late` rejects the small variant and waits on the leader's lease
-    leader.fx_put(FX_KEY, _fx_entry(large))
-    waiting.join(timeout=30)
+    late, found = _wait_for_a_variant(integration, small, large, huge)
     stats = late.store.stats()
     assert found == [None] and (stats["follower"], stats["leader"]) == (1, 1), "rejected small, then large: leads"
     assert (stats["hits"], stats["misses"], stats["misses_by_reason"]) == (0, 1, {"guard_rejected": 1})
