@@ -111,7 +111,8 @@ def enable(
             try:
                 from . import precompile as tier
 
-                _session.tier = tier.attach(store, metrics, wait_timeout, integration.cpu_key)
+                _session.tier = tier.attach(store, metrics, wait_timeout, integration.cpu_key,
+                                            integration.kernels_loaded)
             except (ImportError, AttributeError) as exc:  # beyond what compat checks
                 metrics.fallback(Reason.TORCH_INTERNALS, f"no precompiled tier on this torch ({exc!r})")
         _session.store, _session.metrics, _session.next_step = store, metrics, 0

@@ -135,9 +135,7 @@ HOOKS: tuple[Hook, ...] = (
           _i("_dynamo.hooks", "Hooks"),
           _i("_dynamo.eval_frame", "OptimizedModule"),
           _i("_dynamo.symbolic_convert", "InliningInstructionTranslator.inline_call_"),
-          _i("_inductor.output_code", "CompiledAOTI"),
-          _i("_dynamo.pgo", "_CODE_STATE"), _i("_dynamo.pgo", "_INIT_CODE_STATE"),
-          Interface("torch", "_TorchCompileAOTInductorWrapper")),
+          Interface("torch", "_TorchCompileInductorWrapper")),
          requires=("graphs",)),
 )
 
