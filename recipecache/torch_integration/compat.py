@@ -113,6 +113,7 @@ HOOKS: tuple[Hook, ...] = (
          requires=("kernels",)),
     Hook("cpu_probes", "torch's CPU-feature probe libraries come from the store, and ranks share the probing",
          (_i("_inductor.cpu_vec_isa", "VecISA.check_build", "code"),
+          _i("_inductor.cpu_vec_isa", "VecISA._probe_load", "output_path"),
           _i("_inductor.cpu_vec_isa", "VecISA.build_arch_flags"),
           _i("_inductor.cpu_vec_isa", "valid_vec_isa_list"),
           _i("_inductor.cpu_vec_isa", "x86_isa_checker"),

@@ -13,10 +13,10 @@ That compile is the normal path's compile, not a second one: the same backend, t
 ``dynamic`` and torch's own automatic-dynamic decisions, through the store's hooks (its
 AOTAutograd entry, bundled with inductor's graphs, is shared: a rank whose build meets a
 graph another rank's build compiled loads it). So a cold job with the tier compiles what one
-without it compiles, and the artifact runs the kernels torch would run (bitwise). AOTInductor, the first mechanism, compiled every
-signature a second time on the critical path (its own static graphs, none shared with the
-normal path); the measurements are in docs/torch-integration-notes.md ("The precompiled
-tier", "Shapes that vary").
+without it compiles, and the artifact runs the kernels torch would run (bitwise).
+AOTInductor, the first mechanism, compiled every signature a second time on the critical
+path (its own static graphs, none shared with the normal path); the measurements are in
+docs/torch-integration-notes.md ("The precompiled tier", "Shapes that vary").
 
 Shapes that vary: sizes are in the key unless the user asked for ``dynamic=True`` (or marked
 dimensions dynamic). The first size a process meets is a static graph, as in torch; once a
