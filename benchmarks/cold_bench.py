@@ -82,9 +82,9 @@ NO_STALL_STEP_TARGET, NO_STALL_STEP_GOAL, NO_STALL_WALL_TARGET, NO_STALL_LOSS_TA
 FIRST_RUNS = ("plain cold", "rc cold", "base cold", "plain warm")
 SECOND_RUNS = ("rc fresh", "base fresh")
 #: with --precompile: the precompiled tier, cold on an empty store and fresh ranks on it. A third loss
-#: group: the tier runs static per-shape kernels, not the normal path's dynamic ones, so its losses agree
-#: with each other bitwise (the fresh ranks load what the cold job built and ran) and with the others
-#: within float rounding
+#: group: a rank may run the static artifact another rank built for a length where torch alone would run
+#: its dynamic graph, so the tier's losses agree with each other bitwise (the fresh ranks load what the
+#: cold job built and ran) and with the others within float rounding
 PRECOMPILE_SCENARIOS = ("pc cold", "pc fresh")
 PRECOMPILE_COLD_TARGET = 1.0
 PRECOMPILE_FRESH_TARGET = 0.3
@@ -178,9 +178,13 @@ class Run:
 
     def precompile_fallbacks(self) -> dict[str, int]:
         """The precompiled tier's fallbacks by detail, summed over the ranks."""
+        return self.summed("precompile_fallbacks")
+
+    def summed(self, name: str) -> dict[str, int]:
+        """A counter map of the ranks' metrics (``precompile_fallbacks``, ``precompile_shapes``), summed."""
         total: dict[str, int] = {}
         for m in self.metrics:
-            for detail, n in m.get("precompile_fallbacks", {}).items():
+            for detail, n in m.get(name, {}).items():
                 total[detail] = total.get(detail, 0) + n
         return total
 
@@ -339,6 +343,7 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
         figures["pc_fresh_first_two"] = ratios(by["pc fresh"], by["plain warm"], lambda r: r.first_two_s)
         figures["pc_fallbacks"] = [r.precompile_fallbacks() for r in by["pc cold"] + by["pc fresh"]]
         dynamic = sum(f.get("dynamic_shapes", 0) for f in figures["pc_fallbacks"])
+        figures["pc_shapes"] = [r.summed("precompile_shapes") for r in by["pc cold"] + by["pc fresh"]]
         plain = [loss for rank in by["plain cold"][0].losses for loss in rank]
         tier = [loss for rank in by["pc cold"][0].losses for loss in rank]
         figures["pc_max_loss_diff"] = max(abs(a - b) for a, b in zip(plain, tier))
@@ -348,7 +353,8 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
               f"target <= {PRECOMPILE_FRESH_TARGET}: {met(figures['pc_fresh_first_two'], PRECOMPILE_FRESH_TARGET)} "
               "(goal 0.1)")
         print(f"precompiled tier: dynamic_shapes fallbacks {dynamic}; all its fallbacks, per run "
-              f"{figures['pc_fallbacks']}; largest loss difference to plain cold {figures['pc_max_loss_diff']:.2e}")
+              f"{figures['pc_fallbacks']}; signatures served by kind, per run {figures['pc_shapes']}; "
+              f"largest loss difference to plain cold {figures['pc_max_loss_diff']:.2e}")
     if "ns cold" in by:
         figures.update(no_stall_figures(by["ns cold"], by["ns fresh"], by["plain cold"]))
     print("losses: " + ("bitwise equal among runs without PGO state, among fresh runs and among the tier's runs"

@@ -91,10 +91,7 @@ class PrecompileDetail(StrEnum):
     SOURCE_CHANGED = "source_changed"
     #: verdict: dynamo cannot trace the function whole
     GRAPH_BREAK = "graph_break"
-    #: verdict: the graph takes sizes as inputs (``dynamic=True``, or dimensions marked dynamic), which
-    #: AOTInductor cannot compile (torch 2.13 and 2.14.1); other graphs are precompiled per shape
-    DYNAMIC_SHAPES = "dynamic_shapes"
-    #: the compiled callable already has its bound of static per-shape artifacts (``precompile.MAX_SHAPES``)
+    #: the compiled callable already has its bound of per-signature lookups (``precompile.MAX_SHAPES``)
     TOO_MANY_SHAPES = "too_many_shapes"
     #: torch refuses to load an artifact built by another torch or Python
     INCOMPATIBLE = "incompatible"
@@ -111,16 +108,16 @@ class PrecompileDetail(StrEnum):
 class PrecompileShapes(StrEnum):
     """How the precompiled tier serves a graph's input sizes: the decision counted per loaded or built artifact."""
 
-    #: one static artifact per input signature (sizes in the key): what the tier builds unless the
-    #: ``torch.compile`` asked for dynamic sizes, since AOTInductor compiles no graph with size inputs
+    #: a static graph (sizes in the key and the kernels), where torch's automatic dynamic compiles one:
+    #: the first size a process meets, or ``dynamic=False``
     STATIC_PER_SHAPE = "static_per_shape"
-    #: one artifact whose guards decide which sizes it serves (``dynamic=True``); AOTInductor of torch 2.13
-    #: and 2.14.1 refuses these graphs, so today they fall back as ``dynamic_shapes``
+    #: torch's dynamic graph (sizes are inputs): its guards decide which sizes it serves, so one artifact
+    #: serves every later length (``dynamic=True``, or automatic dynamic once a dimension changed)
     DYNAMIC = "dynamic"
 
 
 #: what the process that tried a precompile publishes for others to read instead of trying
-VERDICTS = frozenset({PrecompileDetail.GRAPH_BREAK, PrecompileDetail.DYNAMIC_SHAPES})
+VERDICTS = frozenset({PrecompileDetail.GRAPH_BREAK})
 
 
 #: the entry is simply not there: a cold cache

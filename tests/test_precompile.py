@@ -173,6 +173,7 @@ def test_cold_process_precompiles_and_matches_the_normal_path(cold: Cold) -> Non
     assert run.metrics["precompile_fallbacks"] == {"graph_break": 1}
     assert run.metrics["fallbacks"] == {"precompile_fallback": 1}
     assert run.report["model_digest"] == cold.plain.report["model_digest"], "outputs and gradients bitwise equal"
+    assert run.metrics["kernels"]["shipped"] > 0, "the kernels travel with the artifact"
     assert run.report["broken"] == cold.plain.report["broken"]
 
 
@@ -293,11 +294,14 @@ LENGTHS_WORKER = Path(__file__).parent / "workers" / "precompile_lengths.py"
 def test_varying_lengths_are_precompiled_per_shape_and_fresh_ranks_trace_nothing(tmp_path: Path) -> None:
     """Issue 21: ``torch.compile(ddp)`` with torch's defaults on 3 lengths, 2 ranks meeting them rotated.
 
-    Torch's automatic dynamic makes the second length a process traces a dynamic graph, which
-    AOTInductor cannot compile: before, that length fell back (``dynamic_shapes``) to the normal
-    path. Now every signature is precompiled static, once across the ranks; a second job of fresh ranks on the
-    same store loads them all and traces and compiles nothing, its losses bitwise the cold job's
-    (the same artifacts ran) and within float tolerance of eager torch.
+    Torch's automatic dynamic makes the second length a process traces a dynamic graph. The tier
+    builds what torch would compile (issue 21, second round): rank 0 the static graph of 8, rank 1
+    that of 12 and, at 16, the dynamic graph, whose guards then serve every length (rank 1's 8
+    without a lookup); rank 0 loads 12 and 16. Each compile goes through the graph store, so the
+    cold job compiles what it would without the tier. A second job of fresh ranks on the same
+    store loads the same artifacts and traces and compiles nothing, its losses bitwise the cold
+    job's (the same kernels ran) and within float tolerance of eager torch. (Round one built a
+    static AOTInductor artifact per length, compiled beside the normal path's graphs.)
     """
     from test_multirank import RANKS, _env_without_recipecache
 
@@ -314,30 +318,39 @@ def test_varying_lengths_are_precompiled_per_shape_and_fresh_ranks_trace_nothing
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         jobs[name] = [(json.loads((run_dir / f"metrics-rank{r}.json").read_text()),
                        json.loads((run_dir / "out" / f"rank{r}.json").read_text())) for r in range(RANKS)]
-    signatures = len(lengths)  # per rank: one training signature per length
+    shapes = [{"static_per_shape": 2, "dynamic": 1}, {"static_per_shape": 1, "dynamic": 1}]  # per rank, see above
+    lookups = [3, 2]
     cold, fresh = jobs["cold"], jobs["fresh"]
-    for metrics, _ in cold:
+    for (metrics, _), want in zip(cold, shapes):
         assert metrics["precompile_fallbacks"] == {} and metrics["fallbacks"] == {}, metrics
-        assert metrics["precompile_shapes"] == {"static_per_shape": signatures}
-    assert sum(m["lookups"]["precompiled"]["put"] for m, _ in cold) == signatures, "each shape built once"
-    for (metrics, out), (_, cold_out) in zip(fresh, cold):
-        assert metrics["lookups"]["precompiled"] == {"hit": signatures, "miss": 0, "put": 0}
+        assert metrics["precompile_shapes"] == want, metrics["precompile_shapes"]
+    assert sum(m["lookups"]["precompiled"]["put"] for m, _ in cold) == 3, "each artifact built once"
+    compiled = sum(m["graph_compilation"]["TotalNumber"] for m, _ in cold)
+    assert compiled == 6, "3 graphs (forward and backward), each compiled once, as without the tier"
+    assert sum(m["lookups"]["aot"]["put"] for m, _ in cold) == 3, "and shared through the store as torch's own"
+    for (metrics, out), (_, cold_out), want, hits in zip(fresh, cold, shapes, lookups):
+        assert metrics["lookups"]["precompiled"] == {"hit": hits, "miss": 0, "put": 0}
         assert metrics["graph_compilation"]["TotalNumber"] == 0 and out["frames"] == 0, "no trace, no compile"
-        assert metrics["precompile_fallbacks"] == {} and metrics["precompile_shapes"] == {"static_per_shape": signatures}
+        assert metrics["precompile_fallbacks"] == {} and metrics["precompile_shapes"] == want
         assert out["losses"] == cold_out["losses"], "the same artifacts ran: bitwise equal"
         assert out["losses"] == pytest.approx(out["eager"], rel=1e-4, abs=1e-5), "and torch's results"
 
 
 # -- in process, no compiles ------------------------------------------------------------------
 def test_precompiled_artifact_round_trip_and_refusals() -> None:
-    art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32, ("SHIFT",)),), 2.5)
+    from recipecache.torch_integration.artifact import KernelFile
+
+    art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32, ("SHIFT",)),), 2.5,
+                      files=(KernelFile("ab/cabc.main.so", b"\x7fELF"),), dynamic=True)
     assert Precompiled.unpack(art.pack()) == art
     verdict = Precompiled(b"", (), 1.0, "Unsupported: graph break")
     assert Precompiled.unpack(verdict.pack()).unsupported == "Unsupported: graph break"
     good = msgpack.unpackb(art.pack())
     for broken in ({**good, "format": "other/1"}, {**good, "sources": [["/m.py", b"short", []]]},
                    {**good, "sources": [["/m.py", b"\1" * 32, [3]]]},
-                   {**good, "compile_s": -1.0}, {**good, "entry": "text"}, {**good, "unsupported": 3}):
+                   {**good, "compile_s": -1.0}, {**good, "entry": "text"}, {**good, "unsupported": 3},
+                   {**good, "files": [{"path": "../../etc/x.so", "data": b""}]}, {**good, "files": None},
+                   {**good, "dynamic": 1}):
         with pytest.raises(ArtifactError):
             Precompiled.unpack(msgpack.packb(broken))
     with pytest.raises(ArtifactError):
@@ -424,66 +437,6 @@ def test_keys_leave_dynamic_sizes_to_the_guards() -> None:
     assert stable_repr({"b": {3, 1, 2}, "a": [1]}) == stable_repr({"a": [1], "b": {2, 1, 3}})
 
 
-def test_aoti_files_are_written_here_before_torch_loads_them(tmp_path: Path) -> None:
-    from torch._inductor.output_code import CompiledAOTI
-
-    from recipecache.torch_integration.aoti_files import SUBDIR, RelocationError, relocate
-
-    def restored(files: dict[str, bytes], filename: Any) -> CompiledAOTI:
-        code = CompiledAOTI.__new__(CompiledAOTI)
-        code.filename, code._cached_files = filename, files
-        return code
-
-    producer = "/producer/cache/ab/cabc.wrapper"
-    code = restored({f"{producer}.so": b"ELF", f"{producer}.cpp": b"src"}, [f"{producer}.cpp", f"{producer}.so"])
-    relocate(code, tmp_path)
-    so = Path(code.filename[1])
-    assert so.parent.parent == tmp_path / SUBDIR and so.name == "cabc.wrapper.so" and so.read_bytes() == b"ELF"
-    assert set(code._cached_files) == set(code.filename)
-    for files, filename in (({"/p/..": b"x"}, "/p/.."), ({"/p/.hidden.so": b"x"}, "/p/.hidden.so"),
-                            ({"/p/a.cpp": b"x"}, ["/p/a.cpp", "/elsewhere/a.so"])):
-        with pytest.raises(RelocationError):
-            relocate(restored(files, filename), tmp_path)
-
-
-def test_aoti_files_go_only_into_private_directories(tmp_path: Path) -> None:
-    """As kernels are installed: no symlinked, foreign or group-writable directory, no write through a link."""
-    from torch._inductor.output_code import CompiledAOTI
-
-    from recipecache.errors import ConfigError
-    from recipecache.torch_integration.aoti_files import SUBDIR, relocate
-
-    def restored() -> CompiledAOTI:
-        code = CompiledAOTI.__new__(CompiledAOTI)
-        code.filename, code._cached_files = "/producer/cache/ab/w.so", {"/producer/cache/ab/w.so": b"ELF"}
-        return code
-
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    linked = tmp_path / "linked"
-    linked.mkdir()
-    (linked / SUBDIR).symlink_to(elsewhere)
-    with pytest.raises(ConfigError, match="symlink"):
-        relocate(restored(), linked)
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o775)
-    with pytest.raises(ConfigError, match="writable by group"):
-        relocate(restored(), shared)
-    assert list(elsewhere.iterdir()) == [] and list(shared.iterdir()) == [], "nothing written before the refusal"
-
-    root = tmp_path / "root"
-    code = restored()
-    relocate(code, root)
-    target = Path(code.filename)
-    target.unlink()
-    target.symlink_to(elsewhere / "victim")  # planted at the library's path
-    code = restored()
-    relocate(code, root)
-    assert not Path(code.filename).is_symlink() and Path(code.filename).read_bytes() == b"ELF"
-    assert not (elsewhere / "victim").exists(), "replaced, never written through"
-
-
 def test_calls_off_the_cpu_run_on_the_normal_path_counted() -> None:
     """The tier is checked on the CPU only (a cold precompile on CUDA crashed its process): a call whose inputs,
     parameters or buffers live elsewhere is a counted ``device_unchecked`` fallback, decided before any compile."""
@@ -547,36 +500,6 @@ def test_a_callable_gets_at_most_max_shapes_signatures_looked_up(monkeypatch: py
         torch_integration.disable()
 
 
-def test_a_static_trace_leaves_torchs_automatic_dynamic_state_alone() -> None:
-    """Issue 21: the tier traces each signature static; torch would then overwrite the sizes the normal path
-    recorded (a dimension it found dynamic would read as static, and the PGO state shared through the store
-    would lose it). ``normal_path_state_kept`` restores them. Real dynamo, eager backend: no compile."""
-    import torch
-    from torch._dynamo import pgo
-
-    from recipecache.torch_integration.precompile import normal_path_state_kept
-
-    def scaled(x: Any) -> Any:
-        return x * 2
-
-    def recorded() -> dict[str, Any]:
-        return {k.name: dict(v.automatic_dynamic) for k, v in pgo.get_code_state().items() if k.name == "scaled"}
-
-    torch._dynamo.reset()
-    try:
-        normal = torch.compile(scaled, backend="eager")
-        normal(torch.zeros(4))
-        normal(torch.zeros(6))  # the second size: torch records the dimension as dynamic
-        before = recorded()
-        assert before and "AutoDynamic" in repr(before), before
-        with normal_path_state_kept():
-            torch.compile(scaled, backend="eager", dynamic=False)(torch.zeros(8))
-            assert recorded() != before, "a static trace does overwrite torch's record"
-        assert recorded() == before
-    finally:
-        torch._dynamo.reset()
-
-
 def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     """One prefix and host-CPU fingerprint for every CPU artifact: another CPU kind gets another key."""
     import torch
@@ -623,7 +546,7 @@ def test_precompile_fallback_details_are_one_vocabulary() -> None:
     from recipecache.torch_integration.metrics import Metrics
     from recipecache.torch_integration.precompile import Fallback, Tier
 
-    assert VERDICTS == {PrecompileDetail.GRAPH_BREAK, PrecompileDetail.DYNAMIC_SHAPES}
+    assert VERDICTS == {PrecompileDetail.GRAPH_BREAK}
     store = recipecache.open_store("memory://", namespace=NAMESPACE)
     metrics = Metrics(store, None, flush=False)
     tier = Tier(store, metrics, 0.5, lambda key: key)  # not installed: torch.compile stays as it is
@@ -664,16 +587,6 @@ def test_the_tier_counts_each_lookup_and_store_failure_once() -> None:
     assert m["fallbacks"] == m["store"]["fallback_by_reason"] == {"backend_down": 1}
     assert m["precompile_fallbacks"] == {"backend_down": 1}
     assert m["lookups"]["precompiled"] == {"hit": 0, "miss": 1, "put": 0}
-
-
-def test_graphs_with_size_inputs_are_refused_before_compiling() -> None:
-    import torch
-
-    from recipecache.torch_integration.precompile import DynamicShapes, TensorInputsAOTInductor
-
-    with pytest.raises(DynamicShapes, match="non-tensor"):
-        TensorInputsAOTInductor("default", None, True)(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()),
-                                                       [torch.zeros(2), 2])
 
 
 def test_enable_with_precompile_wraps_torch_compile_and_disable_restores_it() -> None:

@@ -778,6 +778,30 @@ def test_a_probe_library_travels_with_torchs_loaded_marker(integration: Any, tmp
                                                                          "cprobe.so.load_ok"]
 
 
+def test_a_probe_library_that_loaded_once_is_not_load_tested_again(integration: Any, tmp_path: Path) -> None:
+    """Issue 21: torch 2.13 load-tests each probe library in a Python subprocess in every process (~1 s of a
+    fresh process's first call, the precompiled tier's first load included); 2.14 skips the test where its
+    ``.load_ok`` marker lies. The hook applies 2.14's rule on both: torch's test runs once per library, a
+    passed one leaves the marker (which then travels with the library), a failed one none."""
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    tested: list[str] = []
+
+    def probe_load(isa: Any, output_path: str) -> bool:
+        tested.append(Path(output_path).name)
+        return output_path.endswith("good.so")
+
+    good, bad = str(tmp_path / "good.so"), str(tmp_path / "bad.so")
+    for _ in range(2):
+        assert integration.probes.probe_load(probe_load, None, good)
+        assert not integration.probes.probe_load(probe_load, None, bad)
+    assert tested == ["good.so", "bad.so", "bad.so"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.so.load_ok"]
+    from recipecache.torch_integration import patches
+
+    assert (VecISA, "_probe_load") in {(owner, name) for owner, name, _ in patches.table(integration, {"cpu_probes"})}
+
+
 def test_the_header_is_skipped_only_for_a_kernel_already_built(integration: Any, tmp_path: Path) -> None:
     source = tmp_path / "ab" / "kernel.main.cpp"
     integration.record_write("main.cpp", str(source))

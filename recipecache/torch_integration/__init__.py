@@ -124,7 +124,8 @@ def enable(
             try:
                 from . import precompile as tier
 
-                _session.tier = tier.attach(store, metrics, wait_timeout, integration.cpu_key)
+                _session.tier = tier.attach(store, metrics, wait_timeout, integration.cpu_key,
+                                            integration.kernels_loaded)
             except (ImportError, AttributeError) as exc:  # beyond what compat checks
                 metrics.fallback(Reason.TORCH_INTERNALS, f"no precompiled tier on this torch ({exc!r})")
         if _session.hooked and behind_on:

@@ -48,6 +48,7 @@ import logging
 import pickle
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -95,6 +96,9 @@ class _Attempt(threading.local):
         #: the library of the kernel torch is loading on this thread (its source was the last
         #: one written): what a precompiled header would be built for
         self.loading_kernel: str | None = None
+        #: every kernel library loaded on this thread while a precompiled function is built
+        #: (:meth:`Integration.kernels_loaded`); outlives the graph attempts inside the build
+        self.build_kernels: set[str] | None = None
         #: torch's FX key this thread computed last, its hash-detail lines, function name and
         #: input shapes; outlives end_attempt(), which runs between the key's computation
         #: and its lookup (fx_get takes it)
@@ -446,11 +450,26 @@ class Integration:
         if extension == "main.cpp":
             attempt.loading_kernel = path[: -len("cpp")] + "so"
             attempt.kernels.add(attempt.loading_kernel)
+            if attempt.build_kernels is not None:
+                attempt.build_kernels.add(attempt.loading_kernel)
             return
         if extension not in _SAME_KERNEL_WRITES:
             attempt.loading_kernel = None
         if extension == "cpp":
             self.probes.record_source(path)
+
+    @contextmanager
+    def kernels_loaded(self) -> Iterator[set[str]]:
+        """The kernel libraries this thread loads in the block, compiled or found: what a precompiled function
+        built of inductor's graphs must carry, since torch's serialized graphs hold their source only."""
+        attempt = self.attempt
+        outer, attempt.build_kernels = attempt.build_kernels, set()
+        try:
+            yield attempt.build_kernels
+        finally:
+            if outer is not None:
+                outer |= attempt.build_kernels
+            attempt.build_kernels = outer
 
     def kernel_is_built(self) -> bool:
         """Whether the library of the kernel torch is loading on this thread is already on disk."""

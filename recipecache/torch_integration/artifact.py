@@ -155,7 +155,7 @@ class Artifact:
         entries, files = obj.get("entries"), obj.get("files")
         if not isinstance(files, list):
             raise ArtifactError("artifact file list malformed")
-        checked_files = tuple(_checked_file(f) for f in files)
+        checked_files = tuple(checked_file(f) for f in files)
         paths = {f.path for f in checked_files}
         if len(paths) != len(checked_files):
             raise ArtifactError("artifact lists a kernel twice")
@@ -197,7 +197,7 @@ def decode(blob: bytes | bytearray | memoryview, fmt: str, what: str) -> dict[st
     return obj
 
 
-def _checked_file(item: Any) -> KernelFile:
+def checked_file(item: Any) -> KernelFile:
     if not isinstance(item, dict) or set(item) != {"path", "data"}:
         raise ArtifactError("artifact file record malformed")
     return KernelFile(item["path"], item["data"])  # checked in __post_init__

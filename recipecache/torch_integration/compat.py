@@ -113,6 +113,7 @@ HOOKS: tuple[Hook, ...] = (
          requires=("kernels",)),
     Hook("cpu_probes", "torch's CPU-feature probe libraries come from the store, and ranks share the probing",
          (_i("_inductor.cpu_vec_isa", "VecISA.check_build", "code"),
+          _i("_inductor.cpu_vec_isa", "VecISA._probe_load", "output_path"),
           _i("_inductor.cpu_vec_isa", "VecISA.build_arch_flags"),
           _i("_inductor.cpu_vec_isa", "valid_vec_isa_list"),
           _i("_inductor.cpu_vec_isa", "x86_isa_checker"),
@@ -135,9 +136,7 @@ HOOKS: tuple[Hook, ...] = (
           _i("_dynamo.hooks", "Hooks"),
           _i("_dynamo.eval_frame", "OptimizedModule"),
           _i("_dynamo.symbolic_convert", "InliningInstructionTranslator.inline_call_"),
-          _i("_inductor.output_code", "CompiledAOTI"),
-          _i("_dynamo.pgo", "_CODE_STATE"), _i("_dynamo.pgo", "_INIT_CODE_STATE"),
-          Interface("torch", "_TorchCompileAOTInductorWrapper")),
+          Interface("torch", "_TorchCompileInductorWrapper")),
          requires=("graphs",)),
     Hook("no_stall", "no-stall (enable(no_stall=True)): a graph that missed runs without inductor while one process "
                      "compiles it in a worker",

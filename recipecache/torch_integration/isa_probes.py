@@ -12,6 +12,7 @@ fetched, published and keyed is handed in (``fetch``/``take``/``put``/``cpu_key`
 from __future__ import annotations
 
 import hashlib
+import logging
 import platform
 import threading
 from collections.abc import Callable, Iterable
@@ -28,6 +29,7 @@ from ..store import Flight, Store
 from .artifact import PROBE_LOADED, Artifact, collect
 from .metrics import Metrics
 
+log = logging.getLogger(__name__)
 
 class _Probing(threading.local):
     """The probe running on this thread: torch writes its source on this thread, and we learn its library."""
@@ -161,6 +163,26 @@ class IsaProbes:
                 self._guarded(self.publish_probe, flight.key, built, flight)
                 flight.release()  # published (which released it) or not: its waiters go on
 
+    def probe_load(self, probe_load: Callable[[VecISA, str], bool], isa: VecISA, output_path: str) -> bool:
+        """torch's dlopen test of a probe library, skipped where its "loaded" marker lies beside the library.
+
+        The test is a Python subprocess per ISA (~0.15 s each, ~1 s of a fresh process's first
+        call). torch >= 2.14 leaves ``<library>.load_ok`` once it passed and skips it then; 2.13
+        runs it in every process, the first load of a precompiled function included. This is
+        2.14's rule on every release: a marker comes from this node's earlier test, or with the
+        library from the store, under the host-CPU fingerprint's key (:meth:`publish_probe`).
+        """
+        marker = Path(output_path + PROBE_LOADED)
+        if marker.is_file():
+            return True
+        loaded = probe_load(isa, output_path)
+        if loaded:
+            try:
+                marker.write_bytes(b"")  # as torch 2.14 does: an empty file beside the library
+            except OSError as exc:  # the next process tests again; nothing else depends on it
+                log.debug("recipecache: no probe marker %s: %s", marker, exc)
+        return loaded
+
     def probe_flight(self, key: str) -> Flight | None:
         """The flight under which this process builds the probe of ``key``, or None: another process built it
         (installed now, counted as a hit) or its artifact is unusable (counted; torch builds it here)."""
@@ -179,9 +201,10 @@ class IsaProbes:
 
         Through ``flight`` even when none was built: its waiters then take that answer and
         probe at once, all together, rather than one after the other as each takes the lease.
-        With each library goes torch's marker that its dlopen probe loaded it, where torch
-        (>= 2.14) wrote one: a library without it is probed again (a Python subprocess per
-        ISA, ~0.15 s each) by every fresh process, which a warm local cache never pays.
+        With each library goes the marker that its dlopen probe loaded it, where one was
+        written (torch >= 2.14, or :meth:`probe_load`): a library without it is probed again (a
+        Python subprocess per ISA, ~0.15 s each) by every fresh process, which a warm local
+        cache never pays.
         """
         files, _missing = collect([f for lib in libraries for f in (lib, lib + PROBE_LOADED)], Path(cache_dir()))
         if files or flight is not None:

@@ -55,6 +55,7 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
     original_hash = getattr(codecache, "compiled_fx_graph_hash", None)
     original_precompile_header = getattr(codecache, "_precompile_header", None)
     original_valid_isas = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
+    original_probe_load = getattr(VecISA, "_probe_load", None)
 
     def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
         result = original_write(content, extension, *args, **kwargs)
@@ -64,6 +65,9 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
     def check_build(isa: VecISA, code: str) -> bool:
         integration.guarded(integration.probes.install_isa_probe)
         return integration.probes.probe(original_check_build, isa, code)
+
+    def _probe_load(isa: VecISA, output_path: str) -> bool:
+        return integration.probes.probe_load(original_probe_load, isa, output_path)
 
     def valid_vec_isa_list() -> list[VecISA]:
         integration.guarded(integration.probes.probe_cpu_in_rank_order)
@@ -149,6 +153,7 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         ],
         "cpu_probes": [
             (VecISA, "check_build", check_build),
+            (VecISA, "_probe_load", _probe_load),
             (cpu_vec_isa, "valid_vec_isa_list", valid_vec_isa_list),
         ],
         "autotune": [

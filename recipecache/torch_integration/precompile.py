@@ -3,30 +3,34 @@
 With ``enable(precompile=True)``, every ``torch.compile``'d function or module answers its
 calls through a :class:`Dispatcher`. For each new input signature it looks up a
 precompiled artifact (:mod:`.precompiled`): torch's ``aot_compile`` of the function with
-AOTInductor, i.e. dynamo's bytecode and guards plus one ``.so`` per graph (forward and
-backward). A hit loads it (no dynamo trace, no AOTAutograd, no compiler) and runs it; a
-miss is single-flighted like every artifact (:meth:`Store.begin`): one process traces
-and compiles it with ``aot_compile_fullgraph`` and publishes it, the others wait and
-load it. Why this mechanism and not torch's ``caching_precompile`` or a default-inductor
-``aot_compile`` is measured in docs/torch-integration-notes.md ("The precompiled tier").
+torch's default inductor backend, i.e. dynamo's bytecode and guards plus inductor's bundled
+forward and backward graphs, and the kernel libraries those load. A hit installs the
+kernels and loads it (no dynamo trace, no AOTAutograd, no compiler) and runs it; a miss is
+single-flighted like every artifact (:meth:`Store.begin`): one process traces and compiles
+it with ``aot_compile_fullgraph`` and publishes it, the others wait and load it.
 
-Shapes that vary: AOTInductor (torch 2.13, and 2.14.1: checked) compiles no graph that
-takes sizes as inputs, and under ``torch.compile``'s default ``dynamic=None`` torch's
-automatic dynamic would make the second size of a dimension such a graph. So unless the
-user asked for ``dynamic=True`` (or marked dimensions dynamic), each input signature is
-precompiled *static* (``dynamic=False``, the sizes are in its key) and served by its own
-artifact: bucketed lengths are a handful of artifacts, found by the signature. At most
-:data:`MAX_SHAPES` per compiled callable; past that a new signature runs on the normal path
-(``too_many_shapes``), whose one dynamic graph then serves the rest. A static precompile leaves
-torch's automatic-dynamic/PGO state as the normal path left it (:func:`normal_path_state_kept`):
-the normal path keeps torch's decisions, shared across ranks by the store's PGO hooks. The
-metrics count how each served signature was built (``precompile_shapes``).
+That compile is the normal path's compile, not a second one: the same backend, the same
+``dynamic`` and torch's own automatic-dynamic decisions, through the store's hooks (its
+AOTAutograd entry, bundled with inductor's graphs, is shared: a rank whose build meets a
+graph another rank's build compiled loads it). So a cold job with the tier compiles what one
+without it compiles, and the artifact runs the kernels torch would run (bitwise).
+AOTInductor, the first mechanism, compiled every signature a second time on the critical
+path (its own static graphs, none shared with the normal path); the measurements are in
+docs/torch-integration-notes.md ("The precompiled tier", "Shapes that vary").
+
+Shapes that vary: sizes are in the key unless the user asked for ``dynamic=True`` (or marked
+dimensions dynamic). The first size a process meets is a static graph, as in torch; once a
+dimension changed, torch's automatic dynamic makes the next one a dynamic graph, whose
+guards then accept every later size: the dispatcher tries the loaded variants' guards
+before the store, so bucketed lengths cost a static artifact or two and one dynamic one.
+At most :data:`MAX_SHAPES` lookups per compiled callable; past that a new signature runs
+on the normal path (``too_many_shapes``). The metrics count how each served signature is
+built (``precompile_shapes``: ``static_per_shape`` or ``dynamic``).
 
 Never wrong, never stuck: whatever the tier cannot serve runs on the normal path
 (dynamo, with the FX/AOT/PGO store hooks), counted as ``precompile_fallback`` with a
-detail: code dynamo cannot trace whole (``graph_break``) or a graph with size inputs
-(``dynamic_shapes``), both published as verdicts so other ranks do not try again; too
-many shapes; guards that reject the inputs
+detail: code dynamo cannot trace whole (``graph_break``), published as a verdict so other
+ranks do not try again; too many shapes; guards that reject the inputs
 (``guard_failed``); an artifact that does not load here (``load_failed``,
 ``incompatible``); a refused or malformed artifact; a backend other than inductor. Each
 signature's decision is remembered, so a fallback is counted once, not per step.
@@ -57,14 +61,13 @@ module, as dynamo itself does (it skips DDP's frames and compiles the inner forw
 
 from __future__ import annotations
 
-import copy
 import functools
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,8 +79,8 @@ from torch.utils import _pytree as pytree
 from ..keys import make_key
 from ..reasons import REFUSED, VERDICTS, PrecompileDetail, PrecompileShapes, Reason
 from ..store import Flight, Store
-from . import aoti_files, code_digest, describe
-from .artifact import ArtifactError
+from . import code_digest, describe
+from .artifact import ArtifactError, collect, install
 from .metrics import Metrics
 from .precompile_keys import (
     CompileSettings,
@@ -112,6 +115,8 @@ class Variant:
 
     fn: Any
     prefix: tuple[Any, ...]
+    #: its graph takes sizes as inputs (its guards serve many sizes)
+    dynamic: bool = False
 
     def accepts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         return bool(self.fn.guard_check(*self.prefix, *args, **kwargs))
@@ -119,71 +124,41 @@ class Variant:
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self.fn(*self.prefix, *args, **kwargs)
 
+    @property
+    def shapes(self) -> PrecompileShapes:
+        return PrecompileShapes.DYNAMIC if self.dynamic else PrecompileShapes.STATIC_PER_SHAPE
 
-class DynamicShapes(Exception):
-    """The graph takes sizes as inputs: AOTInductor (torch 2.13, 2.14.1) compiles graphs of tensor inputs only."""
 
+class Inductor(torch._TorchCompileInductorWrapper):
+    """torch's default inductor backend, as ``torch.compile`` builds it, noting whether its graph takes sizes.
 
-class TensorInputsAOTInductor(torch._TorchCompileAOTInductorWrapper):
-    """AOTInductor that refuses, before compiling, the graphs it cannot compile.
-
-    A dynamic-shape graph from dynamo takes its symbolic sizes as inputs; AOTInductor's
-    C++ wrapper then fails in codegen (cpp_wrapper_cpu.py:703, a SymInt has no dtype),
-    after the whole lowering. Refusing up front costs the leader a trace, not a compile,
-    and becomes a verdict other processes read instead of trying.
+    ``aot_compile_fullgraph`` bundles what an instance of torch's wrapper returns
+    (AOTAutograd's entry with inductor's graphs), so a subclass keeps that; the note is
+    for the metrics and the artifact (``dynamic``).
     """
 
+    takes_sizes = False
+
     def __call__(self, model_: Any, inputs_: Any, **kwargs: Any) -> Any:
-        sizes = [type(x).__name__ for x in inputs_ if not isinstance(x, torch.Tensor)]
-        if sizes:
-            raise DynamicShapes(f"the graph takes {len(sizes)} non-tensor input(s) ({', '.join(sorted(set(sizes)))})")
+        self.takes_sizes = any(not isinstance(x, torch.Tensor) for x in inputs_)
         return super().__call__(model_, inputs_, **kwargs)
 
 
-def aoti_backend(settings: CompileSettings) -> TensorInputsAOTInductor:
-    """The AOTInductor backend ``aot_compile`` gets for what ``torch.compile`` was asked for."""
-    return TensorInputsAOTInductor(settings.mode or "default", settings.options, precompile_dynamic(settings))
+def inductor_backend(settings: CompileSettings) -> Inductor:
+    """The backend ``aot_compile`` gets: the one ``torch.compile`` builds for the user's mode, options and dynamic."""
+    return Inductor(settings.mode or "default", settings.options, settings.dynamic)
 
 
-#: static artifacts one compiled callable gets, one per input signature (train and eval are two).
-#: Bucketed lengths (the toolkit's buckets, typically 4 to 8) stay well inside; a callable that meets
-#: more distinct signatures is fed unbucketed lengths, where a compile per length would cost more than
-#: the normal path's one dynamic graph.
+#: signatures one compiled callable looks up in the store (train and eval are two per size). A
+#: dynamic artifact answers the sizes after the first few without a lookup; a callable that meets
+#: more distinct signatures anyway (say, one whose guards reject each other) runs the rest on the
+#: normal path rather than asking the store on every new one
 MAX_SHAPES = 16
 
 
-def precompile_dynamic(settings: CompileSettings) -> bool:
-    """``dynamic`` of the precompile: only what the user asked for explicitly, else static (see the module doc)."""
-    return settings.dynamic is True
-
-
-def shapes_decision(settings: CompileSettings) -> PrecompileShapes:
-    """How the tier builds the artifacts of a callable compiled with ``settings``."""
-    return PrecompileShapes.DYNAMIC if precompile_dynamic(settings) else PrecompileShapes.STATIC_PER_SHAPE
-
-
-@contextmanager
-def normal_path_state_kept() -> Iterator[None]:
-    """Leave torch's automatic-dynamic/PGO state (``torch._dynamo.pgo``'s code state) as the block found it.
-
-    A static trace (automatic dynamic off) overwrites each input's recorded sizes with its own
-    (torch/_dynamo/pgo.py, ``update_automatic_dynamic``): a dimension the normal path had found
-    dynamic would read as static to the normal path's next compile, and the PGO state this
-    process shares through the store would lose it. Restored in place (torch's dict stays the
-    same object); not loaded yet, it is unloaded again, so the normal path loads it (from the
-    store, through the PGO hook) when it first needs it, as without the tier.
-    """
-    from torch._dynamo import pgo
-
-    state, initial = pgo._CODE_STATE, pgo._INIT_CODE_STATE
-    saved = None if state is None else copy.deepcopy(dict(state))
-    try:
-        yield
-    finally:
-        if state is not None and saved is not None:
-            state.clear()
-            state.update(saved)
-        pgo._CODE_STATE, pgo._INIT_CODE_STATE = state, initial
+def no_kernels() -> AbstractContextManager[set[str]]:
+    """What :attr:`Tier.kernels_loaded` is without the graph hooks' kernel log: nothing collected."""
+    return nullcontext(set())
 
 
 #: device types the tier precompiles for: on CUDA (H200, torch 2.11) a cold ``aot_compile``
@@ -211,6 +186,9 @@ class Tier:
     #: the store key of an artifact holding compiled CPU code, from the rest of its key (the
     #: graph hooks' :meth:`~._hooks.Integration.cpu_key`: one prefix and CPU fingerprint for all)
     cpu_key: Callable[[str], str]
+    #: collects the kernel libraries this thread loads in a block (the graph hooks'
+    #: :meth:`~._hooks.Integration.kernels_loaded`): what an artifact carries beside torch's graphs
+    kernels_loaded: Callable[[], AbstractContextManager[set[str]]] = no_kernels
     active: bool = True
     _original_compile: Any = None
 
@@ -234,7 +212,6 @@ class Tier:
         self.active = False
         if self._original_compile is not None:
             torch.compile, self._original_compile = self._original_compile, None
-        aoti_files.uninstall()
 
     def wrap(self, compiled: Any, model: Any, settings: CompileSettings, compile_kwargs: dict[str, Any]) -> Any:
         """Route ``compiled``'s calls through a Dispatcher (modules: its ``forward``; functions: a wrapper)."""
@@ -311,25 +288,25 @@ class Tier:
                                 f"({stored.unsupported}, found by the process that tried)")
         start = time.perf_counter()
         try:
-            fn = self._deserialize(stored.entry, target)
+            fn = self._deserialize(stored, target)
         except Exception as exc:  # noqa: BLE001 - whatever torch raises while loading, training goes on
             detail = PrecompileDetail.INCOMPATIBLE if "was created with a different" in str(exc) else PrecompileDetail.LOAD_FAILED
             return self._unused(key, detail, f"{key}: {type(exc).__name__}: {exc}")
         log.info("recipecache: loaded precompiled %s in %.3f s", target.name, time.perf_counter() - start)
-        variant = Variant(fn, target.prefix)
+        variant = Variant(fn, target.prefix, stored.dynamic)
         if not variant.accepts(args, kwargs):
             return self._unused(key, PrecompileDetail.GUARD_FAILED,
                                 f"the guards of {target.name}'s precompiled artifact reject these inputs")
         self.metrics.hit("precompiled", stored.compile_s)
         return variant
 
-    def _deserialize(self, entry: bytes, target: Target) -> Any:
-        """torch's AOTCompiledFunction from verified bytes, its libraries written where this node loads them."""
+    def _deserialize(self, stored: Precompiled, target: Target) -> Any:
+        """torch's AOTCompiledFunction from a verified artifact, its kernels installed first (so loading builds none)."""
         from torch._dynamo.aot_compile import AOTCompiledFunction
         from torch._inductor.runtime.runtime_utils import cache_dir
 
-        with aoti_files.relocating(Path(cache_dir())):
-            fn = AOTCompiledFunction.deserialize(bytes(entry), target.globals)
+        self.metrics.kernels(installed=install(stored.files, Path(cache_dir())))
+        fn = AOTCompiledFunction.deserialize(bytes(stored.entry), target.globals)
         fn.disable_guard_check()  # the dispatcher checks them once per call
         return fn
 
@@ -350,19 +327,19 @@ class Tier:
         from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph
         from torch._dynamo.exc import UncapturedHigherOrderOpError, Unsupported, UserError
         from torch._dynamo.hooks import Hooks
+        from torch._inductor.runtime.runtime_utils import cache_dir
 
         start = time.perf_counter()
         verdict: PrecompileDetail | None = None
         why = ""
-        with traced_code(target.code) as codes, normal_path_state_kept():
+        backend = inductor_backend(target.settings)
+        with traced_code(target.code) as codes, self.kernels_loaded() as kernels:
             try:
-                fn = aot_compile_fullgraph(target.traced, (args, kwargs), hooks=Hooks(), backend=aoti_backend(target.settings),
-                                           dynamic=precompile_dynamic(target.settings))
+                fn = aot_compile_fullgraph(target.traced, (args, kwargs), hooks=Hooks(), backend=backend,
+                                           dynamic=target.settings.dynamic)
                 entry = AOTCompiledFunction.serialize(fn).serialized_data
             except (Unsupported, UserError, UncapturedHigherOrderOpError) as exc:
                 verdict, why = PrecompileDetail.GRAPH_BREAK, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            except DynamicShapes as exc:
-                verdict, why = PrecompileDetail.DYNAMIC_SHAPES, str(exc)
             except Exception as exc:  # noqa: BLE001 - a failed precompile is a fallback, never an error
                 return self.fallback(PrecompileDetail.PRECOMPILE_FAILED, f"{target.name}: {type(exc).__name__}: {exc}")
         seconds = time.perf_counter() - start
@@ -375,10 +352,14 @@ class Tier:
         if verdict is not None:  # the same sources trace the same way everywhere: tell the other processes
             self._publish(flight, key, Precompiled(b"", sources, seconds, verdict), meta)
             return self.fallback(verdict, f"{target.name} cannot be precompiled: {why}")
-        self._publish(flight, key, Precompiled(entry, sources, seconds), meta)
+        files, missing = collect(kernels, Path(cache_dir()))  # a kernel not read is rebuilt by its receivers
+        self._publish(flight, key, Precompiled(entry, sources, seconds, files=tuple(files), dynamic=backend.takes_sizes),
+                      meta)
+        self.metrics.kernels(shipped=len(files))
         fn.disable_guard_check()
-        log.info("recipecache: precompiled %s in %.1f s (%d traced files)", target.name, seconds, len(sources))
-        variant = Variant(fn, target.prefix)
+        log.info("recipecache: precompiled %s in %.1f s (%d traced files, %d kernels, %d not shipped)", target.name,
+                 seconds, len(sources), len(files), len(missing))
+        variant = Variant(fn, target.prefix, backend.takes_sizes)
         return variant if variant.accepts(args, kwargs) else self.fallback(
             PrecompileDetail.GUARD_FAILED, f"{target.name}'s fresh precompile rejects its own inputs")
 
@@ -523,7 +504,7 @@ class Dispatcher:
                     if isinstance(decided, Variant):
                         self._variants.append(decided)
                         self._loaded.add(key)
-                        self.tier.metrics.precompile_shapes(shapes_decision(self.settings))
+                        self.tier.metrics.precompile_shapes(decided.shapes)
             self._decided[sig] = decided
             return decided
 
@@ -572,13 +553,16 @@ class Dispatcher:
             del inner.forward
 
 
-def attach(store: Store, metrics: Metrics, wait_timeout: float | None, cpu_key: Callable[[str], str]) -> Tier:
+def attach(store: Store, metrics: Metrics, wait_timeout: float | None, cpu_key: Callable[[str], str],
+           kernels_loaded: Callable[[], AbstractContextManager[set[str]]] = no_kernels) -> Tier:
     """Wrap ``torch.compile`` (until :meth:`Tier.uninstall`); the graph hooks must be attached already.
 
     ``cpu_key`` is theirs (:meth:`~._hooks.Integration.cpu_key`), so precompiled functions
-    are keyed by the same prefix and host-CPU fingerprint as the graphs.
+    are keyed by the same prefix and host-CPU fingerprint as the graphs; so is
+    ``kernels_loaded`` (:meth:`~._hooks.Integration.kernels_loaded`), which tells a build
+    which kernel libraries its artifact must carry.
     """
-    tier = Tier(store, metrics, wait_timeout, cpu_key)
+    tier = Tier(store, metrics, wait_timeout, cpu_key, kernels_loaded)
     tier.install()
     log.info("recipecache: precompiled tier on (torch.compile'd functions load from %s)", store.url)
     return tier

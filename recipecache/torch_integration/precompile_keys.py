@@ -48,7 +48,7 @@ class CompileSettings:
                    dict(options) if isinstance(options, dict) else None, kwargs.get("dynamic"))
 
     def unsupported(self) -> PrecompileDetail | None:
-        """Why these settings cannot be precompiled (AOTInductor needs the inductor backend), or None."""
+        """Why these settings cannot be precompiled (the tier builds with torch's inductor backend), or None."""
         if self.backend != "inductor":
             return PrecompileDetail.BACKEND
         if self.options and ("use_aoti" in self.options or "guard_filter_fn" in self.options):

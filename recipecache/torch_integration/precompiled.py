@@ -1,8 +1,10 @@
 """The precompiled artifact: one whole compiled function, and the source files it was traced from.
 
 A precompiled artifact lets a fresh process skip dynamo: it carries torch's serialized
-``AOTCompiledFunction`` (dynamo's bytecode and guards plus the AOTInductor libraries of
-the forward and backward graphs), so loading it runs neither the tracer nor a compiler.
+``AOTCompiledFunction`` (dynamo's bytecode and guards plus inductor's bundled forward and
+backward graphs) and the kernel libraries those graphs load (torch's entry holds their
+source only, so a receiver would rebuild them), so loading it runs neither the tracer nor
+a compiler.
 The bytecode was derived from the code of every function dynamo traced, so the artifact
 also lists their files, each with a digest of the code the producer ran from it
 (:mod:`.code_digest`: its code objects and the globals the traced code reads, not the file on
@@ -12,16 +14,17 @@ load), and it can tell so before torch unpickles anything.
 
 Framing is one msgpack map (never pickle)::
 
-    {"format": "recipecache-precompiled/3", "entry": <bytes>, "compile_s": <float>,
+    {"format": "recipecache-precompiled/4", "entry": <bytes>, "compile_s": <float>,
      "sources": [[<path>, <code digest, 32 bytes>, [<global name>, ...]], ...],
+     "files": [{"path": "<xx>/<name>.so", "data": <bytes>}, ...], "dynamic": <bool>,
      "unsupported": <detail> | None}
 
 ``entry`` is torch's own serialization and stays opaque here; only torch unpickles it,
 and only after the store verified the envelope and :func:`.code_digest.stale` found
 this process running the same code from every listed file. ``unsupported`` marks a function that cannot be
-precompiled for these sources (``graph_break``: dynamo cannot trace it whole;
-``dynamic_shapes``: its graph takes sizes as inputs): ranks that read it go straight
-to the normal path instead of each tracing it again. This module does not import torch.
+precompiled for these sources (``graph_break``: dynamo cannot trace it whole): ranks
+that read it go straight to the normal path instead of each tracing it again.
+``dynamic``: the graph takes sizes as inputs (its guards serve many sizes), for the metrics. This module does not import torch.
 """
 
 from __future__ import annotations
@@ -32,11 +35,11 @@ from dataclasses import dataclass
 
 import msgpack
 
-from .artifact import ArtifactError, decode
+from .artifact import ArtifactError, KernelFile, checked_file, decode
 
-#: 3: a signature of sizes a ``dynamic=None`` compile met is precompiled static, so the
-#: ``dynamic_shapes`` verdicts format 2 published for it (under the same key parts) are retired
-FORMAT = "recipecache-precompiled/3"
+#: 4: torch's default inductor backend with the kernel libraries beside it, not AOTInductor (its
+#: artifacts, and the ``dynamic_shapes`` verdicts format 3 published, are retired with the key)
+FORMAT = "recipecache-precompiled/4"
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ class Precompiled:
     compile_s: float = 0.0
     #: why it cannot be precompiled (a fallback detail), for a verdict
     unsupported: str | None = None
+    #: the kernel libraries the graphs load, installed before torch deserializes ``entry``
+    files: tuple[KernelFile, ...] = ()
+    #: the graph takes sizes as inputs (torch's dynamic graph)
+    dynamic: bool = False
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -69,6 +76,8 @@ class Precompiled:
                 "compile_s": float(self.compile_s),
                 "sources": [[s.path, s.digest, list(s.names)] for s in self.sources],
                 "unsupported": self.unsupported,
+                "files": [{"path": f.path, "data": f.data} for f in self.files],
+                "dynamic": self.dynamic,
             },
             use_bin_type=True,
         )
@@ -77,18 +86,21 @@ class Precompiled:
     def unpack(cls, blob: bytes | bytearray | memoryview) -> Precompiled:
         """Decode and check ``blob``; raises :class:`ArtifactError` for anything unexpected."""
         obj = decode(blob, FORMAT, "recipecache precompiled artifact")
-        entry, compile_s, sources, unsupported = (obj.get(k) for k in ("entry", "compile_s", "sources", "unsupported"))
+        entry, compile_s, sources, unsupported, files, dynamic = (
+            obj.get(k) for k in ("entry", "compile_s", "sources", "unsupported", "files", "dynamic"))
         if not isinstance(entry, bytes) or not isinstance(compile_s, float) or compile_s < 0:
             raise ArtifactError("precompiled entry or compile time malformed")
         if unsupported is not None and not isinstance(unsupported, str):
             raise ArtifactError("precompiled verdict malformed")
+        if not isinstance(files, list) or not isinstance(dynamic, bool):
+            raise ArtifactError("precompiled kernel list or shape flag malformed")
         if not isinstance(sources, list) or not all(
             isinstance(s, list) and len(s) == 3 and isinstance(s[0], str) and isinstance(s[1], bytes)
             and len(s[1]) == 32 and isinstance(s[2], list) and all(isinstance(n, str) for n in s[2]) for s in sources
         ):
             raise ArtifactError("precompiled source list malformed")
         return cls(entry, tuple(SourceFile(path, digest, tuple(names)) for path, digest, names in sources),
-                   compile_s, unsupported)
+                   compile_s, unsupported, tuple(checked_file(f) for f in files), dynamic)
 
 
 def versioned_key(key: str, sources: Iterable[SourceFile]) -> str:
