@@ -124,6 +124,22 @@ def job_status(finished: Sequence[FinishedRank]) -> int:
     return 0 if all(rank.status == 0 for rank in finished) else 1
 
 
+def status_after_exit(code: int, finished: Sequence[FinishedRank]) -> int:
+    """The job's status when torchrun ended with ``code``, given the markers of every local rank (or []).
+
+    A rank can die after its script completed, while its interpreter shuts down: torch
+    2.14.1 with gloo sometimes aborts there (a gloo thread destroying a finished allreduce
+    whose thread-local state holds a Python object, during ``Py_FinalizeEx``;
+    docs/torch-integration-notes.md). torchrun then reports the job failed although every
+    script did its work. As for a rank the launcher ended for hanging at exit
+    (:func:`job_status`), the status is the scripts' when every local rank's script
+    finished; otherwise torchrun's.
+    """
+    if code == 0 or not finished:
+        return code
+    return job_status(finished)
+
+
 class ExitWatch:
     """Launcher side: notices ranks still running ``grace_s`` after every local rank's script finished."""
 
@@ -137,10 +153,15 @@ class ExitWatch:
     def finished(self) -> list[FinishedRank]:
         return read_finished(self.directory)
 
+    def every_rank_finished(self) -> list[FinishedRank]:
+        """The markers of the latest round if every local rank of it has one, else []."""
+        finished = self.finished()
+        return finished if finished and len(finished) >= finished[0].local_world_size else []
+
     def overdue(self, torchrun_pid: int) -> list[FinishedRank]:
         """The ranks to end now: [] until every local rank finished and ``grace_s`` has passed since."""
-        finished = self.finished()
-        if not finished or len(finished) < finished[0].local_world_size:
+        finished = self.every_rank_finished()
+        if not finished:
             self._all_finished = None
             return []
         round_ = finished[0].restart

@@ -10,7 +10,9 @@ A rank still running ``--exit-grace`` seconds after the script finished on every
 the node (:mod:`launcher.exit_watch`) is ended: torchrun is asked to stop (so it restarts
 nothing), then the rank is killed. The exit status is then the one the scripts gave their
 processes (0 when every script completed; see :func:`launcher.exit_watch.job_status`),
-and the report lists the ranks that were ended.
+and the report lists the ranks that were ended. So is the status of a job whose scripts all
+completed but one of whose ranks then died while its interpreter shut down (a warning says
+so; :func:`launcher.exit_watch.status_after_exit`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from recipecache.backends import command_line_password_warning, redact
 from recipecache.errors import ConfigError
 
 from . import hpu_metrics
-from .exit_watch import ExitWatch, FinishedRank, job_status, running_child
+from .exit_watch import ExitWatch, FinishedRank, job_status, running_child, status_after_exit
 from .launch_config import DEFAULT_EXIT_GRACE_S, LaunchConfig, probe_store
 from .progress import Progress
 from .report import build_report, format_report, load_graphs, load_metrics, write_report
@@ -186,7 +188,12 @@ def run_torchrun(
                     end_hung_ranks(proc, hung, watch.grace_s)
                     return job_status(watch.finished()), hung
             else:
-                return (code if code >= 0 else 128 - code), []
+                code = code if code >= 0 else 128 - code
+                status = status_after_exit(code, watch.every_rank_finished())
+                if status != code:
+                    log.warning("every rank's script completed, but a rank then died while its process shut down "
+                                "(torchrun exited %d); the job's status is the scripts': %d", code, status)
+                return status, []
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

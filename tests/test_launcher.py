@@ -652,6 +652,36 @@ def test_rank_hanging_after_its_work_is_reported_and_ended(tmp_path: Path, scrip
     assert [p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".finished")] == []
 
 
+ABORT_AFTER_WORK = (
+    "import atexit, glob, os, sys, time\n"
+    "def abort_once_rank_0_finished():\n"
+    "    deadline = time.monotonic() + 120\n"
+    "    marker = os.path.join(os.environ['RECIPECACHE_FINISHED_DIR'], '*-local0.json')\n"
+    "    while not glob.glob(marker) and time.monotonic() < deadline:\n"
+    "        time.sleep(0.05)\n"
+    "    os.abort()\n"
+    "if os.environ['RANK'] == '1':\n"
+    "    atexit.register(abort_once_rank_0_finished)  # the work is done; the process dies shutting down\n"
+    "sys.exit(int(sys.argv[1]))\n"
+)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(("script_status", "job_status"), [(0, 0), (3, 1)])
+def test_rank_dying_at_exit_after_its_work_gives_the_scripts_status(tmp_path: Path, script_status: int,
+                                                                   job_status: int) -> None:
+    """Rank 1 dies of SIGABRT while its process shuts down, after every script ended with ``script_status``
+    (torch 2.14.1's gloo teardown can): the job's status is the scripts', as for a rank ended for hanging."""
+    script = tmp_path / "aborts_at_exit.py"
+    script.write_text(ABORT_AFTER_WORK)
+    proc = run_launcher("--nproc", "2", "--master-port", str(free_port()), "--no-enable",
+                        "--run-dir", str(tmp_path / "run"), str(script), str(script_status), cwd=tmp_path)
+    assert proc.returncode == job_status, proc.stderr
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["exit_code"] == job_status
+    said = "every rank's script completed, but a rank then died while its process shut down" in proc.stderr
+    assert said == (script_status == 0), proc.stderr
+
+
 HANG_AFTER_METRICS = (
     "import atexit, os, signal, time\n"
     "import recipecache\n"
