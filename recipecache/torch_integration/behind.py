@@ -40,6 +40,7 @@ import contextlib
 import logging
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,7 @@ from typing import Any
 import torch
 import torch._inductor.config as inductor_config
 
+from .. import env
 from ..reasons import Reason, Role
 from ..store import Flight, Store
 from .metrics import Metrics
@@ -194,8 +196,7 @@ class Behind:
         """
         if flight is None or flight.role not in (Role.LEADER, Role.BUSY) or self._closed:
             return None
-        with self._lock:
-            self.graphs.setdefault(flight.key, _Graph(flight.key, *what))
+        self._row(flight.key, what)
         self._warm_cpu_probe(args[1])
         config = inductor_config.save_config_portable()
         context = torch._guards.TracingContext.try_get()
@@ -237,9 +238,13 @@ class Behind:
 
     def graph(self, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule) -> BehindGraph:
         """The switching callable ``_compile_fx_inner`` returns for the deferred graph."""
-        with self._lock:
-            self.graphs.setdefault(deferred.key, _Graph(deferred.key, *deferred.what))
+        self._row(deferred.key, deferred.what)
         return BehindGraph(self, deferred, reload, gm)
+
+    def _row(self, key: str, what: tuple[str, str]) -> _Graph:
+        """The report's row of graph ``key`` (``what``: its name and input shapes), made at its first sight."""
+        with self._lock:
+            return self.graphs.setdefault(key, _Graph(key, *what))
 
     def snapshot(self) -> dict[str, Any]:
         """Per graph key, what no-stall did with it in this process (the metrics' ``behind.graphs``)."""
@@ -273,7 +278,7 @@ class Behind:
             job.flight.release()
             with self._lock:
                 self._jobs.pop(job.key, None)
-            _remove(job.directory)
+            shutil.rmtree(job.directory, ignore_errors=True)
         self.store.events.record("compile", job.key, seconds, behind=True)
         self.metrics.behind(compiles=1, compile_s=seconds)
         with self._lock:
@@ -284,15 +289,15 @@ class Behind:
         """Start the worker of ``job`` and wait for it; the compile's seconds, or raise why it failed."""
         if job.cancelled:
             raise RuntimeError("the process was exiting")
-        env = dict(os.environ)
-        for name in ("RECIPECACHE_EVENT_LOG", "RECIPECACHE_METRICS_FILE", "RECIPECACHE_METRICS_FLUSH"):
-            env.pop(name, None)  # the parent records the background compile; the worker writes nothing of its own
+        environ = dict(os.environ)
+        for name in (env.EVENT_LOG, env.METRICS_FILE, env.METRICS_FLUSH):
+            environ.pop(name, None)  # the parent records the background compile; the worker writes nothing of its own
         package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        environ["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environ.get("PYTHONPATH")) if p)
         with open(job.directory / "worker.log", "wb") as out:
             job.proc = subprocess.Popen(
                 [sys.executable, "-m", "recipecache.torch_integration.behind_worker", str(job.directory)],
-                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=environ, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 cwd=job.directory)
             status = job.proc.wait()
         result_path = job.directory / "result.pkl"
@@ -306,9 +311,7 @@ class Behind:
         return float(result["compile_s"])
 
     def _failed(self, key: str, what: tuple[str, str], why: str) -> None:
-        with self._lock:
-            graph = self.graphs.setdefault(key, _Graph(key, *what))
-            graph.failed = why
+        self._row(key, what).failed = why
         self.metrics.behind(failed=1)
         self.metrics.fallback(Reason.BEHIND_FAILED, f"{what[0]} {what[1]} ({key}): {why}; it runs without inductor")
 
@@ -442,11 +445,3 @@ class BehindGraph:
             stack.enter_context(inductor_config.patch(self._config))
             stack.enter_context(torch._guards.tracing(self._context))
             return self._reload()
-
-
-def _remove(directory: Path) -> None:
-    for child in directory.iterdir() if directory.exists() else ():
-        with contextlib.suppress(OSError):
-            child.unlink()
-    with contextlib.suppress(OSError):
-        directory.rmdir()
