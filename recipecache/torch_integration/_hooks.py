@@ -180,7 +180,7 @@ class Integration:
                                          kind=kind, trace=False)
             self.metrics.changed()
             return None
-        self.metrics.hit(kind, artifact.entries[0].compile_s)
+        self.metrics.saved(artifact.entries[0].compile_s)
         return artifact
 
     def _unpack(self, key: str, data: memoryview, kind: str) -> Artifact | None:
@@ -266,7 +266,7 @@ class Integration:
         try:
             yield from self._offer_variants(key)
         except GeneratorExit:  # torch's guards accepted the variant it was evaluating: the store counted the hit
-            self.metrics.hit("fx", attempt.served_s or 0.0)
+            self.metrics.saved(attempt.served_s or 0.0)
             raise
         except Exception as exc:  # noqa: BLE001 - our failure: torch compiles as on a miss
             log.debug("recipecache: offering variants of %s failed", key, exc_info=True)
@@ -440,7 +440,7 @@ class Integration:
         attempt.compile_s += seconds
         if attempt.served_s is not None and attempt.key is not None:  # torch's guards rejected the entry we served
             self._unused_hit(attempt.key, Reason.GUARD_REJECTED)
-            self.metrics.hit_was_miss("fx", attempt.served_s)
+            self.metrics.saved(-attempt.served_s)
             attempt.served_s = None
         self.store.record_compile(attempt.key, seconds)
         self.metrics.changed()

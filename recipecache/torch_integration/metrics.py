@@ -91,28 +91,14 @@ class Metrics:
         if self._flush:
             self.write()
 
-    def hit(self, kind: str, saved_s: float) -> None:
-        """A hit of ``kind`` was used (the store counted it): the producer's ``saved_s`` compile seconds were saved."""
-        with self._lock:
-            self._saved_s += saved_s
-        self.changed()
+    def saved(self, seconds: float) -> None:
+        """A hit was used (the store counted it): the producer's ``seconds`` of compile were saved.
 
-    def miss(self, kind: str) -> None:
-        """A lookup of ``kind`` missed: the store counted it; this only rewrites the file when flushing.
-
-        Kept callable for code written when this class counted lookups itself.
+        Negative ``seconds`` take back what a hit added when torch did not use it after all
+        (the store counts that miss: :meth:`Store.record_unused_hit`).
         """
-        self.changed()
-
-    def put(self, kind: str) -> None:
-        """An artifact of ``kind`` was published: the store counted it (``kind=``); as :meth:`miss`."""
-        self.changed()
-
-    def hit_was_miss(self, kind: str, saved_s: float) -> None:
-        """torch did not use a hit after all (the store counts the miss: :meth:`Store.record_unused_hit`): the
-        ``saved_s`` that :meth:`hit` added were not saved."""
         with self._lock:
-            self._saved_s -= saved_s
+            self._saved_s += seconds
         self.changed()
 
     def fallback(self, reason: Reason, detail: str, *, counted_by_store: bool = False) -> None:

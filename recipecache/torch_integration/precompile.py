@@ -297,7 +297,7 @@ class Tier:
         if not variant.accepts(args, kwargs):
             return self._unused(key, PrecompileDetail.GUARD_FAILED,
                                 f"the guards of {target.name}'s precompiled artifact reject these inputs")
-        self.metrics.hit("precompiled", stored.compile_s)
+        self.metrics.saved(stored.compile_s)
         return variant
 
     def _deserialize(self, stored: Precompiled, target: Target) -> Any:
