@@ -32,7 +32,9 @@ first; the short warm pair runs ``--warm-pairs`` times per repetition):
   step of ``ns cold`` over plain cold's first step (the slowest rank's; targets <= 0.25, goal
   0.1), the job walls' ratio (target <= 1.1), the largest loss difference from plain cold at any
   step (target <= 2e-3: eager and compiled differ in the last bits), and the compiles and eager
-  calls of ``ns fresh`` (target: none).
+  calls of ``ns fresh`` (target: none). Per rank also the seconds from its first graph sent to
+  a worker to the end of its last compile there, beside those compiles' own seconds. With
+  ``--compare-tree`` too, ``base ns cold`` runs the other checkout's no-stall cold beside it.
 
 Printed: the job walls, iteration 0 (the slowest rank's), each rank's critical path
 (seconds inside steps, where compiles and waits happen; for recipecache also its compile
@@ -68,8 +70,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("plain cold", "rc cold", "rc fresh", "plain warm")
 #: with --compare-tree: recipecache-run from another checkout (e.g. before a change), cold and fresh
 BASE_SCENARIOS = ("base cold", "base fresh")
-#: with --no-stall: recipecache-run --no-stall, cold on its own store, then fresh ranks on it
-NO_STALL_SCENARIOS = ("ns cold", "ns fresh")
+#: with --no-stall: recipecache-run --no-stall, cold on its own store, then fresh ranks on it (and with
+#: --compare-tree, the other checkout's no-stall cold on a store of its own)
+NO_STALL_SCENARIOS = ("ns cold", "ns fresh", "base ns cold")
 #: no-stall's targets: slowest step / plain cold first step, job wall / plain cold wall, loss difference
 NO_STALL_STEP_TARGET, NO_STALL_STEP_GOAL, NO_STALL_WALL_TARGET, NO_STALL_LOSS_TARGET = 0.25, 0.1, 1.1, 2e-3
 #: Losses are compared within each group. recipecache gives torch a job id, so torch's
@@ -200,6 +203,21 @@ class Run:
             if e["event"] == event:
                 out[e["rank"]] += e["duration"]
         return out
+
+    def behind_span_s(self) -> list[float]:
+        """Per rank, seconds from its first graph sent to a no-stall worker to the end of its last compile there.
+
+        The compiles' own seconds plus what the worker cost around them (its start, imports, the
+        queue): how long the rank's graphs waited to leave eager mode, in the job or at its exit.
+        """
+        first: dict[int, float] = {}
+        last: dict[int, float] = {}
+        for e in self.events:
+            if e.get("behind") and e["event"] in ("compile_start", "compile"):
+                rank = e["rank"]
+                first[rank] = min(first.get(rank, e["time"]), e["time"])
+                last[rank] = max(last.get(rank, e["time"]), e["time"])
+        return [last[rank] - first[rank] if rank in first else 0.0 for rank in range(len(self.ranks))]
 
     @property
     def losses(self) -> list[list[float]]:
@@ -357,6 +375,16 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
               f"largest loss difference to plain cold {figures['pc_max_loss_diff']:.2e}")
     if "ns cold" in by:
         figures.update(no_stall_figures(by["ns cold"], by["ns fresh"], by["plain cold"]))
+        sides = {"ns": by["ns cold"], **({"base ns": by["base ns cold"]} if "base ns cold" in by else {})}
+        for side, runs in sides.items():
+            figures[f"{side}_behind_span_s"] = [run.behind_span_s() for run in runs]
+            figures[f"{side}_behind_compile_s"] = [run.seconds("compile") for run in runs]
+            print(f"{side} cold: per rank, first graph sent behind to last compiled "
+                  f"{[' '.join(f'{s:.1f}' for s in spans) for spans in figures[f'{side}_behind_span_s']]} s, "
+                  f"of which compiling {[' '.join(f'{s:.1f}' for s in c) for c in figures[f'{side}_behind_compile_s']]} s")
+        if "base ns cold" in by:
+            figures["ns_wall_over_base_ns"] = ratios(by["ns cold"], by["base ns cold"], lambda r: r.wall_s)
+            print(f"no-stall cold wall / the compare tree's no-stall cold wall: {spread(figures['ns_wall_over_base_ns'])}")
     print("losses: " + ("bitwise equal among runs without PGO state, among fresh runs and among the tier's runs"
                         if not mismatched else f"DIFFER in {', '.join(mismatched)}"))
     figures["losses_equal"] = not mismatched
@@ -418,6 +446,9 @@ def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[s
             cold.append(job("pc cold", "pc-cold-dirs", "pc-store", launcher_args=["--precompile"]))
         if no_stall:
             cold.append(job("ns cold", "ns-cold-dirs", "ns-store", launcher_args=["--no-stall"]))
+            if compare is not None:
+                cold.append(job("base ns cold", "base-ns-cold-dirs", "base-ns-store", compare,
+                                launcher_args=["--no-stall"]))
         warm = []
         for k in range(warm_pairs):
             pair = [job("rc fresh", f"rc-fresh-dirs-{k}", "store", tag=f".{k}"),
@@ -435,7 +466,7 @@ def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[s
             done.append(job("ns fresh", "ns-fresh-dirs", "ns-store", launcher_args=["--no-stall"])())
         runs += done
         for run in done:
-            if run.scenario in ("rc cold", "base cold", "pc cold", "ns cold"):
+            if run.scenario in ("rc cold", "base cold", "pc cold", "ns cold", "base ns cold"):
                 show(run)
     return runs
 

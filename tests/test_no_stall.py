@@ -143,6 +143,8 @@ def test_ranks_run_eager_while_a_worker_compiles_then_switch(jobs: dict[str, dic
         assert compiled_here and eager - compiled_here
         row = cold["metrics"][rank]["behind"]
         assert row["failed"] == 0 and row["switches"] == len(behind)
+        assert row["workers"] == 1 and row["compiles"] == len(compiled_here)  # one worker compiled them all
+    assert any(len({e["key"] for e in _events(cold, "compile", rank)}) > 1 for rank in range(RANKS))
 
 
 @pytest.mark.multirank

@@ -18,7 +18,9 @@ does) applied to torch.compile, with the store as the meeting point:
   land in the store exactly as an inline compile's would, so a later job of fresh ranks
   hits it and compiles nothing. The worker is a fresh interpreter started with ``-m``
   (never the user's script), so the compile holds no lock of the training process and,
-  on a GPU node, runs on otherwise idle CPU cores.
+  on a GPU node, runs on otherwise idle CPU cores. A process keeps its one worker for all
+  its graphs (:class:`_Worker`), as torch's own subprocess compile keeps its pool: torch's
+  import, the CPU's ISA pick and inductor's warm state are paid once, not per graph.
 * At its next call after the artifact exists (the leader: its job finished; the others:
   the key's lease is gone, asked at most every :data:`POLL_S`), a process loads it through
   torch's FX cache path: it runs ``_compile_fx_inner`` again with the graph, inputs and
@@ -160,8 +162,72 @@ class _Job:
     key: str
     directory: Path
     flight: Flight
-    proc: subprocess.Popen[bytes] | None = None
     cancelled: bool = False
+
+
+class _Worker:
+    """This process's compile worker (:mod:`.behind_worker`), kept for one graph after another.
+
+    It reads a job directory per line on its stdin and answers ``done`` on its stdout once
+    the directory's ``result.pkl`` is written; its own output goes to a log whose tail
+    explains a failure. End of file on its stdout means it died: the job in hand fails
+    and the next job starts a new worker.
+    """
+
+    def __init__(self) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="recipecache-worker-"))
+        self.log_path = self.directory / "worker.log"
+        environ = dict(os.environ)
+        for name in (env.EVENT_LOG, env.METRICS_FILE, env.METRICS_FLUSH):
+            environ.pop(name, None)  # the parent records the background compile; the worker writes nothing of its own
+        package_root = str(Path(__file__).resolve().parents[2])
+        environ["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environ.get("PYTHONPATH")) if p)
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "recipecache.torch_integration.behind_worker"],
+                env=environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=out, cwd=self.directory)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def compile(self, job_directory: Path) -> dict[str, Any]:
+        """Have the worker compile the job in ``job_directory``; its result, or raise why there is none."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        log_start = self.log_path.stat().st_size
+        try:
+            self.proc.stdin.write(f"{job_directory}\n".encode())
+            self.proc.stdin.flush()
+            reply = self.proc.stdout.readline()
+        except OSError:  # a broken pipe: it is gone
+            reply = b""
+        result_path = job_directory / "result.pkl"
+        if reply != b"done\n" or not result_path.exists():
+            self.kill()
+            with open(self.log_path, "rb") as f:
+                f.seek(log_start)
+                tail = f.read()[-600:].decode(errors="replace").strip()
+            raise RuntimeError(f"worker exited with status {self.proc.returncode}" + (f": ...{tail}" if tail else ""))
+        with open(result_path, "rb") as f:
+            return pickle.load(f)  # noqa: S301 - written by our own worker, in a directory only this user reads
+
+    def kill(self) -> None:
+        """End it now, mid-compile or not."""
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Let it exit at the end of its input (within ``timeout`` seconds, else end it); remove its directory."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class Behind:
@@ -178,6 +244,7 @@ class Behind:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recipecache-behind")
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
+        self._worker: _Worker | None = None
         self._futures: list[Future[float]] = []
         self.graphs: dict[str, _Graph] = {}
         self._closed = False
@@ -286,26 +353,17 @@ class Behind:
         return seconds
 
     def _work(self, job: _Job) -> float:
-        """Start the worker of ``job`` and wait for it; the compile's seconds, or raise why it failed."""
-        if job.cancelled:
-            raise RuntimeError("the process was exiting")
-        environ = dict(os.environ)
-        for name in (env.EVENT_LOG, env.METRICS_FILE, env.METRICS_FLUSH):
-            environ.pop(name, None)  # the parent records the background compile; the worker writes nothing of its own
-        package_root = str(Path(__file__).resolve().parents[2])
-        environ["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environ.get("PYTHONPATH")) if p)
-        with open(job.directory / "worker.log", "wb") as out:
-            job.proc = subprocess.Popen(
-                [sys.executable, "-m", "recipecache.torch_integration.behind_worker", str(job.directory)],
-                env=environ, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=job.directory)
-            status = job.proc.wait()
-        result_path = job.directory / "result.pkl"
-        if status != 0 or not result_path.exists():
-            tail = (job.directory / "worker.log").read_bytes()[-600:].decode(errors="replace").strip()
-            raise RuntimeError(f"worker exited with status {status}" + (f": ...{tail}" if tail else ""))
-        with open(result_path, "rb") as f:
-            result = pickle.load(f)
+        """Have this process's worker compile ``job`` (starting one if none runs); its seconds, or raise why not."""
+        with self._lock:
+            if job.cancelled:
+                raise RuntimeError("the process was exiting")
+            if self._worker is None or not self._worker.alive():
+                if self._worker is not None:
+                    self._worker.close(0.0)
+                self._worker = _Worker()
+                self.metrics.behind(workers=1)
+            worker = self._worker
+        result = worker.compile(job.directory)
         if result.get("error"):
             raise RuntimeError(result["error"])
         return float(result["compile_s"])
@@ -336,12 +394,18 @@ class Behind:
                 pass
         with self._lock:
             jobs = list(self._jobs.values())
-        for job in jobs:
-            job.cancelled = True
-            if job.proc is not None and job.proc.poll() is None:
-                log.warning("recipecache: ending the compile behind of %s: past the exit grace", job.key)
-                job.proc.kill()
+            for job in jobs:
+                job.cancelled = True
+            worker = self._worker
+        if jobs and worker is not None:
+            log.warning("recipecache: ending the compile(s) behind of %s: past the exit grace",
+                        ", ".join(job.key for job in jobs))
+            worker.kill()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
 
     def close(self) -> None:
         """End every worker at once (disable)."""

@@ -1,15 +1,17 @@
-"""The worker of a no-stall compile: ``python -m recipecache.torch_integration.behind_worker JOB_DIR``.
+"""The worker of no-stall compiles: ``python -m recipecache.torch_integration.behind_worker``.
 
-Started by :mod:`.behind` in a fresh interpreter (never the user's script). It reads
-``JOB_DIR/job.pkl`` (the store settings, the graph's store key, torch's wire-format
+Started by :mod:`.behind` in a fresh interpreter (never the user's script), once per
+process, and kept for all its graphs. Each line on its stdin names a job directory: it
+reads ``JOB_DIR/job.pkl`` (the store settings, the graph's store key, torch's wire-format
 input of one graph compile, the parent's thread count and ``sys.path``), enables recipecache on the same
 store, and runs torch's whole ``_compile_fx_inner`` on the graph in the context torch's
 own out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor
 config, virtualized state, tracing context, fake mode). The FX cache lookup misses (the
 parent holds the key's lease, so this process does not wait for it), inductor compiles,
 and torch's put publishes the entry with its kernels through the normal path. It writes
-``JOB_DIR/result.pkl``: the compile's seconds, or the error; the exit status is 0 when
-the result was written.
+``JOB_DIR/result.pkl`` (the compile's seconds, or the error) and then answers ``done`` on
+its stdout, which carries nothing else: whatever the compile prints goes to stderr, the
+parent's log of the worker. It exits at the end of its input.
 """
 
 from __future__ import annotations
@@ -96,15 +98,10 @@ PR_SET_PDEATHSIG = 1
 NICENESS = 10
 
 
-def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    # the compile is behind the steps: on a GPU node it runs on cores nothing else wants, on a
-    # machine whose cores the ranks keep busy it takes what they leave (g++ inherits the niceness)
-    os.nice(NICENESS)
-    _die_with_parent()
-    directory = Path(argv[0])
+def run_job(directory: Path) -> None:
+    """Compile the job in ``directory`` and write its ``result.pkl`` whole (the parent never reads half a result)."""
     with open(directory / "job.pkl", "rb") as f:
-        job = pickle.load(f)
+        job = pickle.load(f)  # noqa: S301 - written by the parent, in a directory only this user reads
     try:
         result = compile_job(job)
     except Exception as exc:  # noqa: BLE001 - the parent reads it and keeps the graph eager
@@ -112,9 +109,23 @@ def main(argv: list[str]) -> int:
         result = {"error": f"{type(exc).__name__}: {exc}"}
     with open(directory / "result.tmp", "wb") as f:
         pickle.dump(result, f)
-    (directory / "result.tmp").rename(directory / "result.pkl")  # the parent never reads half a result
+    (directory / "result.tmp").rename(directory / "result.pkl")
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    # the compile is behind the steps: on a GPU node it runs on cores nothing else wants, on a
+    # machine whose cores the ranks keep busy it takes what they leave (g++ inherits the niceness)
+    os.nice(NICENESS)
+    _die_with_parent()
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # prints of the compile go to the log, never into the replies
+    for line in sys.stdin:
+        run_job(Path(line.rstrip("\n")))
+        replies.write("done\n")
+        replies.flush()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
