@@ -5,7 +5,9 @@
 * one process whose background compile is killed: the graph stays eager, counted, and training goes on;
 * a real 2-rank torchrun job (gloo) on a cold store: each rank runs graphs eagerly while a worker
   compiles them, every graph is compiled once in the job, every rank switches, the losses match plain
-  torchrun's; a job of fresh ranks right after compiles nothing and runs nothing eagerly.
+  torchrun's; a job of fresh ranks right after compiles nothing and runs nothing eagerly;
+* a 2-rank job whose rank 0 loses its worker mid-compile: that graph stays eager on rank 0 and
+  rank 1 takes it over (compiles it behind its own steps and switches).
 """
 
 from __future__ import annotations
@@ -67,14 +69,19 @@ def test_bad_no_stall_variable_is_one_line_and_status_2(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_killed_worker_leaves_the_graph_eager_counted(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
+    # the metrics file rewritten at every change, as a user may ask: a flush reads no-stall's rows while
+    # workers start and fail
     env = _env_without_recipecache() | {"RECIPECACHE_DIR": str(tmp_path / "store"),
-                                        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+                                        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                                        "RECIPECACHE_METRICS_FILE": str(tmp_path / "metrics.json"),
+                                        "RECIPECACHE_METRICS_FLUSH": "1"}
     proc = subprocess.run([sys.executable, str(WORKERS / "no_stall_kill.py"), str(out)], capture_output=True,
                           text=True, env=env, timeout=540, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     behind = result["metrics"]["behind"]
-    assert behind["failed"] >= 1
+    assert behind["failed"] >= 1 and behind["workers"] >= 1
+    assert json.loads((tmp_path / "metrics.json").read_text())["behind"]["failed"] == behind["failed"]
     assert result["metrics"]["fallbacks"].get("behind_failed") == behind["failed"]
     failed = [g for g in behind["graphs"].values() if g.get("failed")]
     assert failed and all(g["switched_at"] is None for g in failed)
@@ -145,6 +152,21 @@ def test_ranks_run_eager_while_a_worker_compiles_then_switch(jobs: dict[str, dic
         assert row["failed"] == 0 and row["switches"] == len(behind)
         assert row["workers"] == 1 and row["compiles"] == len(compiled_here)  # one worker compiled them all
     assert any(len({e["key"] for e in _events(cold, "compile", rank)}) > 1 for rank in range(RANKS))
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(1800)
+def test_a_graph_whose_worker_died_is_taken_over_by_another_rank(tmp_path: Path) -> None:
+    job = _launch(tmp_path, "takeover", f"file://{tmp_path / 'store'}", "--until-switched", "600", "--kill-worker")
+    zero, one = (job["metrics"][rank]["behind"] for rank in range(RANKS))
+    failed = {key for key, graph in zero["graphs"].items() if graph.get("failed")}
+    assert failed and zero["failed"] == len(failed) and one["failed"] == 0
+    assert all(zero["graphs"][key]["switched_at"] is None for key in failed)  # eager on rank 0 from then on
+    compiled = Counter(e["key"] for e in _events(job, "compile") if e.get("behind"))
+    assert max(compiled.values()) == 1, f"graphs compiled more than once: {compiled}"
+    assert failed <= {e["key"] for e in _events(job, "compile", 1)}, "rank 1 compiled what rank 0's worker left"
+    assert failed <= {e["key"] for e in _events(job, "switch", 1)}, "and switched to it"
+    assert len(job["losses"]) == job["steps"] and all(loss == loss for step in job["losses"] for loss in step)
 
 
 @pytest.mark.multirank

@@ -238,6 +238,39 @@ def test_png_is_drawn(job: Path, tmp_path: Path) -> None:
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def no_stall_job(run_dir: Path) -> Path:
+    """A --no-stall job: rank 0 compiles K0 in its worker while both ranks run it without inductor, then switch."""
+    now = time.time()
+    eager = [(now + t, rank, "eager", K0, {"duration": 0.2}) for rank in (0, 2) for t in (2, 3, 4)]
+    write_job(run_dir, [
+        (now + 1, 0, "miss", K0, {"reason": "not_found"}),
+        (now + 1.1, 0, "compile_start", K0, {"behind": True}),
+        (now + 4.5, 0, "compile", K0, {"duration": 3.0, "behind": True}),
+        *eager,
+        (now + 5, 0, "switch", K0, {"duration": 0.1}),
+        (now + 5.2, 2, "switch", K0, {"duration": 0.1}),
+    ])
+    return run_dir
+
+
+def test_no_stall_trace_has_a_worker_thread_and_one_eager_span_per_rank_and_graph(tmp_path: Path) -> None:
+    from recipecache.runs.timeline import BEHIND_TID, EAGER_TID, draw, eager_spans, load_run
+
+    records, keys = load_run(no_stall_job(tmp_path))
+    events = build_trace(records, keys)["traceEvents"]
+    spans = [(e["pid"], e["tid"], e["name"]) for e in events if e["ph"] == "X"]
+    assert (0, BEHIND_TID, "compile behind M.forward f32[8,4]") in spans
+    assert not [s for s in spans if s[1] == 0 and s[2].startswith("compile")], "the worker's compile is not the rank's"
+    eager = {e["pid"]: e for e in events if e["ph"] == "X" and e["tid"] == EAGER_TID}
+    assert set(eager) == {0, 2}
+    assert eager[2]["name"] == "without inductor M.forward f32[8,4] (3 calls)"
+    assert eager[2]["dur"] == pytest.approx(2.2e6)  # from the first call's start (t 1.8) to the last's end (t 4)
+    assert eager[2]["args"]["seconds"] == pytest.approx(0.6)
+    assert [(s.rank, s.calls) for s in eager_spans(records)] == [(0, 3), (2, 3)]
+    draw(tmp_path, tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # -- the report ------------------------------------------------------------------------------
 def metrics_file(run_dir: Path, rank: int, **fields: Any) -> None:
     data = {"rank": rank, "host": "h", "pid": 1, "wall_s": 1.0,

@@ -13,7 +13,7 @@ first eager call to its last, with the number of calls); the switch to the compi
 span of the rank itself.
 
 :func:`draw` renders the same timeline with matplotlib (the optional ``plot`` extra) for
-a README or a ticket.
+a README or a ticket; no-stall's two threads are thin lanes under and over the rank's row.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,37 @@ SPANS = {"compile": "compile", "wait": "wait for", "hit": "fetch", "put": "publi
 BEHIND_TID, EAGER_TID = 1, 2
 #: event kinds drawn as instants
 INSTANTS = ("hit", "miss", "fallback", "takeover", "step")
-#: colours of the picture, one per span kind
+#: colours of the picture, one per span kind of the rank itself, and of no-stall's lanes
 COLOURS = {"compile": "#d62728", "wait": "#ff7f0e", "hit": "#1f77b4", "put": "#2ca02c"}
+BEHIND_COLOUR, EAGER_COLOUR = "#9467bd", "#7f7f7f"
+
+
+@dataclass(frozen=True)
+class EagerSpan:
+    """No-stall: the calls of one graph a rank ran without inductor, from the first call's start to the last's end."""
+
+    rank: int
+    key: str
+    start: float
+    end: float
+    calls: int
+    seconds: float
+
+
+def eager_spans(records: Sequence[Mapping[str, Any]]) -> list[EagerSpan]:
+    """The ``eager`` records as one span per rank and graph, in rank and key order."""
+    calls: dict[tuple[int, str], list[Mapping[str, Any]]] = {}
+    for rec in records:
+        if rec["event"] == "eager":
+            calls.setdefault((rec["rank"], rec.get("key") or ""), []).append(rec)
+    return [EagerSpan(rank, key, min(_start(r) for r in rs), max(float(r["time"]) for r in rs), len(rs),
+                      sum(float(r.get("duration") or 0.0) for r in rs))
+            for (rank, key), rs in sorted(calls.items())]
+
+
+def _is_behind(rec: Mapping[str, Any]) -> bool:
+    """A compile in a no-stall worker: none of the rank's own time."""
+    return rec["event"] == "compile" and rec.get("behind") is True
 
 
 def _label(key: str, keys: Mapping[str, Sequence[KeyInfo]]) -> str:
@@ -72,15 +102,13 @@ def build_trace(records: Sequence[dict[str, Any]], keys: Mapping[str, Sequence[K
             {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
             {"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "recipecache"}},
         ]
-    eager: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for rec in records:
         kind, key = rec["event"], rec.get("key") or ""
         if kind == "eager":
-            eager.setdefault((rec["rank"], key), []).append(rec)
             continue
         label = _label(key, keys)
         args = {k: rec[k] for k in ("key", "reason", "bytes", "step") if rec.get(k) not in (None, "")}
-        behind = kind == "compile" and rec.get("behind") is True
+        behind = _is_behind(rec)
         base = {"pid": rec["rank"], "tid": BEHIND_TID if behind else 0, "cat": kind, "args": args}
         duration = float(rec.get("duration") or 0.0)
         if kind in SPANS and duration > 0:
@@ -92,13 +120,11 @@ def build_trace(records: Sequence[dict[str, Any]], keys: Mapping[str, Sequence[K
                 name += f" ({rec['reason']})"
             events.append({**base, "ph": "i", "s": "t", "name": name,
                            "ts": round((float(rec["time"]) - origin) * 1e6, 3)})
-    for (rank, key), calls in sorted(eager.items()):
-        start, end = min(_start(r) for r in calls), max(float(r["time"]) for r in calls)
-        seconds = sum(float(r.get("duration") or 0.0) for r in calls)
-        events.append({"pid": rank, "tid": EAGER_TID, "cat": "eager", "ph": "X",
-                       "name": f"without inductor {_label(key, keys)} ({len(calls)} calls)",
-                       "ts": round((start - origin) * 1e6, 3), "dur": round((end - start) * 1e6, 3),
-                       "args": {"key": key, "calls": len(calls), "seconds": round(seconds, 6)}})
+    for span in eager_spans(records):
+        events.append({"pid": span.rank, "tid": EAGER_TID, "cat": "eager", "ph": "X",
+                       "name": f"without inductor {_label(span.key, keys)} ({span.calls} calls)",
+                       "ts": round((span.start - origin) * 1e6, 3), "dur": round((span.end - span.start) * 1e6, 3),
+                       "args": {"key": span.key, "calls": span.calls, "seconds": round(span.seconds, 6)}})
     threads = {(e["pid"], e["tid"]) for e in events if e.get("tid")}
     names = {BEHIND_TID: "compiles behind the steps (worker)", EAGER_TID: "graphs run without inductor"}
     events += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": names[tid]}}
@@ -130,6 +156,9 @@ def write_trace(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
 def draw(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
     """Draw the timeline of ``run_dir`` as a PNG: a row per rank, bars for compiles, waits, publishes.
 
+    With no-stall, a lane under each rank's row holds the compiles of its worker and a lane
+    over it the spans in which it ran graphs without inductor.
+
     ConfigError when matplotlib is missing (``pip install 'recipecache[plot]'``).
     """
     try:
@@ -146,16 +175,25 @@ def draw(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
     ranks = sorted({r["rank"] for r in records})
     row = {rank: len(ranks) - 1 - i for i, rank in enumerate(ranks)}  # rank 0 on top
     fig, ax = plt.subplots(figsize=(13, 1.6 + 0.9 * len(ranks)))
-    for kind, colour in COLOURS.items():
-        for rank in ranks:
-            spans = [(_start(r) - origin, float(r.get("duration") or 0.0)) for r in records
-                     if r["rank"] == rank and r["event"] == kind and float(r.get("duration") or 0.0) > 0]
+    behind = [r for r in records if _is_behind(r) and float(r.get("duration") or 0.0) > 0]
+    eager = eager_spans(records)
+    for rank in ranks:
+        lanes = [(COLOURS[kind], (row[rank] - 0.3, 0.6),
+                  [r for r in records if r["rank"] == rank and r["event"] == kind and not _is_behind(r)])
+                 for kind in COLOURS]
+        lanes.append((BEHIND_COLOUR, (row[rank] - 0.45, 0.12), [r for r in behind if r["rank"] == rank]))
+        for colour, lane, recs in lanes:
+            spans = [(_start(r) - origin, float(r.get("duration") or 0.0)) for r in recs
+                     if float(r.get("duration") or 0.0) > 0]
             if spans:
-                ax.broken_barh(spans, (row[rank] - 0.3, 0.6), facecolors=colour, edgecolor="white", linewidth=0.5)
+                ax.broken_barh(spans, lane, facecolors=colour, edgecolor="white", linewidth=0.5)
+        spans = [(e.start - origin, max(e.end - e.start, 1e-3)) for e in eager if e.rank == rank]
+        if spans:
+            ax.broken_barh(spans, (row[rank] + 0.33, 0.12), facecolors=EAGER_COLOUR, edgecolor="white", linewidth=0.5)
     axes_chars = 13 * 0.8 * 72 / (0.6 * 7)  # characters of 7 pt text across the axes
     for rec in records:
         fits = int(float(rec.get("duration") or 0.0) / max(end, 1e-9) * axes_chars) - 2
-        if rec["event"] in ("compile", "wait") and fits >= 8:
+        if rec["event"] in ("compile", "wait") and not _is_behind(rec) and fits >= 8:
             ax.text(_start(rec) - origin + float(rec["duration"]) / 2, row[rec["rank"]], _bar_text(rec, keys, fits),
                     ha="center", va="center", fontsize=7, color="white", clip_on=True)
     hits = [(float(r["time"]) - origin, row[r["rank"]] + 0.38) for r in records if r["event"] == "hit"]
@@ -174,8 +212,11 @@ def draw(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
               Patch(color=COLOURS["put"], label="publish"),
               plt.Line2D([], [], marker="v", color=COLOURS["hit"], linestyle="", label="hit (loaded from the store)"),
               plt.Line2D([], [], marker="|", color="black", linestyle="", markersize=12, label="training step ends")]
+    if behind or eager:
+        legend += [Patch(color=BEHIND_COLOUR, label="compile behind the steps (worker)"),
+                   Patch(color=EAGER_COLOUR, label="graph run without inductor")]
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.28 if len(ranks) < 3 else -0.12),
-              ncol=5, fontsize=8, frameon=False)
+              ncol=len(legend) if len(legend) <= 5 else 4, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -354,15 +354,17 @@ class Behind:
 
     def _work(self, job: _Job) -> float:
         """Have this process's worker compile ``job`` (starting one if none runs); its seconds, or raise why not."""
-        with self._lock:
+        with self._lock:  # never a new worker once finish() has cancelled the jobs
             if job.cancelled:
                 raise RuntimeError("the process was exiting")
-            if self._worker is None or not self._worker.alive():
+            started = self._worker is None or not self._worker.alive()
+            if started:
                 if self._worker is not None:
                     self._worker.close(0.0)
                 self._worker = _Worker()
-                self.metrics.behind(workers=1)
             worker = self._worker
+        if started:
+            self.metrics.behind(workers=1)  # not under our lock: a metrics flush reads our snapshot
         result = worker.compile(job.directory)
         if result.get("error"):
             raise RuntimeError(result["error"])

@@ -95,7 +95,7 @@ def _die_with_parent() -> None:
 #: prctl option from <linux/prctl.h>
 PR_SET_PDEATHSIG = 1
 #: how much the worker (and the compilers it starts) yields the CPU to the rank's own steps
-NICENESS = 10
+NICENESS = 19
 
 
 def run_job(directory: Path) -> None:

@@ -3,13 +3,17 @@ number of steps (``--steps``) or, with ``--until-switched MAX``, until every ran
 it met compiled (at most MAX steps; no-stall's switch, agreed through an all-reduce each step).
 
 Rank 0 writes ``--out``: per step every rank's loss, and the steps the job ran. Steps pause
-``--pause`` seconds, as a data loader would, so a compile behind them gets the cores too.
+``--pause`` seconds, as a data loader would, so a compile behind them gets the cores too. With
+``--kill-worker`` rank 0 kills its no-stall worker after its first step, mid-compile (a worker
+that dies: another rank must take the graph over).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,6 +24,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from train import TinyLM, bucket_length, gather_at_rank0, make_batch  # noqa: E402
+
+from no_stall_kill import worker_pid  # noqa: E402 - this directory is the script's
+
+
+def kill_worker() -> None:
+    """SIGKILL this process's no-stall worker (waiting for it to start, at most 120 s)."""
+    deadline = time.monotonic() + 120
+    while (pid := worker_pid()) is None:
+        assert time.monotonic() < deadline, "no worker started"
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
 
 
 def all_switched() -> bool:
@@ -38,6 +53,7 @@ def main() -> None:
     p.add_argument("--until-switched", type=int, default=0, metavar="MAX")
     p.add_argument("--buckets", default="16,32")
     p.add_argument("--pause", type=float, default=0.2)
+    p.add_argument("--kill-worker", action="store_true", help="rank 0 kills its worker after its first step")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     dist.init_process_group("gloo")
@@ -59,6 +75,8 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         step_s.append(time.perf_counter() - start)
         losses.append(loss.item())
+        if args.kill_worker and rank == 0 and step == 0:
+            kill_worker()
         time.sleep(args.pause)
         if args.until_switched and step + 1 >= 2 * len(buckets):
             done = torch.tensor([1 if all_switched() else 0])
