@@ -403,6 +403,8 @@ class Behind:
             log.warning("recipecache: ending the compile(s) behind of %s: past the exit grace",
                         ", ".join(job.key for job in jobs))
             worker.kill()
+        # on Linux the worker ends with the pool's thread (its PDEATHSIG follows the thread that started it);
+        # elsewhere at the end of its input, which close() gives it
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             worker, self._worker = self._worker, None
