@@ -138,6 +138,7 @@ def test_ranks_run_eager_while_a_worker_compiles_then_switch(jobs: dict[str, dic
     behind = Counter(e["key"] for e in _events(cold, "compile") if e.get("behind"))
     assert behind and max(behind.values()) == 1, f"graphs compiled more than once: {behind}"
     assert not [e for e in _events(cold, "compile") if not e.get("behind")], "a rank compiled inline"
+    most_compiled_by_one_worker = 0
     assert cold["report"]["total"]["compiles"] == 0  # no step waited for a compile
     for rank in range(RANKS):
         eager = {e["key"] for e in _events(cold, "eager", rank)}
@@ -151,7 +152,8 @@ def test_ranks_run_eager_while_a_worker_compiles_then_switch(jobs: dict[str, dic
         row = cold["metrics"][rank]["behind"]
         assert row["failed"] == 0 and row["switches"] == len(behind)
         assert row["workers"] == 1 and row["compiles"] == len(compiled_here)  # one worker compiled them all
-    assert any(len({e["key"] for e in _events(cold, "compile", rank)}) > 1 for rank in range(RANKS))
+        most_compiled_by_one_worker = max(most_compiled_by_one_worker, len(compiled_here))
+    assert most_compiled_by_one_worker > 1
 
 
 @pytest.mark.multirank

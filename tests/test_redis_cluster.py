@@ -71,8 +71,10 @@ def test_a_primary_killed_mid_race_raises_nothing_and_loses_no_entry(tmp_path: P
         assert all(o["results"] == want for o in outs), "every process got every artifact, whole"
 
         cluster.wait_ok()  # a replica has taken the dead primary's slots
+        keys = published(events)
+        assert keys, "artifacts were published"
         store = recipecache.open_store(cluster.url, namespace=namespace)
-        for key in published(events):
+        for key in keys:
             data = store.get(key)
             assert data is not None and hashlib.sha256(data).hexdigest() == want[key], f"{key} was lost"
 

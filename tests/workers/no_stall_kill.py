@@ -36,6 +36,14 @@ def worker_pid() -> int | None:
     return None
 
 
+def kill_worker(deadline: float) -> None:
+    """SIGKILL this process's no-stall worker, waiting for it to start until ``deadline`` (``time.monotonic()``)."""
+    while (pid := worker_pid()) is None:
+        assert time.monotonic() < deadline, "no worker started"
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     store = recipecache.enable(no_stall=True, exit_grace=60)
@@ -55,12 +63,7 @@ def main() -> None:
 
     step()
     deadline = time.monotonic() + 120
-    pid = worker_pid()
-    while pid is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-        pid = worker_pid()
-    assert pid is not None, "no worker started"
-    os.kill(pid, signal.SIGKILL)
+    kill_worker(deadline)
     behind = recipecache.torch_integration.metrics()["behind"]
     while behind["failed"] == 0 and time.monotonic() < deadline:
         step()

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -25,16 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from train import TinyLM, bucket_length, gather_at_rank0, make_batch  # noqa: E402
 
-from no_stall_kill import worker_pid  # noqa: E402 - this directory is the script's
-
-
-def kill_worker() -> None:
-    """SIGKILL this process's no-stall worker (waiting for it to start, at most 120 s)."""
-    deadline = time.monotonic() + 120
-    while (pid := worker_pid()) is None:
-        assert time.monotonic() < deadline, "no worker started"
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
+from no_stall_kill import kill_worker  # noqa: E402 - this directory is the script's
 
 
 def all_switched() -> bool:
@@ -76,7 +65,7 @@ def main() -> None:
         step_s.append(time.perf_counter() - start)
         losses.append(loss.item())
         if args.kill_worker and rank == 0 and step == 0:
-            kill_worker()
+            kill_worker(time.monotonic() + 120)
         time.sleep(args.pause)
         if args.until_switched and step + 1 >= 2 * len(buckets):
             done = torch.tensor([1 if all_switched() else 0])
