@@ -21,10 +21,10 @@ from pathlib import Path
 
 from recipecache import env
 from recipecache.backends import StoreURL, backend_class, open_backend
-from recipecache.settings import (DEFAULT_WAIT_TIMEOUT, lease_ttl, node_max_size, read_secret,
-                                  read_secret_file, resolve_namespace, resolve_url)
+from recipecache.settings import (check_rank_environment, read_secret, read_secret_file, resolve_namespace,
+                                  resolve_url)
 from recipecache.errors import BackendError, ConfigError
-from recipecache.fsutil import private_directory
+from recipecache.fsutil import check_output_file, private_directory
 from recipecache.node_tier import default_node_dir
 
 from . import hpu_metrics
@@ -39,6 +39,9 @@ METRICS_NAME = "metrics-rank{rank}.json"
 #: Seconds a node's ranks may take to exit once the script finished on all of them (``--exit-grace``):
 #: enough for atexit handlers that flush or upload, far less than a hang that would hold the job.
 DEFAULT_EXIT_GRACE_S = 120.0
+#: ``--exit-grace`` accepted, in seconds: a rank's share of it becomes timeouts in every rank, and a grace
+#: over a day would hold a hung job that long
+EXIT_GRACE_RANGE_S = (1.0, 86400.0)
 #: the part of the exit grace a rank may spend finishing no-stall compiles still running at exit
 BEHIND_SHARE_OF_GRACE = 0.8
 
@@ -185,24 +188,24 @@ class LaunchConfig:
         run_dir = run_dir.absolute()
         options = tuple((opt.name, getattr(args, opt.dest) if opt.takes_value else None)
                         for opt in pass_through() if getattr(args, opt.dest) not in (None, False))
-        _check_store_timing()
-        return cls(
+        config = cls(
             script=script.absolute(),
             script_args=tuple(args.script_args),
             nproc=nproc,
             cache_url=cache_url,
             namespace=namespace,
             run_dir=run_dir,
-            report_path=Path(args.report).absolute() if args.report else run_dir / "report.json",
+            report_path=check_output_file(Path(args.report).absolute() if args.report else run_dir / "report.json",
+                                          "--report"),
             enable=not args.no_enable,
             threads=_threads(args.threads, nproc),
             secret_file=_secret_file(args.secret_file),
             exit_grace_s=(DEFAULT_EXIT_GRACE_S if args.exit_grace is None
-                          else env.positive_seconds("--exit-grace", args.exit_grace)),
+                          else env.positive_seconds("--exit-grace", args.exit_grace, EXIT_GRACE_RANGE_S)),
             rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
             node_dir=_node_dir(args),
-            prewarm=args.prewarm,
-            precompile=args.precompile,
+            prewarm=args.prewarm or env.switch(env.PREWARM),
+            precompile=args.precompile or env.switch(env.PRECOMPILE),
             no_stall=args.no_stall or env.switch(env.NO_STALL),
             hpu_dir=_hpu_dir(args, namespace),
             hpu_max_size_mb=_positive("--hpu-max-size-mb", args.hpu_max_size_mb),
@@ -210,6 +213,10 @@ class LaunchConfig:
             quiet=args.quiet,
             torchrun_options=options,
         )
+        # what every rank will read (wait timeout, lease TTL, node directory cap, CPU fingerprint, switches),
+        # checked before any starts: else each rank's enable() would stop on it
+        check_rank_environment(config.rank_env(os.environ))
+        return config
 
 
 def _nproc(text: str) -> str:
@@ -281,15 +288,6 @@ def _secret_file(path: str | None) -> Path | None:
         return None
     read_secret_file(path, "--secret-file")
     return Path(path).absolute()
-
-
-def _check_store_timing() -> None:
-    """The wait timeout, lease TTL, node directory cap and CPU fingerprint every rank will read from the
-    environment, checked before any starts (else each rank's enable() would stop on them)."""
-    env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT)
-    lease_ttl()
-    node_max_size()
-    env.cpu_fingerprint_override()
 
 
 _NOT_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -80,20 +80,21 @@ def process_world_size(environ: Mapping[str, str] | None = None) -> int:
         return 1
 
 
-def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the switch ``name`` is on (``1``); recipecache sets its switches to exactly that."""
-    return (os.environ if environ is None else environ).get(name) == "1"
-
-
 def switch(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """The on/off variable ``name``: ``1`` on, ``0`` or unset (or empty) off; ConfigError for anything else.
 
-    For switches a user sets by hand, where a ``yes`` silently read as off would hide the mistake.
+    The one rule for every switch, whether the launcher sets it or a user does by hand: a
+    ``yes`` or ``true`` silently read as off would hide the mistake (a job without the tier it
+    asked for), so it is an error, the same line for each.
     """
     text = (os.environ if environ is None else environ).get(name, "")
     if text not in ("", "0", "1"):
         raise ConfigError(f"{name}={text!r}: use 1 (on) or 0 (off)")
     return text == "1"
+
+
+#: the older name of :func:`switch` (same rule), which torch_integration still calls
+flag = switch
 
 
 #: what an operator's CPU fingerprint may be: it becomes part of store keys

@@ -227,6 +227,33 @@ def write_all(fd: int, parts: tuple[Buffer, ...]) -> None:
             views[0] = views[0][written:]
 
 
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "something else"
+
+
+def check_output_file(path: Path, what: str) -> Path:
+    """``path`` if a file may be published there by a rename: a new name, or a regular file (not a symlink to one).
+
+    Anything else is a ConfigError naming ``what``, never replaced: a rename onto a symlink,
+    FIFO or device node puts a regular file in its place (as root, an output of
+    ``/dev/stdout`` would replace that link), and onto a directory it fails after all the
+    work is done. Callers check before the work and again just before the rename.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{what} {path} is {_file_type(mode)}, not a regular file: refusing to replace it")
+    return path
+
+
 def write_atomic(target: Path, *parts: Buffer, durable: bool = False, prefix: str = TEMP_PREFIX) -> None:
     """Write the concatenation of ``parts`` as ``target`` through a temp file in its own directory and a rename.
 

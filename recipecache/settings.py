@@ -10,11 +10,13 @@ tier, :mod:`recipecache.node_tier`). Everything wrong here is a :class:`ConfigEr
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import env
 from .errors import ConfigError
+from .fsutil import NotRegularFileError, open_regular_file
 from .keys import DEFAULT_NAMESPACE, check_namespace
 from .sizes import parse_size
 
@@ -28,6 +30,11 @@ LEASE_TTL_RANGE = (1.0, 86400.0)
 DEFAULT_NODE_MAX_SIZE = 20 * 1024**3
 #: shortest signing key accepted
 MIN_SECRET_BYTES = 16
+#: largest key file read: a key is a few dozen bytes, and a path naming something endless (``/dev/zero``,
+#: a log) must not be read until memory runs out
+MAX_SECRET_FILE_BYTES = 64 * 1024
+#: the on/off variables a rank reads (:func:`recipecache.env.switch`)
+RANK_SWITCHES = (env.PRECOMPILE, env.NO_STALL, env.PREWARM, env.METRICS_FLUSH)
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -81,12 +88,31 @@ def read_secret(secret: str | bytes | None = None) -> bytes | None:
 
 
 def read_secret_file(path: str | os.PathLike[str], source: str) -> bytes:
-    """The key in file ``path`` (surrounding whitespace stripped); ``source`` names where the path came from."""
+    """The key in file ``path`` (surrounding whitespace stripped); ``source`` names where the path came from.
+
+    Only a regular file of at most :data:`MAX_SECRET_FILE_BYTES` is read: opening a FIFO
+    blocks every process that opens the store until someone writes to it, and a device such
+    as ``/dev/zero`` never ends, so neither is read (:func:`~recipecache.fsutil.open_regular_file`
+    opens without blocking and checks what it opened). A symlink is followed: Kubernetes
+    mounts a secret as one.
+    """
+    where = f"{source} {path}"
     try:
-        value = Path(path).read_bytes().strip()
+        fd = open_regular_file(path, follow_links=True)
+        if fd is None:
+            raise FileNotFoundError(2, "No such file or directory")
+    except NotRegularFileError:
+        raise ConfigError(f"{where}: not a regular file (a key file must be one)") from None
     except OSError as exc:
-        raise ConfigError(f"{source} {path}: {exc.strerror}") from None
-    return check_secret(value, f"{source} {path}")
+        raise ConfigError(f"{where}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            value = f.read(MAX_SECRET_FILE_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"{where}: {exc.strerror}") from None
+    if len(value) > MAX_SECRET_FILE_BYTES:
+        raise ConfigError(f"{where}: larger than {MAX_SECRET_FILE_BYTES} bytes, so not a key file")
+    return check_secret(value.strip(), where)
 
 
 @dataclass(frozen=True)
@@ -134,14 +160,14 @@ def node_dir() -> str | None:
     return text.replace("{rank}", str(env.process_rank())) if text else None
 
 
-def lease_ttl() -> float:
+def lease_ttl(environ: Mapping[str, str] | None = None) -> float:
     """``$RECIPECACHE_LEASE_TTL`` (checked against :data:`LEASE_TTL_RANGE`), else the default."""
-    return env.seconds(env.LEASE_TTL, DEFAULT_LEASE_TTL, bounds=LEASE_TTL_RANGE)
+    return env.seconds(env.LEASE_TTL, DEFAULT_LEASE_TTL, environ, bounds=LEASE_TTL_RANGE)
 
 
-def node_max_size() -> int:
+def node_max_size(environ: Mapping[str, str] | None = None) -> int:
     """``$RECIPECACHE_NODE_MAX_SIZE`` in bytes, else the default; ConfigError for anything but a positive size."""
-    text = os.environ.get(env.NODE_MAX_SIZE)
+    text = (os.environ if environ is None else environ).get(env.NODE_MAX_SIZE)
     if not text:
         return DEFAULT_NODE_MAX_SIZE
     try:
@@ -151,3 +177,21 @@ def node_max_size() -> int:
     if size <= 0:
         raise ConfigError(f"{env.NODE_MAX_SIZE}={text!r} must be a positive size")
     return size
+
+
+def check_rank_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Every setting a rank's ``enable()`` reads from ``environ`` (default: this process's), checked as the rank
+    checks it; ConfigError with one line for the first bad one.
+
+    The launcher checks what its ranks will be given before any starts, and ``recipecache
+    doctor`` what this node's would read: a value every rank would stop on fails there first.
+    The key (``RECIPECACHE_SECRET``/``_FILE``) is checked by each of them on its own.
+    """
+    environ = os.environ if environ is None else environ
+    env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT, environ)
+    lease_ttl(environ)
+    node_max_size(environ)
+    env.cpu_fingerprint_override(environ)
+    env.seconds(env.EXIT_GRACE, 0.0, environ)  # the rank's own default applies when it is unset
+    for name in RANK_SWITCHES:
+        env.switch(name, environ)

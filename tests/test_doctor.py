@@ -22,7 +22,8 @@ from recipecache.errors import ConfigError, URLError
 from recipecache.node_tier import default_node_dir
 from recipecache.torch_integration.compat import HOOKS
 
-EXPECTED = ["store", "leases", "permissions", "free space", "clock", "node dir", "node dir", "signing", "torch cache",
+EXPECTED = ["store", "leases", "permissions", "free space", "clock", "node dir", "node dir", "signing", "settings",
+            "torch cache",
             "torch cache", "torch", *["hook"] * len(HOOKS), "threads", "compile", "cpu", "key inputs"]
 
 
@@ -112,6 +113,25 @@ def test_a_node_directory_enable_refuses_fails_doctor(tmp_path: Path, monkeypatc
     monkeypatch.delenv("RECIPECACHE_NODE_DIR")
     assert str(default_node_dir()) in by_name(doctor.run_checks(f"file://{tmp_path / 'store'}"))["node dir"].detail, \
         "unset, the directory recipecache-run uses by default"
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("RECIPECACHE_NODE_MAX_SIZE", "abc", "RECIPECACHE_NODE_MAX_SIZE: bad size 'abc'"),
+    ("RECIPECACHE_LEASE_TTL", "soon", "RECIPECACHE_LEASE_TTL='soon' must be a positive, finite number of seconds"),
+    ("RECIPECACHE_WAIT_TIMEOUT", "-1", "RECIPECACHE_WAIT_TIMEOUT='-1'"),
+    ("RECIPECACHE_PRECOMPILE", "yes", "RECIPECACHE_PRECOMPILE='yes': use 1 (on) or 0 (off)"),
+    ("RECIPECACHE_EXIT_GRACE", "nan", "RECIPECACHE_EXIT_GRACE='nan'"),
+])
+def test_a_setting_every_rank_would_stop_on_fails_doctor(name: str, value: str, message: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: doctor passed with RECIPECACHE_NODE_MAX_SIZE=abc, on which every rank's enable() stops."""
+    monkeypatch.setenv(name, value)
+    checks = doctor.run_checks(f"file://{tmp_path / 'store'}")
+    failed = [c for c in checks if c.failed]
+    assert [c.name for c in failed] == ["settings"] and failed[0].detail.startswith(message), failed
+    assert doctor.exit_status(checks) == 1
+    monkeypatch.delenv(name)
+    assert by_name(doctor.run_checks(f"file://{tmp_path / 'store'}"))["settings"].status == "pass"
 
 
 def test_signing_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

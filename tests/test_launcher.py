@@ -232,6 +232,13 @@ def bad_inputs(tmp_path: Path, script: Path) -> dict[str, list[str]]:
         "missing secret file": ["--secret-file", str(tmp_path / "none"), str(script)],
         "exit grace nan": ["--exit-grace", "nan", str(script)],
         "exit grace 0": ["--exit-grace", "0", str(script)],
+        # issue 34: a grace no job means (a rank's share of it overflowed a timeout), and report paths the job
+        # would have run an hour for, then failed to write
+        "exit grace 1e10": ["--exit-grace", "1e10", str(script)],
+        "exit grace -inf": ["--exit-grace=-inf", str(script)],
+        "report is a directory": ["--run-dir", str(tmp_path / "recipecache-runs"), "--report", str(tmp_path), str(script)],
+        "report under a file": ["--run-dir", str(tmp_path / "recipecache-runs"), "--report", str(script / "r.json"),
+                                str(script)],
         "torchrun -m": ["-m", str(script)],
         "torchrun --no-python": ["--no-python", str(script)],
     }
@@ -278,6 +285,14 @@ def store_environments(tmp_path: Path) -> dict[str, dict[str, str]]:
         "lease ttl under a millisecond": {"RECIPECACHE_LEASE_TTL": "0.0001"},
         "node directory cap not a size": {"RECIPECACHE_NODE_MAX_SIZE": "abc"},
         "cpu fingerprint not a key part": {"RECIPECACHE_CPU_FINGERPRINT": "two words"},
+        # issue 34: a FIFO blocked the launcher (and every rank) forever, /dev/zero was read until memory ran out
+        "secret file a fifo": {"RECIPECACHE_SECRET_FILE": str(tmp_path / "fifo-secret")},
+        "secret file a device": {"RECIPECACHE_SECRET_FILE": "/dev/zero"},
+        # issue 34: these switches read anything but 1 as off, silently (RECIPECACHE_NO_STALL=yes was an error)
+        "precompile switch yes": {"RECIPECACHE_PRECOMPILE": "yes"},
+        "no-stall switch yes": {"RECIPECACHE_NO_STALL": "yes"},
+        "prewarm switch true": {"RECIPECACHE_PREWARM": "true"},
+        "metrics flush on": {"RECIPECACHE_METRICS_FLUSH": "on"},
     }
 
 
@@ -285,6 +300,7 @@ def store_environments(tmp_path: Path) -> dict[str, dict[str, str]]:
 def test_bad_store_environment_is_one_line_before_any_rank_starts(case: str, script: Path, tmp_path: Path) -> None:
     """What every rank would read from the environment is checked by the real command, up front."""
     (tmp_path / "empty-secret").write_text("\n")
+    os.mkfifo(tmp_path / "fifo-secret")
     (name, value), = store_environments(tmp_path)[case].items()
     proc = subprocess.run([sys.executable, "-m", "launcher.main", "--nproc", "2", str(script)], capture_output=True,
                           text=True, cwd=tmp_path, env={**os.environ, name: value}, timeout=120, check=False)
@@ -295,17 +311,23 @@ def test_bad_store_environment_is_one_line_before_any_rank_starts(case: str, scr
     assert not (tmp_path / "recipecache-runs").exists(), "nothing started"
 
 
-def test_a_rank_whose_environment_is_bad_input_says_so_in_one_line(script: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "value", "error"), [
+    ("RECIPECACHE_NODE_MAX_SIZE", "abc", "RECIPECACHE_NODE_MAX_SIZE: bad size 'abc': use a number with an optional "
+                                         "unit such as 512MB, 10GiB or 1000000"),
+    # issue 34: read as off, silently, while RECIPECACHE_NO_STALL=yes was an error
+    ("RECIPECACHE_PRECOMPILE", "yes", "RECIPECACHE_PRECOMPILE='yes': use 1 (on) or 0 (off)"),
+])
+def test_a_rank_whose_environment_is_bad_input_says_so_in_one_line(name: str, value: str, error: str, script: Path,
+                                                                   tmp_path: Path) -> None:
     """Where the up-front check cannot see it (a rank started otherwise), enable() in the rank's bootstrap
     stops on the same bad input with one line and exit 2, not a traceback, and the script never runs."""
-    environ = {**os.environ, "RECIPECACHE_AUTO_ENABLE": "1", "RECIPECACHE_NODE_MAX_SIZE": "abc", "RANK": "3",
+    environ = {**os.environ, "RECIPECACHE_AUTO_ENABLE": "1", name: value, "RANK": "3",
                "RECIPECACHE_DIR": str(tmp_path / "store")}
     proc = subprocess.run([sys.executable, "-m", "launcher.bootstrap", str(script)], capture_output=True, text=True,
                           cwd=tmp_path, env=environ, timeout=120, check=False)
     assert proc.returncode == 2
     assert proc.stdout == "", "the script did not run"
-    assert proc.stderr.splitlines() == ["recipecache: error: rank 3: RECIPECACHE_NODE_MAX_SIZE: bad size 'abc': use a "
-                                        "number with an optional unit such as 512MB, 10GiB or 1000000"]
+    assert proc.stderr.splitlines() == [f"recipecache: error: rank 3: {error}"]
 
 
 def test_secret_in_the_environment_wins_over_a_missing_secret_file(script: Path, tmp_path: Path,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,6 +47,42 @@ def test_secret_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         recipecache.open_store("memory://")
 
 
+def _open_store_with_secret_file(path: Path) -> subprocess.CompletedProcess[str]:
+    """``open_store`` in a fresh process whose key file is ``path``, with its memory capped (1 GiB) and a timeout:
+    reading a FIFO blocks forever and reading ``/dev/zero`` never ends, and either must fail the test, not the machine."""
+    code = "import recipecache\ntry:\n    recipecache.open_store('memory://')\nexcept recipecache.ConfigError as exc:\n" \
+           "    raise SystemExit(f'error: {exc}')"
+    environ = {k: v for k, v in os.environ.items() if k != "RECIPECACHE_SECRET"} | {"RECIPECACHE_SECRET_FILE": str(path)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=60,
+                          check=False, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "too large"])
+def test_a_key_file_that_is_no_small_regular_file_is_one_line_never_a_hang(kind: str, tmp_path: Path) -> None:
+    """Issue 34: RECIPECACHE_SECRET_FILE naming a FIFO blocked every process opening the store forever, and
+    /dev/zero was read until memory ran out."""
+    path = {"fifo": tmp_path / "fifo", "device": Path("/dev/zero"), "directory": tmp_path,
+            "too large": tmp_path / "big"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "too large":
+        path.write_bytes(b"k" * (64 * 1024 + 1))
+    proc = _open_store_with_secret_file(path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(
+        f"error: RECIPECACHE_SECRET_FILE {path}: "), proc.stderr
+    assert ("larger than" if kind == "too large" else "not a regular file") in proc.stderr
+
+
+def test_a_key_file_through_a_symlink_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kubernetes mounts a secret as a symlink (``key -> ..data/key``): followed, the regular file behind it is read."""
+    (tmp_path / "real").write_text("from-a-mounted-secret\n")
+    (tmp_path / "key").symlink_to(tmp_path / "real")
+    monkeypatch.delenv("RECIPECACHE_SECRET", raising=False)
+    monkeypatch.setenv("RECIPECACHE_SECRET_FILE", str(tmp_path / "key"))
+    assert recipecache.open_store("memory://").settings.secret == b"from-a-mounted-secret"
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [
@@ -70,6 +110,11 @@ def test_secret_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         ("memory://somewhere", "use memory://"),
         ("nothing-here", "needs a scheme"),
         ("gopher://h/", "scheme must be one of"),
+        # issue 34: a host name no resolver takes raised from the first lookup (idna: label too long)
+        ("redis://" + "a" * 300 + ":6379/0", "bad host"),
+        ("redis://" + "a" * 64 + ".example:6379/0", "bad host"),
+        ("redis+cluster://h:7000," + "b" * 300 + ":7001", "bad host"),
+        ("redis+sentinel://" + "c" * 300 + ":26379/svc", "bad host"),
     ],
 )
 def test_malformed_urls_are_one_line_config_errors(url: str, message: str) -> None:

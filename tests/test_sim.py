@@ -153,6 +153,7 @@ def test_costs() -> None:
     lambda: Scenario(ranks=-2),
     lambda: Scenario(shapes=0),
     lambda: Scenario(steps=-1),
+    lambda: Scenario(seed=-1),  # issue 34: numpy raised ValueError
     lambda: Scenario(schedule="trace"),
     lambda: Scenario(schedule="bogus"),
     lambda: Scenario(weights=(1.0, 2.0), shapes=3),

@@ -493,6 +493,7 @@ class RedisBackend(Backend):
         settings = url_settings(url)
         if not url.parts.hostname:
             raise url.error("use redis://[user:password@]host:port/db")
+        url.check_host(url.parts.hostname)
         db = url.parts.path.lstrip("/")
         if db and not db.isdigit():
             raise url.error(f"bad database {db!r}: use a number such as /0")

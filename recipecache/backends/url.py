@@ -93,6 +93,19 @@ class StoreURL:
         # ``raw`` stays as the user wrote it: it is what errors and reports show
         return StoreURL(self.raw, self.scheme, self.parts, {**self.options, **added}) if added else self
 
+    def check_host(self, host: str) -> str:
+        """``host`` if a resolver can be asked for it: at most 253 characters, each dot-separated label 1 to 63
+        (IDNA's limits; the client raises outside them, from the first call instead of here), or an IPv6 literal."""
+        if ":" in host:  # an IPv6 literal, from [...]
+            return host
+        try:
+            if len(host) > 253:
+                raise UnicodeError("longer than 253 characters")
+            host.encode("idna")
+        except UnicodeError as exc:
+            raise self.error(f"bad host {host[:64]!r}{'...' if len(host) > 64 else ''}: not a host name ({exc})") from None
+        return host
+
     def hosts(self, default_port: int) -> list[tuple[str, int]]:
         """The ``host:port`` list of a location that names several (``h1:7000,h2:7000,[::1]:7001``),
         as cluster seed nodes and sentinels are given; a host without a port gets ``default_port``."""
@@ -105,7 +118,7 @@ class StoreURL:
                 host, _, port = item.partition(":")
             if not host or not (port.isdigit() and 0 < int(port) < 65536 or not port):
                 raise self.error(f"bad host {item!r}: use host:port")
-            out.append((host, int(port) if port else default_port))
+            out.append((self.check_host(host), int(port) if port else default_port))
         return out
 
     # -- typed options -------------------------------------------------------------

@@ -145,7 +145,7 @@ class Scenario:
             raise ConfigError(f"unknown schedule {self.schedule!r} (choose from {', '.join(SCHEDULES)})")
         if self.distribution not in DISTRIBUTIONS:
             raise ConfigError(f"unknown distribution {self.distribution!r} (choose from {', '.join(DISTRIBUTIONS)})")
-        for name, least in (("ranks", 1), ("shapes", 1), ("steps", 0), ("ranks_per_node", 1)):
+        for name, least in (("ranks", 1), ("shapes", 1), ("steps", 0), ("ranks_per_node", 1), ("seed", 0)):
             value = getattr(self, name)
             if value is not None and value < least:
                 raise ConfigError(f"{name} must be >= {least}, not {value}")

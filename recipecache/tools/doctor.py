@@ -30,7 +30,7 @@ from ..runs.events import EventLog
 from ..health import FAIL, PASS, WARN, HealthCheck, free_space, private, writable
 from ..runs.keyinfo import cpu_summary
 from ..node_tier import default_node_dir
-from ..settings import StoreSettings, node_dir, read_secret, resolve_namespace, resolve_url
+from ..settings import StoreSettings, check_rank_environment, node_dir, read_secret, resolve_namespace, resolve_url
 from ..store import Store
 
 #: variables that change torch's cache keys or what it compiles (besides OMP_NUM_THREADS)
@@ -42,7 +42,7 @@ PROBE_TIMEOUT_S = 3.0
 def run_checks(url: str | None = None, *, namespace: str | None = None) -> list[HealthCheck]:
     """Every check, in the order printed; raises URLError for a malformed ``url``."""
     checks = _store_checks(url, namespace)
-    checks += [*_node_checks(), _signing_check(), *_torch_checks(), *_hpu_checks()]
+    checks += [*_node_checks(), _signing_check(), _settings_check(), *_torch_checks(), *_hpu_checks()]
     return checks
 
 
@@ -141,6 +141,16 @@ def _signing_check() -> HealthCheck:
                            "to a file of `openssl rand -hex 32` (chmod 600)")
     source = env.SECRET_FILE if os.environ.get(env.SECRET_FILE) and not os.environ.get(env.SECRET) else env.SECRET
     return HealthCheck("signing", PASS, f"on: keyed BLAKE3 with a {len(secret)}-byte key from {source}")
+
+
+def _settings_check() -> HealthCheck:
+    """What every rank's ``enable()`` reads from the environment (wait timeout, lease TTL, node directory cap,
+    CPU fingerprint, exit grace, switches): a value each rank would stop on fails here first."""
+    try:
+        check_rank_environment()
+    except ConfigError as exc:
+        return HealthCheck("settings", FAIL, str(exc), "fix or unset it")
+    return HealthCheck("settings", PASS, "every RECIPECACHE_ setting a rank reads is valid")
 
 
 def _hpu_checks() -> list[HealthCheck]:
