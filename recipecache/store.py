@@ -630,6 +630,23 @@ class Store:
     def delete_raw(self, storage_key: str) -> None:
         self.backend.delete(storage_key)
 
+    def delete_raw_if(self, storage_key: str, blob: Buffer | None) -> bool:
+        """Delete the entry under ``storage_key`` only if it still is ``blob`` (what the caller read and found
+        damaged); False, nothing deleted, if it was rewritten or removed meanwhile.
+
+        ``blob`` None: the backend's own framing of the entry was damaged, so there are no bytes
+        to compare; it is deleted only if it reads as damaged still, just before.
+        """
+        if blob is not None:
+            return self.backend.delete_if(storage_key, blob)
+        try:
+            self.backend.get(storage_key)
+        except VerificationError as exc:
+            if exc.reason is Reason.CORRUPT:
+                self.backend.delete(storage_key)
+                return True
+        return False
+
     def storage_key(self, key: str) -> str:
         """The backend key of caller key ``key`` in this store's namespace (what :meth:`scan` lists)."""
         return storage_key(self.namespace, key)

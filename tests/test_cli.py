@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 import recipecache
 from recipecache.keys import storage_key
+from recipecache.tools import admin
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -56,6 +58,34 @@ def test_verify_finds_and_fixes_bad_entries(url: str, tmp_path: Path) -> None:
     assert run("verify", "--url", url, "--namespace", "job", "--fix").returncode == 0
     assert run("verify", "--url", url, "--namespace", "job").returncode == 0
     assert store.get("graph-0") is not None and store.get("graph-1") is None
+
+
+def test_verify_fix_spares_a_good_entry_published_after_it_read_the_damaged_one(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: --fix removed damaged entries with a plain delete, so a rank that compiled the key again and
+    published it between verify's read and its delete lost its good entry. It compares and deletes now."""
+    store = recipecache.open_store(url, namespace="job")
+    skey = storage_key("job", "graph-1")
+    path = store.backend._object_path(skey)  # type: ignore[attr-defined]
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    rank = recipecache.open_store(url, namespace="job")
+    read = store.backend.get
+
+    def read_then_a_rank_publishes(key: str) -> object:
+        blob = read(key)
+        if key == skey:
+            assert rank.put("graph-1", b"compiled again"), "the rank's put landed"
+        return blob
+
+    monkeypatch.setattr(store.backend, "get", read_then_a_rank_publishes)
+    result = admin.verify(store, fix=True)
+    assert [r.storage_key for r in result.bad] == [skey], "what verify read was damaged"
+    assert result.removed == [] and [r.storage_key for r in result.changed] == [skey]
+    assert rank.get("graph-1") == b"compiled again", "the entry published meanwhile survives"
+    assert rank.get("graph-0") == bytes(100)
 
 
 def test_verify_with_secret_flags_unsigned(url: str) -> None:
@@ -114,6 +144,51 @@ def test_import_without_secret_refuses_to_drop_signatures_unless_unsigned(signed
     stripped = run("import", "--url", target, "--namespace", "warm", "--unsigned", str(dump))
     assert stripped.returncode == 0 and "imported 3" in stripped.stdout, stripped.stderr
     assert recipecache.open_store(target, namespace="warm").get("graph-1") == bytes(200)
+
+
+def _what_is_there(path: Path) -> tuple[int, str | None, bytes | None]:
+    """The file type at ``path``, where a symlink points, and what the file behind it holds (None: not a file)."""
+    mode = os.lstat(path).st_mode
+    target = os.readlink(path) if stat.S_ISLNK(mode) else None
+    behind = Path(path).read_bytes() if target is not None and Path(path).is_file() else None
+    return stat.S_IFMT(mode), target, behind
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "dangling symlink", "directory", "device"])
+def test_export_never_replaces_what_is_not_a_regular_file(kind: str, url: str, tmp_path: Path) -> None:
+    """Issue 34: export replaced a FIFO, a symlink or a device node at FILE with a regular file (as root,
+    ``export /dev/stdout`` destroyed the link), and a directory gave a traceback."""
+    place = tmp_path / "place"
+    place.mkdir()
+    target = place / "target"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "symlink":
+        (tmp_path / "mine.txt").write_bytes(b"not an export")
+        target.symlink_to(tmp_path / "mine.txt")
+    elif kind == "dangling symlink":
+        target.symlink_to(tmp_path / "nowhere")
+    elif kind == "directory":
+        target.mkdir()
+    else:
+        try:
+            os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(1, 3))  # /dev/null's numbers
+        except PermissionError:
+            pytest.skip("creating a device node takes root")
+    before = _what_is_there(target)
+    proc = run("export", "--url", url, "--namespace", "job", str(target))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "not a regular file" in proc.stderr, proc.stderr
+    assert _what_is_there(target) == before, "left as it was"
+    assert sorted(p.name for p in place.iterdir()) == ["target"], "no temp file left behind"
+
+
+def test_export_replaces_a_regular_file_whole(url: str, tmp_path: Path) -> None:
+    dump = tmp_path / "job.rcx"
+    dump.write_bytes(b"an older export")
+    assert run("export", "--url", url, "--namespace", "job", str(dump)).returncode == 0
+    imported = run("import", "--url", f"file://{tmp_path / 'new'}", "--namespace", "job", str(dump))
+    assert imported.returncode == 0 and "imported 3" in imported.stdout, imported.stderr
 
 
 def test_prune_and_clear(url: str) -> None:
@@ -182,6 +257,9 @@ def test_unreachable_redis_is_one_line_exit_1() -> None:
         (["ls", "--url", "memory://", "--namespace", "job\n"], {}, "bad namespace"),
         (["ls", "--url", "memory://"], {"RECIPECACHE_SECRET": ""}, "at least 16 bytes"),
         (["export", "--url", "memory://", "/no/such/dir/x.rcx"], {}, "does not exist"),
+        # issue 34: these raised tracebacks
+        (["sim", "--seed", "-1"], {}, "seed"),
+        (["ls", "--url", "redis://" + "a" * 300 + ":6379/0"], {}, "bad host"),
     ],
 )
 def test_more_bad_input_is_one_line_and_exit_2(args: list[str], env: dict[str, str], message: str) -> None:

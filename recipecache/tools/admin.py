@@ -26,6 +26,7 @@ import msgpack
 from .. import envelope
 from ..buffers import Buffer
 from ..errors import ConfigError, VerificationError
+from ..fsutil import check_output_file
 from ..keys import storage_key
 from ..reasons import Reason
 from ..store import Store
@@ -65,6 +66,9 @@ class VerifyResult:
     bad: list[EntryReport] = field(default_factory=list)
     #: the bad entries ``--fix`` removed: the corrupt ones (refused but intact ones stay)
     removed: list[EntryReport] = field(default_factory=list)
+    #: corrupt entries ``--fix`` left because they were rewritten after verify read them (a rank published
+    #: the key again): what is there now is not what was checked
+    changed: list[EntryReport] = field(default_factory=list)
 
 
 def check_entry(store: Store, skey: str, blob: Buffer) -> tuple[envelope.Header | None, VerificationError | None]:
@@ -122,18 +126,22 @@ def verify(store: Store, *, fix: bool) -> VerifyResult:
 
     Only damage is removed. An entry refused as ``unsigned``, ``bad_signature`` or
     ``old_format`` is intact and may be what another job (with its secret, or an older
-    version) uses; a mistyped secret must not empty the store.
+    version) uses; a mistyped secret must not empty the store. A corrupt entry is deleted
+    only if it still holds the bytes that were checked (:meth:`Store.delete_raw_if`): a rank
+    that compiled the key again and published it while verify ran keeps its good entry.
     """
     checked = 0
-    bad: list[EntryReport] = []
-    for report in inspect_entries(store):
+    bad: list[tuple[EntryReport, Buffer | None]] = []
+    for report, blob in _read_entries(store):
         checked += 1
         if report.problem is not None:
-            bad.append(report)
-    removed = [report for report in bad if report.reason is Reason.CORRUPT] if fix else []
-    for report in removed:
-        store.delete_raw(report.storage_key)
-    return VerifyResult(checked, bad, removed)
+            bad.append((report, blob))
+    removed: list[EntryReport] = []
+    changed: list[EntryReport] = []
+    for report, blob in bad if fix else []:
+        if report.reason is Reason.CORRUPT:
+            (removed if store.delete_raw_if(report.storage_key, blob) else changed).append(report)
+    return VerifyResult(checked, [report for report, _blob in bad], removed, changed)
 
 
 def prune(store: Store, max_bytes: int) -> int:
@@ -157,9 +165,11 @@ def export_namespace(store: Store, path: Path) -> int:
     """Write every good entry of the store's namespace to ``path`` (a msgpack stream), atomically.
 
     Each entry is read once. The header's entry count is written last (fixed width, in
-    place), so a reader can tell a complete export from one cut at an entry boundary.
+    place), so a reader can tell a complete export from one cut at an entry boundary. The
+    file is published by a rename, only onto a new name or a regular file: a symlink, FIFO,
+    device or directory at ``path`` is a ConfigError and left as it is.
     """
-    path = Path(path)
+    path = check_output_file(Path(path), "export file")
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise ConfigError(f"cannot export to {path}: directory {directory} does not exist")
@@ -177,7 +187,7 @@ def export_namespace(store: Store, path: Path) -> int:
                     count += 1
             out.seek(count_at)
             out.write(packer.pack(_COUNT.pack(count)))
-        os.replace(tmp, path)
+        os.replace(tmp, check_output_file(path, "export file"))  # what is there may have changed meanwhile
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

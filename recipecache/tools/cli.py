@@ -71,10 +71,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     store = _store(args)
     result = admin.verify(store, fix=args.fix)
     removed = {r.storage_key for r in result.removed}
-    left = Counter(str(r.reason) for r in result.bad if r.storage_key not in removed)
+    changed = {r.storage_key for r in result.changed}
+    left = Counter(str(r.reason) for r in result.bad if r.storage_key not in removed | changed)
     lines = [f"bad {r.storage_key}: {r.problem}" for r in result.bad]
     if args.fix:
         lines.append(f"{len(removed)} corrupt entries removed from namespace {store.namespace}")
+        if changed:
+            lines.append(f"{len(changed)} corrupt entries were rewritten or removed by others while verify ran and "
+                         "are left as they are now (run verify again to check them)")
         if left:
             lines.append(f"{left.total()} refused entries left in place "
                          f"({', '.join(f'{reason} {n}' for reason, n in sorted(left.items()))}): they are intact, "
@@ -82,7 +86,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         lines.append(f"{len(result.bad)} bad entries found in namespace {store.namespace}")
     _emit(args, {"checked": result.checked, "bad": [r.to_dict() for r in result.bad], "fixed": args.fix,
-                 "removed": sorted(removed)}, "\n".join(lines))
+                 "removed": sorted(removed), "changed": sorted(changed)}, "\n".join(lines))
     return 1 if left else 0
 
 
