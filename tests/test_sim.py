@@ -162,6 +162,7 @@ def test_costs() -> None:
     lambda: Costs(compile_s=-1.0),
     lambda: Costs(bandwidth_mb_s=0.0),
     lambda: Costs(compute_s=math.nan),
+    lambda: Costs(compile_s=1e308),  # issue 34: sums overflowed to inf, and the engine raised IndexError
     lambda: simulate("bogus"),
 ])
 def test_bad_input_is_a_config_error(make) -> None:

@@ -34,6 +34,9 @@ DEFAULT_RANKS = 8
 DEFAULT_SHAPES = 16
 DEFAULT_IID_STEPS = 1000
 DEFAULT_RANKS_PER_NODE = 8
+#: largest cost figure (seconds, MB, MB/s, factors) accepted: sums of a job's worth of them stay finite
+#: (``--compile-s 1e308`` overflowed to inf and broke the engine's event queue)
+MAX_COST = 1e9
 
 
 def worst_case_delays(ranks: int, shapes: int) -> int:
@@ -79,8 +82,9 @@ class Costs:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"{f.name.replace('_', '-')} must be a finite number >= 0, not {value}")
+            if not math.isfinite(value) or not 0 <= value <= MAX_COST:
+                raise ConfigError(f"{f.name.replace('_', '-')} must be a finite number from 0 to {MAX_COST:g}, "
+                                  f"not {value}")
         if self.eager_slowdown < 1:
             raise ConfigError(f"eager-slowdown must be >= 1 (a step without inductor is no faster), "
                               f"not {self.eager_slowdown}")
