@@ -45,7 +45,7 @@ from typing import Any
 
 from recipecache.runs.events import Skipped, is_seconds, open_regular
 from recipecache.runs.explain import analyse_run
-from recipecache.fsutil import check_output_file, write_atomic
+from recipecache.fsutil import write_output_file
 
 log = logging.getLogger(__name__)
 
@@ -354,4 +354,4 @@ def write_report(report: Mapping[str, Any], path: Path) -> None:
     """Write the JSON report atomically, so a reader never sees half of it; onto a new name or a regular file only
     (ConfigError otherwise: what took the path's place since the launcher checked it is left as it is)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(check_output_file(path, "--report"), (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())
+    write_output_file(path, "--report", (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())

@@ -254,6 +254,12 @@ def check_output_file(path: Path, what: str) -> Path:
     return path
 
 
+def write_output_file(path: Path, what: str, *parts: Buffer) -> None:
+    """:func:`write_atomic` of a file a user named (a report, a trace, a picture): onto a new name or a regular
+    file only (:func:`check_output_file`, ConfigError naming ``what`` otherwise)."""
+    write_atomic(check_output_file(path, what), *parts)
+
+
 def write_atomic(target: Path, *parts: Buffer, durable: bool = False, prefix: str = TEMP_PREFIX) -> None:
     """Write the concatenation of ``parts`` as ``target`` through a temp file in its own directory and a rename.
 

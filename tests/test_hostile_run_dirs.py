@@ -223,6 +223,28 @@ def test_cli_skips_a_fifo_and_damaged_lines_and_says_so_in_one_line(tmp_path: Pa
     assert "1 file(s) that are not regular files" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 
 
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_trace_never_replaces_an_output_that_is_not_a_regular_file(kind: str, tmp_path: Path) -> None:
+    """Issue 34 (as for export): ``trace -o`` replaced a symlink or FIFO with a regular file, and a directory
+    gave a traceback; ``--png`` wrote through the symlink. One line and exit 2, the thing left as it was."""
+    run = tmp_path / "run"
+    write_run(run)
+    out = tmp_path / "out"
+    if kind == "symlink":
+        (tmp_path / "mine").write_bytes(b"mine")
+        out.symlink_to(tmp_path / "mine")
+    elif kind == "fifo":
+        os.mkfifo(out)
+    else:
+        out.mkdir()
+    mode = os.lstat(out).st_mode
+    for args in (["-o", str(out)], ["-o", str(tmp_path / "trace.json"), "--png", str(out)]):
+        proc = recipecache("trace", str(run), *args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "not a regular file" in proc.stderr, proc.stderr
+        assert os.lstat(out).st_mode == mode and (kind != "symlink" or (tmp_path / "mine").read_bytes() == b"mine")
+
+
 def test_explain_of_a_job_whose_ranks_recorded_no_key_says_so(tmp_path: Path) -> None:
     """Ranks that never asked the store (torch's local cache served them) leave events but no key records."""
     run = tmp_path / "run"

@@ -18,6 +18,7 @@ a README or a ticket; no-stall's two threads are thin lanes under and over the r
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from typing import Any
 from ..errors import ConfigError
 from .events import Skipped
 from .explain import load_events, with_follower_hits
-from ..fsutil import write_atomic
+from ..fsutil import write_output_file
 from .keyinfo import KeyInfo, graph_label, load_keys
 
 #: event kind -> the verb of its duration event (hits are fetches: the store read and verify)
@@ -149,7 +150,7 @@ def write_trace(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
                 skipped: Skipped | None = None) -> dict[str, Any]:
     """Write the trace of ``run_dir`` to ``out`` (atomically); returns it. ``skipped`` as in :func:`load_run`."""
     trace = build_trace(*load_run(run_dir, skipped=skipped))
-    write_atomic(Path(out), json.dumps(trace).encode())
+    write_output_file(Path(out), "trace file", json.dumps(trace).encode())
     return trace
 
 
@@ -218,5 +219,7 @@ def draw(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.28 if len(ranks) < 3 else -0.12),
               ncol=len(legend) if len(legend) <= 5 else 4, fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
+    write_output_file(Path(out), "picture", png.getbuffer())

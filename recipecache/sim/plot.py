@@ -7,12 +7,14 @@ dependency (the ``plot`` extra) and slow to import.
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..fsutil import check_output_file, write_output_file
 from .api import compare, simulate
 from .model import DEFAULT_RANKS, DEFAULT_SHAPES, POLICIES, Scenario
 
@@ -32,6 +34,7 @@ def sweep(limit: int) -> list[int]:
 
 
 def plot_sweeps(path: str | Path, scenario: Scenario, policies: Sequence[str] = POLICIES) -> None:
+    check_output_file(Path(path), "--plot")  # before the sweeps, as the write checks it again
     if scenario.schedule == "trace":
         raise ConfigError("--plot sweeps ranks and shapes, which a trace fixes; use schedule iid or adversarial")
     if scenario.weights is not None:
@@ -66,8 +69,10 @@ def plot_sweeps(path: str | Path, scenario: Scenario, policies: Sequence[str] = 
     fig.suptitle(f"compile stall per policy, schedule {scenario.schedule}"
                  f"{', node tier' if scenario.node_tier else ''}; right: every rank fetching at job start")
     fig.tight_layout()
-    fig.savefig(path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
+    write_output_file(Path(path), "--plot", png.getbuffer())
     log.info("wrote %s", path)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from ..argparsing import OneLineArgumentParser
 from ..backends import command_line_password_warning
 from ..errors import BackendError, ConfigError
+from ..fsutil import check_output_file
 from ..runs import explain, timeline
 from ..runs.events import Skipped
 from ..sizes import format_size, parse_size
@@ -135,6 +136,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
+    check_output_file(Path(args.output), "trace file")  # both outputs before either is written
+    if args.png:
+        check_output_file(Path(args.png), "picture")
     skipped = Skipped()
     trace = timeline.write_trace(args.run_dir, args.output, skipped=skipped)
     _say_skipped(skipped, args.run_dir)
