@@ -114,6 +114,35 @@ class RedisCluster:
     def primary_nodes(self) -> list[RedisServer]:
         return [node for node in self.live() if self.client(node).info("replication")["role"] == "master"]
 
+    def primary_of(self, slot: int) -> RedisServer:
+        """The live primary serving hash slot ``slot``."""
+        client = self.client(self.live()[0])
+        port = next(int(r[2][1]) for r in client.execute_command("CLUSTER", "SLOTS") if int(r[0]) <= slot <= int(r[1]))
+        return next(node for node in self.live() if node.port == port)
+
+    def replicas_of(self, primary: RedisServer) -> list[RedisServer]:
+        return [node for node in self.live() if node is not primary
+                and self.client(node).info("replication").get("master_port") == primary.port]
+
+    def quiesce(self, primary: RedisServer, timeout: float = 60.0) -> None:
+        """Stop ``primary`` taking writes (``CLIENT PAUSE ... WRITE``; its clients' writes wait), then wait until each
+        of its replicas has applied everything it acknowledged.
+
+        Redis replicates asynchronously: a primary killed at a random moment loses the writes it
+        acknowledged but had not yet streamed, on a busy machine more of them. Killed after this,
+        it loses none: a writer whose write was waiting gets an error, never an acknowledgement.
+        """
+        client = self.client(primary)
+        client.execute_command("CLIENT", "PAUSE", int(timeout * 1000), "WRITE")
+        offset = int(client.info("replication")["master_repl_offset"])
+        replicas = self.replicas_of(primary)
+        assert replicas, "the primary has a replica"
+        deadline = time.monotonic() + timeout
+        while any(int(self.client(node).info("replication")["slave_repl_offset"]) < offset for node in replicas):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replicas did not catch up with their paused primary")
+            time.sleep(0.01)
+
     def kill(self, node: RedisServer) -> None:
         """SIGKILL one node, as a crashed machine: no shutdown, no save."""
         assert node.proc is not None

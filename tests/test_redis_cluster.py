@@ -23,6 +23,8 @@ from redis_cluster import RedisCluster
 from redis_server import free_port
 
 import recipecache
+from recipecache.reasons import Role
+from recipecache.store import Flight
 from recipecache.runs.events import read_events
 from recipecache.keys import storage_key
 from launcher.main import main as launcher_main
@@ -41,27 +43,57 @@ def published(events: Path) -> set[str]:
     return {e["key"] for e in read_events(events) if e["event"] == "put"}
 
 
+#: the key the test holds the lease of while it kills the primary, so the race cannot end before that
+GATE = "graph-0"
+
+
+def take_gate(url: str, namespace: str) -> Flight:
+    """The lease of :data:`GATE`, taken before any racer starts; tried again while a new cluster's first calls
+    fail (a store that failed a call has no lease to give: its role is ``fallback``)."""
+    deadline = time.monotonic() + 60
+    while True:
+        gate = recipecache.open_store(url, namespace=namespace).begin(GATE, trace=False)
+        if gate.role is Role.LEADER:
+            return gate
+        assert time.monotonic() < deadline, f"the test never got the gate's lease: {gate.role} ({gate.reason})"
+        time.sleep(0.1)
+
+
 @pytest.mark.redis
 def test_a_primary_killed_mid_race_raises_nothing_and_loses_no_entry(tmp_path: Path) -> None:
+    """Every wait is for an event, none for a time (issue 28: this failed on a loaded machine):
+
+    * mid-race by construction: the test takes the lease of one key first and holds it until the primary is
+      dead, so no racer can finish before the kill (each waits for that key), however slow the machine; the
+      primary killed is another than the key's, so no racer's wait for it fails (and compiles it) meanwhile;
+    * killed once a put has landed (else the breaker keeps everything local and nothing is published);
+    * the victim is killed paused and with its replica caught up: Redis replicates asynchronously, so a
+      primary killed at a random moment loses the writes it acknowledged last, and the test would blame the
+      store for entries Redis dropped.
+    """
     with RedisCluster(tmp_path / "cluster", replicas=1) as cluster:
         namespace = "fault" + secrets.token_hex(4)
         counts, events = tmp_path / "compiles.log", tmp_path / "events"
+        gate = take_gate(cluster.url, namespace)
         env = {**os.environ, "RECIPECACHE_EVENT_LOG": str(events), "RECIPECACHE_LEASE_TTL": "2"}
         procs = [subprocess.Popen([sys.executable, str(WORKERS / "race_worker.py"), cluster.url + "?timeout=1",
                                    namespace, str(counts), str(KEYS), str(tmp_path / f"out{i}.json")], env=env)
                  for i in range(PROCESSES)]
         try:
-            # Kill once the race has published something: on a busy machine five compiles can start and
-            # the primary die before any put lands, and then the breaker keeps the rest local.
             deadline = time.monotonic() + 120
             while not counts.exists() or len(counts.read_text().split()) < 5 or not published(events):
                 assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "the race never started"
                 time.sleep(0.01)
-            victim = cluster.primary_nodes()[0]
+            gate_primary = cluster.primary_of(key_slot(f"rc:e:{{{storage_key(namespace, GATE)}}}".encode()))
+            victim = next(node for node in cluster.primary_nodes() if node is not gate_primary)
+            cluster.quiesce(victim)
             cluster.kill(victim)
             still_racing = sum(p.poll() is None for p in procs)
+            cluster.wait_ok()  # a replica has taken the dead primary's slots
+            gate.release()  # a racer takes the gate key over and compiles it
             codes = [p.wait(timeout=240) for p in procs]
         finally:
+            gate.release()
             for p in procs:
                 p.kill()
         assert still_racing > 0, "the primary died mid-race"
@@ -70,7 +102,6 @@ def test_a_primary_killed_mid_race_raises_nothing_and_loses_no_entry(tmp_path: P
         want = {f"graph-{i}": expected(f"graph-{i}") for i in range(KEYS)}
         assert all(o["results"] == want for o in outs), "every process got every artifact, whole"
 
-        cluster.wait_ok()  # a replica has taken the dead primary's slots
         keys = published(events)
         assert keys, "artifacts were published"
         store = recipecache.open_store(cluster.url, namespace=namespace)
