@@ -284,11 +284,15 @@ def launch(config: LaunchConfig) -> int:
         exit_grace_s=config.exit_grace_s,
         hung_ranks=[rank.to_json() for rank in hung],
     )
+    # the job's status stands when its report cannot be written (a full disk, a path swapped since the check);
+    # the report is printed all the same
     try:
         write_report(report, config.report_path)
         written = str(config.report_path)
-    except (OSError, ConfigError) as exc:  # the job's status stands; the report is printed all the same
-        written = f"not written: {f'{config.report_path}: {exc.strerror}' if isinstance(exc, OSError) else exc}"
+    except OSError as exc:
+        written = f"not written: {config.report_path}: {exc.strerror}"
+    except ConfigError as exc:
+        written = f"not written: {exc}"
     print(f"{PROG}: job exited {code} after {wall:.1f} s; cache {report['cache']}, namespace {config.namespace}\n"
           f"{format_report(report)}\nreport: {written}", file=sys.stderr)
     return code

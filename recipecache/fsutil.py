@@ -228,6 +228,7 @@ def write_all(fd: int, parts: tuple[Buffer, ...]) -> None:
 
 
 def _file_type(mode: int) -> str:
+    """What a non-regular file is, for an error message."""
     for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):

@@ -99,12 +99,12 @@ def read_secret_file(path: str | os.PathLike[str], source: str) -> bytes:
     where = f"{source} {path}"
     try:
         fd = open_regular_file(path, follow_links=True)
-        if fd is None:
-            raise FileNotFoundError(2, "No such file or directory")
     except NotRegularFileError:
         raise ConfigError(f"{where}: not a regular file (a key file must be one)") from None
     except OSError as exc:
         raise ConfigError(f"{where}: {exc.strerror}") from None
+    if fd is None:
+        raise ConfigError(f"{where}: No such file or directory")
     with os.fdopen(fd, "rb") as f:
         try:
             value = f.read(MAX_SECRET_FILE_BYTES + 1)

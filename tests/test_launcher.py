@@ -26,7 +26,7 @@ from launcher import main as launcher_main
 from launcher.exit_watch import ExitWatch, FinishedRank, mark_finished, read_finished, running_child
 from launcher.launch_config import LaunchConfig, namespace_for
 from launcher.main import build_parser, main
-from launcher.report import build_report, format_report, load_metrics
+from launcher.report import build_report, format_report, load_metrics, write_report
 from launcher.torchrun_options import REFUSED_REASONS
 
 
@@ -255,6 +255,17 @@ def test_bad_input_is_one_line_and_exit_2(case: str, script: Path, tmp_path: Pat
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("recipecache-run: error: ")
     assert not (tmp_path / "recipecache-runs").exists()
+
+
+def test_a_report_path_swapped_for_a_symlink_during_the_job_is_left_alone(tmp_path: Path) -> None:
+    """The launcher checks --report before the job; the write checks again, and never replaces a symlink."""
+    (tmp_path / "mine").write_text("mine")
+    (tmp_path / "report.json").symlink_to(tmp_path / "mine")
+    with pytest.raises(ConfigError, match="is a symlink, not a regular file"):
+        write_report({"exit_code": 0}, tmp_path / "report.json")
+    assert (tmp_path / "report.json").is_symlink() and (tmp_path / "mine").read_text() == "mine"
+    write_report({"exit_code": 0}, tmp_path / "new" / "report.json")
+    assert json.loads((tmp_path / "new" / "report.json").read_text()) == {"exit_code": 0}
 
 
 def test_password_in_cache_option_is_warned_about_and_redacted(script: Path, tmp_path: Path,
