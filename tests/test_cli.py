@@ -61,17 +61,19 @@ def test_verify_finds_and_fixes_bad_entries(url: str, tmp_path: Path) -> None:
 
 
 def test_verify_fix_spares_a_good_entry_published_after_it_read_the_damaged_one(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 28: --fix removed damaged entries with a plain delete, so a rank that compiled the key again and
     published it between verify's read and its delete lost its good entry. It compares and deletes now."""
-    store = recipecache.open_store(url, namespace="job")
-    skey = storage_key("job", "graph-1")
-    path = store.backend._object_path(skey)  # type: ignore[attr-defined]
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 1
-    path.write_bytes(bytes(data))
-    rank = recipecache.open_store(url, namespace="job")
+    namespace = f"fix{os.getpid()}{os.urandom(3).hex()}"
+    store = recipecache.open_store(store_url, namespace=namespace)
+    for i in range(2):
+        store.put(f"graph-{i}", bytes(100 * (i + 1)))
+    skey = storage_key(namespace, "graph-1")
+    damaged = bytearray(store.read_raw(skey) or b"")
+    damaged[-1] ^= 1
+    store.write_raw(skey, damaged)
+    rank = recipecache.open_store(store_url, namespace=namespace)
     read = store.backend.get
 
     def read_then_a_rank_publishes(key: str) -> object:
@@ -86,6 +88,10 @@ def test_verify_fix_spares_a_good_entry_published_after_it_read_the_damaged_one(
     assert result.removed == [] and [r.storage_key for r in result.changed] == [skey]
     assert rank.get("graph-1") == b"compiled again", "the entry published meanwhile survives"
     assert rank.get("graph-0") == bytes(100)
+    monkeypatch.undo()
+    store.write_raw(skey, damaged)
+    assert [r.storage_key for r in admin.verify(store, fix=True).removed] == [skey], "unchanged, it is removed"
+    assert rank.get("graph-1") is None and rank.get("graph-0") == bytes(100)
 
 
 def test_verify_with_secret_flags_unsigned(url: str) -> None:
