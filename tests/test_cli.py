@@ -189,6 +189,19 @@ def test_export_never_replaces_what_is_not_a_regular_file(kind: str, url: str, t
     assert sorted(p.name for p in place.iterdir()) == ["target"], "no temp file left behind"
 
 
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_import_reads_only_a_regular_file(kind: str, tmp_path: Path) -> None:
+    """Opening a FIFO blocked the import forever (as the key file did, issue 34); a directory is no export either."""
+    source = tmp_path / "source"
+    if kind == "fifo":
+        os.mkfifo(source)
+    else:
+        source.mkdir()
+    proc = run("import", "--url", f"file://{tmp_path / 'new'}", str(source))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"recipecache: error: cannot read {source}: not a regular file"]
+
+
 def test_export_replaces_a_regular_file_whole(url: str, tmp_path: Path) -> None:
     dump = tmp_path / "job.rcx"
     dump.write_bytes(b"an older export")

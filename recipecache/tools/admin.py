@@ -26,7 +26,7 @@ import msgpack
 from .. import envelope
 from ..buffers import Buffer
 from ..errors import ConfigError, VerificationError
-from ..fsutil import check_output_file
+from ..fsutil import NotRegularFileError, check_output_file, open_regular_file
 from ..keys import storage_key
 from ..reasons import Reason
 from ..store import Store
@@ -256,9 +256,14 @@ def import_file(store: Store, path: Path, *, unsigned: bool = False) -> tuple[in
     ConfigError before anything is written, unless ``unsigned`` says it is wanted.
     """
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below
+        fd = open_regular_file(path, follow_links=True)  # a FIFO would block the import forever
+    except NotRegularFileError:
+        raise ConfigError(f"cannot read {path}: not a regular file") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    if fd is None:
+        raise ConfigError(f"cannot read {path}: No such file or directory")
+    fh = os.fdopen(fd, "rb")
     imported = refused = 0
     with fh:
         if not store.settings.secret and not unsigned:
