@@ -12,6 +12,7 @@ import secrets
 import stat
 import tempfile
 from collections.abc import Iterator
+from typing import BinaryIO
 from pathlib import Path
 
 from .buffers import Buffer
@@ -181,6 +182,24 @@ def open_regular_file(path: str | os.PathLike[str], *, dir_fd: int | None = None
         os.close(fd)
         raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
     return fd
+
+
+def open_named_file(path: str | os.PathLike[str], what: str) -> BinaryIO:
+    """The regular file a user named (a key file, an export) open for reading, symlinks followed; ConfigError
+    ``"<what>: <why>"`` when there is none or something else is there.
+
+    A FIFO would block the open or the read forever and a device such as ``/dev/zero`` never
+    ends, so neither is read (:func:`open_regular_file`).
+    """
+    try:
+        fd = open_regular_file(path, follow_links=True)
+    except NotRegularFileError:
+        raise ConfigError(f"{what}: not a regular file") from None
+    except OSError as exc:
+        raise ConfigError(f"{what}: {exc.strerror}") from None
+    if fd is None:
+        raise ConfigError(f"{what}: No such file or directory")
+    return os.fdopen(fd, "rb")
 
 
 def read_private_file_at(dir_fd: int, name: str, what: str) -> bytes | None:

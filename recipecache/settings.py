@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import env
 from .errors import ConfigError
-from .fsutil import NotRegularFileError, open_regular_file
+from .fsutil import open_named_file
 from .keys import DEFAULT_NAMESPACE, check_namespace
 from .sizes import parse_size
 
@@ -92,20 +92,11 @@ def read_secret_file(path: str | os.PathLike[str], source: str) -> bytes:
 
     Only a regular file of at most :data:`MAX_SECRET_FILE_BYTES` is read: opening a FIFO
     blocks every process that opens the store until someone writes to it, and a device such
-    as ``/dev/zero`` never ends, so neither is read (:func:`~recipecache.fsutil.open_regular_file`
-    opens without blocking and checks what it opened). A symlink is followed: Kubernetes
-    mounts a secret as one.
+    as ``/dev/zero`` never ends, so neither is read (:func:`~recipecache.fsutil.open_named_file`).
+    A symlink is followed: Kubernetes mounts a secret as one.
     """
     where = f"{source} {path}"
-    try:
-        fd = open_regular_file(path, follow_links=True)
-    except NotRegularFileError:
-        raise ConfigError(f"{where}: not a regular file (a key file must be one)") from None
-    except OSError as exc:
-        raise ConfigError(f"{where}: {exc.strerror}") from None
-    if fd is None:
-        raise ConfigError(f"{where}: No such file or directory")
-    with os.fdopen(fd, "rb") as f:
+    with open_named_file(path, where) as f:
         try:
             value = f.read(MAX_SECRET_FILE_BYTES + 1)
         except OSError as exc:

@@ -26,7 +26,7 @@ import msgpack
 from .. import envelope
 from ..buffers import Buffer
 from ..errors import ConfigError, VerificationError
-from ..fsutil import NotRegularFileError, check_output_file, open_regular_file
+from ..fsutil import check_output_file, open_named_file
 from ..keys import storage_key
 from ..reasons import Reason
 from ..store import Store
@@ -255,15 +255,7 @@ def import_file(store: Store, path: Path, *, unsigned: bool = False) -> tuple[in
     signed entries of another namespace would be sealed anew unsigned: that is a
     ConfigError before anything is written, unless ``unsigned`` says it is wanted.
     """
-    try:
-        fd = open_regular_file(path, follow_links=True)  # a FIFO would block the import forever
-    except NotRegularFileError:
-        raise ConfigError(f"cannot read {path}: not a regular file") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    if fd is None:
-        raise ConfigError(f"cannot read {path}: No such file or directory")
-    fh = os.fdopen(fd, "rb")
+    fh = open_named_file(path, f"cannot read {path}")  # a FIFO would block the import forever
     imported = refused = 0
     with fh:
         if not store.settings.secret and not unsigned:
