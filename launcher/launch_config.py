@@ -284,9 +284,10 @@ def _secret_file(path: str | None) -> Path | None:
 
 
 def _check_store_timing() -> None:
-    """The wait timeout, lease TTL, node directory cap and CPU fingerprint every rank will read from the
-    environment, checked before any starts (else each rank's enable() would stop on them)."""
+    """The wait timeout, lease TTL, node directory cap, CPU fingerprint and no-stall compile deadline every rank
+    will read from the environment, checked before any starts (else each rank's enable() would stop on them)."""
     env.seconds(env.WAIT_TIMEOUT, DEFAULT_WAIT_TIMEOUT)
+    env.seconds(env.BEHIND_TIMEOUT, 0.0)  # checked only: the ranks apply its default
     lease_ttl()
     node_max_size()
     env.cpu_fingerprint_override()

@@ -65,6 +65,16 @@ def test_bad_no_stall_variable_is_one_line_and_status_2(tmp_path: Path) -> None:
     assert len(lines) == 1 and "RECIPECACHE_NO_STALL='yes'" in lines[0] and "1 (on) or 0 (off)" in lines[0]
 
 
+def test_bad_behind_timeout_is_one_line_and_status_2(tmp_path: Path) -> None:
+    env = _env_without_recipecache() | {"RECIPECACHE_BEHIND_TIMEOUT": "soon"}
+    proc = subprocess.run([sys.executable, "-m", "launcher.main", "--nproc", "1", "--no-stall", "--run-dir",
+                           str(tmp_path / "run"), str(TRAIN)], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "RECIPECACHE_BEHIND_TIMEOUT='soon'" in lines[0], proc.stderr
+
+
 @pytest.mark.torch
 @pytest.mark.timeout(600)
 def test_killed_worker_leaves_the_graph_eager_counted(tmp_path: Path) -> None:
