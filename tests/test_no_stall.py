@@ -7,7 +7,13 @@
   compiles them, every graph is compiled once in the job, every rank switches, the losses match plain
   torchrun's; a job of fresh ranks right after compiles nothing and runs nothing eagerly;
 * a 2-rank job whose rank 0 loses its worker mid-compile: that graph stays eager on rank 0 and
-  rank 1 takes it over (compiles it behind its own steps and switches).
+  rank 1 takes it over (compiles it behind its own steps and switches);
+* a graph inductor specializes while compiling it behind: after the switch, inputs its guards
+  reject run without inductor (right results), never the specialized graph;
+* a stuck worker (SIGSTOP): ended at the compile's deadline, or at the exit grace, its lease released;
+* at exit a queued compile frees its lease, and a grace past ``threading.TIMEOUT_MAX`` still waits;
+* a job never touches the temporary directory (its settings hold the secret);
+* a store outage while the worker publishes: the leader still switches (torch's local cache).
 """
 
 from __future__ import annotations

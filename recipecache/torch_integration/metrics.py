@@ -152,7 +152,7 @@ class Metrics:
 
     def behind(self, **counts: float) -> None:
         """No-stall figures to add (``eager_calls``, ``eager_s``, ``switches``, ``compiles``, ``compile_s``, ``failed``,
-        ``workers`` started).
+        ``workers`` started, ``guard_rejected`` calls).
 
         An eager call changes only counters the report sums at the end, so it rewrites no file.
         """
