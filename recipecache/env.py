@@ -60,6 +60,9 @@ NO_STALL = "RECIPECACHE_NO_STALL"
 #: set by recipecache-run from --exit-grace: seconds a process may spend at exit finishing compiles
 #: it runs behind the steps
 EXIT_GRACE = "RECIPECACHE_EXIT_GRACE"
+#: seconds one compile behind the steps may take before its worker is ended and its lease
+#: released (a stuck worker would otherwise keep every rank running the graph without inductor)
+BEHIND_TIMEOUT = "RECIPECACHE_BEHIND_TIMEOUT"
 
 
 def process_rank(environ: Mapping[str, str] | None = None) -> int:

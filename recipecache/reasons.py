@@ -72,6 +72,9 @@ class Reason(StrEnum):
     #: no-stall: a graph's compile behind the steps failed, died, or its artifact could not be
     #: loaded; the graph stays without inductor in this process
     BEHIND_FAILED = "behind_failed"
+    #: no-stall: a compile behind the steps ran past its deadline (``RECIPECACHE_BEHIND_TIMEOUT``); its
+    #: worker was ended and its lease released, and the graph stays without inductor in this process
+    BEHIND_TIMEOUT = "behind_timeout"
 
 
 class PrecompileDetail(StrEnum):

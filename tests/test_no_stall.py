@@ -7,7 +7,13 @@
   compiles them, every graph is compiled once in the job, every rank switches, the losses match plain
   torchrun's; a job of fresh ranks right after compiles nothing and runs nothing eagerly;
 * a 2-rank job whose rank 0 loses its worker mid-compile: that graph stays eager on rank 0 and
-  rank 1 takes it over (compiles it behind its own steps and switches).
+  rank 1 takes it over (compiles it behind its own steps and switches);
+* a graph inductor specializes while compiling it behind: after the switch, inputs its guards
+  reject run without inductor (right results), never the specialized graph;
+* a stuck worker (SIGSTOP): ended at the compile's deadline, or at the exit grace, its lease released;
+* at exit a queued compile frees its lease, and a grace past ``threading.TIMEOUT_MAX`` still waits;
+* a job never touches the temporary directory (its settings hold the secret);
+* a store outage while the worker publishes: the leader still switches (torch's local cache).
 """
 
 from __future__ import annotations
@@ -63,6 +69,16 @@ def test_bad_no_stall_variable_is_one_line_and_status_2(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "RECIPECACHE_NO_STALL='yes'" in lines[0] and "1 (on) or 0 (off)" in lines[0]
+
+
+def test_bad_behind_timeout_is_one_line_and_status_2(tmp_path: Path) -> None:
+    env = _env_without_recipecache() | {"RECIPECACHE_BEHIND_TIMEOUT": "soon"}
+    proc = subprocess.run([sys.executable, "-m", "launcher.main", "--nproc", "1", "--no-stall", "--run-dir",
+                           str(tmp_path / "run"), str(TRAIN)], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "RECIPECACHE_BEHIND_TIMEOUT='soon'" in lines[0], proc.stderr
 
 
 @pytest.mark.torch
@@ -201,9 +217,9 @@ def _behind_graph(reload: Any) -> tuple[Any, Any, Any]:
             return (x * 2,)
 
     store = Store.open(StoreSettings("memory://", namespace="behind-unit"))
-    behind = Behind(store, Metrics(store, None, flush=False), 10.0)
+    behind = Behind(store, Metrics(store, None, flush=False), 10.0, 600.0)
     job: Future[float] = Future()
-    graph = behind.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()))
+    graph = behind.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()), [])
     return graph, job, behind
 
 
@@ -252,3 +268,120 @@ def test_switching_callable_stays_eager_when_its_compile_failed_or_its_load_fail
     metrics = behind.metrics.snapshot()
     assert metrics["behind"]["failed"] == 1 and metrics["fallbacks"] == {"behind_failed": 1}
     assert "cannot load the compiled graph" in behind.snapshot()["k"]["failed"]
+
+
+# -- guards, deadlines, exit, the job's input -------------------------------------------------
+def _run_script(tmp_path: Path, script: str, *args: str, extra_env: dict[str, str] | None = None,
+                timeout: float = 540) -> subprocess.CompletedProcess[str]:
+    env = _env_without_recipecache() | {"RECIPECACHE_DIR": str(tmp_path / "store"),
+                                        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **(extra_env or {})}
+    return subprocess.run([sys.executable, str(WORKERS / script), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, check=False)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_the_switched_graph_runs_only_for_inputs_inductors_guards_accept(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    proc = _run_script(tmp_path, "no_stall_guards.py", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert max(result["differences"].values()) <= 1e-5, result["differences"]
+    behind = result["metrics"]["behind"]
+    assert behind["failed"] == 0 and behind["switches"] >= 1
+    assert behind["guard_rejected"] >= 1  # inductor's guard held a length off the specialized graph
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_a_stuck_compile_behind_is_ended_at_its_deadline(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    proc = _run_script(tmp_path, "no_stall_stuck.py", "deadline", str(out), extra_env={"RECIPECACHE_BEHIND_TIMEOUT": "2"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["metrics"]["fallbacks"] == {"behind_timeout": 1}
+    assert result["metrics"]["behind"]["failed"] == 1
+    assert not result["still_leased"] and not result["worker_exists"]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_the_exit_grace_ends_a_stuck_compile_behind(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    try:  # the grace is 1 s: past the bound, the exit hung on the stuck worker
+        proc = _run_script(tmp_path, "no_stall_stuck.py", "exit", str(out), timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process did not exit: a stuck compile behind held it past the exit grace")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert not Path(f"/proc/{result['worker']}").exists()
+    store = Store.open(StoreSettings(f"file://{tmp_path / 'store'}"))
+    assert not store.compiling(result["key"])
+
+
+def _behind_with_jobs(tmp_path: Path, keys: list[str], secret: bytes | None = None) -> tuple[Any, Store]:
+    """A Behind on a filesystem store whose worker gets one job per key, leased here; a job torch cannot read
+    (its wire input is not torch's), so the worker fails it after starting."""
+    import pickle
+
+    from recipecache.torch_integration.behind import Behind
+    from recipecache.torch_integration.metrics import Metrics
+
+    store = Store.open(StoreSettings(f"file://{tmp_path / 'store'}", namespace="jobs", secret=secret))
+    behind = Behind(store, Metrics(store, None, flush=False), 10.0, 600.0)
+    for key in keys:
+        flight = store.begin(key, wait=False)
+        assert flight.role is Role.LEADER
+        behind._row(key, ("f", "f32[2]"))
+        behind._submit(flight, pickle.dumps("not a graph"))
+    return behind, store
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_finish_frees_the_lease_of_a_compile_still_queued(tmp_path: Path) -> None:
+    behind, store = _behind_with_jobs(tmp_path, ["first", "queued"])
+    behind.finish(0.0)
+    assert not store.compiling("first") and not store.compiling("queued")
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_an_exit_grace_past_what_a_wait_takes_lets_the_compile_finish(tmp_path: Path) -> None:
+    behind, _ = _behind_with_jobs(tmp_path, ["k"])
+    behind.finish(1e10)  # beyond threading.TIMEOUT_MAX: the compile ends on its own (here, failing to read its job)
+    failed = behind.snapshot()["k"]["failed"]
+    assert "exited with status" not in failed, failed  # the worker answered; it was not killed
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_a_compile_behind_writes_nothing_to_the_temporary_directory(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o777)  # world-writable and not sticky: another user could swap whatever we put there
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    secret = b"s3cret-signing-key-0123456789abcdef"
+    behind, _ = _behind_with_jobs(tmp_path, ["k"], secret=secret)
+    try:
+        assert list(shared.iterdir()) == []  # the job (and the secret in its settings) went through the worker's pipe
+    finally:
+        behind.finish(0.0)
+
+
+@pytest.mark.torch
+@pytest.mark.redis
+@pytest.mark.timeout(600)
+def test_a_store_outage_during_a_compile_behind_still_switches_the_leader(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    (tmp_path / "redis").mkdir()
+    proc = _run_script(tmp_path, "no_stall_outage.py", str(tmp_path / "redis"), str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    behind = result["metrics"]["behind"]
+    assert behind["failed"] == 0 and behind["compiles"] == 1 and behind["switches"] == 1
+    assert "backend_down" in result["metrics"]["fallbacks"]  # the worker's store failures, counted here
+    assert result["difference"] <= 1e-6

@@ -25,12 +25,18 @@ does) applied to torch.compile, with the store as the meeting point:
   the key's lease is gone, asked at most every :data:`POLL_S`), a process loads it through
   torch's FX cache path: it runs ``_compile_fx_inner`` again with the graph, inputs and
   arguments it kept, under the tracing context and inductor config of the first attempt,
-  which now hits. From then on the compiled graph runs.
+  which now hits. From then on the compiled graph runs, for the inputs its guards accept:
+  guards inductor added while compiling (a size it specialized) stayed in the worker, so
+  dynamo's guards lack them; the FX entry's ``guards_expr`` is checked at each call, and a
+  call it rejects runs without inductor (counted ``guard_rejected``).
 * A compile that fails, a worker that dies, a load that misses or raises: the graph stays
   eager in this process, counted (fallback ``behind_failed``, warned once); the lease is
-  released, so another process may compile it. Never a crash, never a hang.
+  released, so another process may compile it. A compile past its deadline
+  (``RECIPECACHE_BEHIND_TIMEOUT``) is ended the same way (fallback ``behind_timeout``).
+  Never a crash, never a hang.
 * Compiles still running when the script ends are finished before the process exits,
-  for at most the exit grace (:meth:`Behind.finish`), then ended.
+  for at most the exit grace (:meth:`Behind.finish`), then ended; those still queued are
+  cancelled. Their leases are released either way.
 
 Numerics are those of eager versus ``torch.compile``: the eager graph and the compiled one
 may differ in the last bits, as any eager run and its compiled twin do.
@@ -42,14 +48,15 @@ import contextlib
 import logging
 import os
 import pickle
-import shutil
+import queue
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +73,8 @@ log = logging.getLogger(__name__)
 
 #: seconds between two looks of a ``busy`` process at the key's lease
 POLL_S = 0.5
+#: seconds finish() waits for a killed compile's thread to release its lease
+KILLED_JOB_WAIT_S = 10.0
 
 
 class Deferred(Exception):
@@ -147,68 +156,132 @@ class _Graph:
     #: seconds this process's background compile of the graph took
     compile_s: float = 0.0
     failed: str | None = None
+    #: calls after the switch whose inputs the compiled graph's guards rejected (run without inductor)
+    guard_rejected: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "shapes": self.shapes, "eager_calls": self.eager_calls,
                 "eager_s": round(self.eager_s, 6), "switched_at": self.switched_at,
                 "switch_s": round(self.switch_s, 6), "compile_s": round(self.compile_s, 6),
-                **({"failed": self.failed} if self.failed else {})}
+                **({"failed": self.failed} if self.failed else {}),
+                **({"guard_rejected": self.guard_rejected} if self.guard_rejected else {})}
 
 
 @dataclass
 class _Job:
-    """One background compile: the worker process and where its input and result live."""
+    """One background compile: its key, its pickled input for the worker, the lease it holds."""
 
     key: str
-    directory: Path
+    payload: bytes
     flight: Flight
     cancelled: bool = False
+    future: Future[float] | None = None
+
+
+class CompileTimeout(RuntimeError):
+    """A compile behind ran past its deadline; its worker was ended."""
+
+
+#: the frame of one message on the worker's pipes: its length, then that many bytes
+_FRAME = struct.Struct("!Q")
+
+
+def write_frame(stream: Any, payload: bytes) -> None:
+    stream.write(_FRAME.pack(len(payload)))
+    stream.write(payload)
+    stream.flush()
+
+
+def read_frame(stream: Any) -> bytes | None:
+    """One message from ``stream``; None at its end (or a message cut short: the writer died)."""
+    head = stream.read(_FRAME.size)
+    if len(head) < _FRAME.size:
+        return None
+    payload = stream.read(_FRAME.unpack(head)[0])
+    return payload if len(payload) == _FRAME.unpack(head)[0] else None
+
+
+class _Serial:
+    """Runs submitted calls one after the other on one daemon thread.
+
+    Not a ``ThreadPoolExecutor``: the interpreter joins those threads at exit *before* the
+    ``atexit`` handlers run, so a stuck compile would hold the exit before :meth:`Behind.finish`
+    could apply the exit grace. A daemon thread is not joined; finish() waits for it, within the grace.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._queue.put((future, call))
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            future, call = self._queue.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call())
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever reads the future
+                future.set_exception(exc)
 
 
 class _Worker:
     """This process's compile worker (:mod:`.behind_worker`), kept for one graph after another.
 
-    It reads a job directory per line on its stdin and answers ``done`` on its stdout once
-    the directory's ``result.pkl`` is written; its own output goes to a log whose tail
-    explains a failure. End of file on its stdout means it died: the job in hand fails
-    and the next job starts a new worker.
+    Each job travels on its stdin as one frame (:func:`write_frame`: the store settings, secret
+    included, never touch the disk), its result comes back as one frame on its stdout; its own
+    output goes to an unnamed temporary file whose tail explains a failure. End of file on its
+    stdout means it died: the job in hand fails and the next job starts a new worker.
     """
 
     def __init__(self) -> None:
-        self.directory = Path(tempfile.mkdtemp(prefix="recipecache-worker-"))
-        self.log_path = self.directory / "worker.log"
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the worker's life, closed in close()
         environ = dict(os.environ)
         for name in (env.EVENT_LOG, env.METRICS_FILE, env.METRICS_FLUSH):
             environ.pop(name, None)  # the parent records the background compile; the worker writes nothing of its own
         package_root = str(Path(__file__).resolve().parents[2])
         environ["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environ.get("PYTHONPATH")) if p)
-        with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "recipecache.torch_integration.behind_worker"],
-                env=environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=out, cwd=self.directory)
+        self.expired = False
+        # started in the package's root, which ``-m`` puts first on sys.path: never a module of the rank's directory
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "recipecache.torch_integration.behind_worker"],
+            env=environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, cwd=package_root)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def compile(self, job_directory: Path) -> dict[str, Any]:
-        """Have the worker compile the job in ``job_directory``; its result, or raise why there is none."""
+    def compile(self, payload: bytes, timeout: float) -> dict[str, Any]:
+        """Have the worker compile one job within ``timeout`` seconds; its result, or raise why there is none
+        (:class:`CompileTimeout` past the deadline, having ended the worker)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        log_start = self.log_path.stat().st_size
+        log_start = os.fstat(self.log.fileno()).st_size
+        timer = threading.Timer(min(timeout, threading.TIMEOUT_MAX), self._expire)
+        timer.daemon = True
+        timer.start()
         try:
-            self.proc.stdin.write(f"{job_directory}\n".encode())
-            self.proc.stdin.flush()
-            reply = self.proc.stdout.readline()
+            write_frame(self.proc.stdin, payload)
+            reply = read_frame(self.proc.stdout)
         except OSError:  # a broken pipe: it is gone
-            reply = b""
-        result_path = job_directory / "result.pkl"
-        if reply != b"done\n" or not result_path.exists():
+            reply = None
+        finally:
+            timer.cancel()
+        if self.expired:
+            raise CompileTimeout(f"the compile ran past its deadline ({timeout:g} s, {env.BEHIND_TIMEOUT}); its worker was ended")
+        if reply is None:
             self.kill()
-            with open(self.log_path, "rb") as f:
-                f.seek(log_start)
-                tail = f.read()[-600:].decode(errors="replace").strip()
-            raise RuntimeError(f"worker exited with status {self.proc.returncode}" + (f": ...{tail}" if tail else ""))
-        with open(result_path, "rb") as f:
-            return pickle.load(f)  # noqa: S301 - written by our own worker, in a directory only this user reads
+            tail = os.pread(self.log.fileno(), 600, max(log_start, os.fstat(self.log.fileno()).st_size - 600))
+            text = tail.decode(errors="replace").strip()
+            raise RuntimeError(f"worker exited with status {self.proc.returncode}" + (f": ...{text}" if text else ""))
+        return pickle.loads(reply)  # noqa: S301 - our own child's answer on our own pipe
+
+    def _expire(self) -> None:
+        self.expired = True
+        self.kill()
 
     def kill(self) -> None:
         """End it now, mid-compile or not."""
@@ -217,7 +290,7 @@ class _Worker:
         self.proc.wait()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Let it exit at the end of its input (within ``timeout`` seconds, else end it); remove its directory."""
+        """Let it exit at the end of its input (within ``timeout`` seconds, else end it)."""
         with contextlib.suppress(OSError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -227,7 +300,7 @@ class _Worker:
             self.kill()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self.log.close()
 
 
 class Behind:
@@ -235,13 +308,15 @@ class Behind:
 
     deferred_of = staticmethod(deferred_of)
 
-    def __init__(self, store: Store, metrics: Metrics, exit_grace: float) -> None:
+    def __init__(self, store: Store, metrics: Metrics, exit_grace: float, compile_timeout: float) -> None:
         self.store = store
         self.metrics = metrics
         self.exit_grace = exit_grace
+        #: seconds one compile behind may take before its worker is ended (:class:`CompileTimeout`)
+        self.compile_timeout = compile_timeout
         # one compile at a time per process: forward and backward of one step would otherwise
         # fight over the same cores; they finish one after the other, the first switching early
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recipecache-behind")
+        self._pool = _Serial("recipecache-behind")
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
         self._worker: _Worker | None = None
@@ -303,10 +378,11 @@ class Behind:
 
         threading.Thread(target=pick, name="recipecache-isa", daemon=True).start()
 
-    def graph(self, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule) -> BehindGraph:
+    def graph(self, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule,
+              example_inputs: list[Any]) -> BehindGraph:
         """The switching callable ``_compile_fx_inner`` returns for the deferred graph."""
         self._row(deferred.key, deferred.what)
-        return BehindGraph(self, deferred, reload, gm)
+        return BehindGraph(self, deferred, reload, gm, example_inputs)
 
     def _row(self, key: str, what: tuple[str, str]) -> _Graph:
         """The report's row of graph ``key`` (``what``: its name and input shapes), made at its first sight."""
@@ -320,16 +396,14 @@ class Behind:
 
     # -- background compiles -------------------------------------------------------
     def _submit(self, flight: Flight, wire: bytes) -> Future[float]:
-        directory = Path(tempfile.mkdtemp(prefix="recipecache-behind-"))
-        job = _Job(flight.key, directory, flight)
-        with open(directory / "job.pkl", "wb") as f:  # mkdtemp: only this user reads it (the secret is in it)
-            pickle.dump({"settings": self.store.settings, "key": flight.key, "wire": wire,
-                         "threads": torch.get_num_threads(), "sys_path": list(sys.path)}, f)
+        # sent on the worker's stdin, never written to disk: the settings hold the store's secret
+        payload = pickle.dumps({"settings": self.store.settings, "key": flight.key, "wire": wire,
+                                "threads": torch.get_num_threads(), "sys_path": list(sys.path)})
+        job = _Job(flight.key, payload, flight)
+        self.store.events.record("compile_start", flight.key, behind=True)
         with self._lock:
             self._jobs[flight.key] = job
-        self.store.events.record("compile_start", flight.key, behind=True)
-        future = self._pool.submit(self._run, job)
-        with self._lock:
+            job.future = future = self._pool.submit(lambda: self._run(job))
             self._futures.append(future)
         return future
 
@@ -339,13 +413,11 @@ class Behind:
         try:
             seconds = self._work(job)
         except Exception as exc:
-            self._failed(job.key, (graph.name, graph.shapes), f"the compile behind failed ({exc})")
+            reason = Reason.BEHIND_TIMEOUT if isinstance(exc, CompileTimeout) else Reason.BEHIND_FAILED
+            self._failed(job.key, (graph.name, graph.shapes), f"the compile behind failed ({exc})", reason)
             raise
         finally:
-            job.flight.release()
-            with self._lock:
-                self._jobs.pop(job.key, None)
-            shutil.rmtree(job.directory, ignore_errors=True)
+            self._drop(job)
         self.store.events.record("compile", job.key, seconds, behind=True)
         self.metrics.behind(compiles=1, compile_s=seconds)
         with self._lock:
@@ -365,21 +437,32 @@ class Behind:
             worker = self._worker
         if started:
             self.metrics.behind(workers=1)  # not under our lock: a metrics flush reads our snapshot
-        result = worker.compile(job.directory)
+        result = worker.compile(job.payload, self.compile_timeout)
         if result.get("error"):
             raise RuntimeError(result["error"])
+        for reason in result.get("unpublished", ()):
+            self.metrics.fallback(Reason(reason), f"the no-stall worker compiled {job.key} but could not publish it; "
+                                  "this process loads it from torch's local cache, other processes compile it again")
         return float(result["compile_s"])
 
-    def _failed(self, key: str, what: tuple[str, str], why: str) -> None:
+    def _drop(self, job: _Job) -> None:
+        """A job ended (or was cancelled before it began): free its lease, so another process may compile the graph."""
+        job.flight.release()
+        with self._lock:
+            self._jobs.pop(job.key, None)
+
+    def _failed(self, key: str, what: tuple[str, str], why: str, reason: Reason = Reason.BEHIND_FAILED) -> None:
         self._row(key, what).failed = why
         self.metrics.behind(failed=1)
-        self.metrics.fallback(Reason.BEHIND_FAILED, f"{what[0]} {what[1]} ({key}): {why}; it runs without inductor")
+        self.metrics.fallback(reason, f"{what[0]} {what[1]} ({key}): {why}; it runs without inductor")
 
     # -- exit ----------------------------------------------------------------------
     def finish(self, timeout: float) -> None:
         """Let the compiles in flight finish and publish, for at most ``timeout`` seconds; then end them.
 
-        Runs at exit: the next job then starts warm, and the exit is never held longer.
+        Runs at exit: the next job then starts warm, and the exit is never held longer. A compile
+        still queued is cancelled and its lease freed; the one running is ended, and waited for
+        (briefly) to free its own.
         """
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._lock:
@@ -389,23 +472,25 @@ class Behind:
         if pending:
             log.info("recipecache: finishing %d compile(s) behind before exit (at most %.0f s)", len(pending), timeout)
         for future in futures:
-            remaining = deadline - time.monotonic()
-            try:
-                future.result(timeout=max(remaining, 0.0))
-            except Exception:  # noqa: BLE001 - failures are counted where they are seen; here only the deadline counts
-                pass
+            with contextlib.suppress(Exception):  # failures are counted where they are seen; here only the deadline counts
+                future.result(timeout=_wait_s(deadline))
         with self._lock:
             jobs = list(self._jobs.values())
             for job in jobs:
                 job.cancelled = True
             worker = self._worker
-        if jobs and worker is not None:
+        if jobs:
             log.warning("recipecache: ending the compile(s) behind of %s: past the exit grace",
                         ", ".join(job.key for job in jobs))
+        for job in jobs:
+            if job.future is not None and job.future.cancel():
+                self._drop(job)
+        if jobs and worker is not None:
             worker.kill()
-        # on Linux the worker ends with the pool's thread (its PDEATHSIG follows the thread that started it);
-        # elsewhere at the end of its input, which close() gives it
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for job in jobs:
+            if job.future is not None:
+                with contextlib.suppress(Exception):
+                    job.future.result(timeout=KILLED_JOB_WAIT_S)
         with self._lock:
             worker, self._worker = self._worker, None
         if worker is not None:
@@ -414,6 +499,12 @@ class Behind:
     def close(self) -> None:
         """End every worker at once (disable)."""
         self.finish(0.0)
+
+
+def _wait_s(deadline: float) -> float:
+    """Seconds from now to ``deadline`` (``time.monotonic()``), as a wait's timeout: never negative, never
+    past what a lock's wait takes (``threading.TIMEOUT_MAX``: an exit grace of 1e10 s would overflow it)."""
+    return min(max(deadline - time.monotonic(), 0.0), threading.TIMEOUT_MAX)
 
 
 class BehindGraph:
@@ -426,7 +517,9 @@ class BehindGraph:
     entry through its own trace.
     """
 
-    def __init__(self, behind: Behind, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule) -> None:
+    def __init__(self, behind: Behind, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule,
+                 example_inputs: list[Any]) -> None:
+        from torch._inductor.codecache import FxGraphCache
         from torch.fx._lazy_graph_module import _LazyGraphModule
 
         self._boxed_call = True
@@ -444,13 +537,23 @@ class BehindGraph:
         self._given_up = False
         _LazyGraphModule.force_recompile(gm)  # as torch's own eager output of an empty graph
         self._eager = gm.forward
+        # the inputs the FX cache's guards speak of (torch's ``_filter_backed_symints``), by position
+        symints = FxGraphCache._filter_backed_symints(example_inputs)
+        self._symint_positions = [i for i, x in enumerate(example_inputs) if any(x is s for s in symints)]
+        self._shape_env = symints[0].node.shape_env if symints else None
+        #: the compiled graph's guards (``guards_expr``), set at the switch; None: it accepts every input
+        self._guards: str | None = None
+        #: the same, compiled once: ``eval`` of the text would compile it at every call (~7x slower)
+        self._guards_code: Any = None
 
     def __call__(self, args: list[Any]) -> Any:
         compiled = self._compiled
         if compiled is None and not self._given_up and self._due():
             compiled = self._switch()
         if compiled is not None:
-            return compiled(args)
+            if self._accepts(args):
+                return compiled(args)
+            return self._rejected(args)
         start = time.perf_counter()
         out = self._eager(*args)
         seconds = time.perf_counter() - start
@@ -461,6 +564,33 @@ class BehindGraph:
             graph.eager_calls += 1
             graph.eager_s += seconds
         return out
+
+    def _accepts(self, args: list[Any]) -> bool:
+        """Whether the compiled graph's guards accept these inputs.
+
+        Inductor adds guards to the shape environment while it compiles (a lowering that
+        specializes a dynamic size: ``Eq(s0, 32)``); inline, they join dynamo's guards, so an
+        input they reject recompiles. Compiled behind, they stay in the worker's shape
+        environment, and dynamo's guards were built without them: the FX cache's
+        ``guards_expr`` of the loaded graph holds them, evaluated here on the call's sizes.
+        """
+        if self._guards_code is None or self._shape_env is None:
+            return True
+        values = [args[i] for i in self._symint_positions]
+        return bool(self._shape_env.evaluate_guards_expression(self._guards_code, values))
+
+    def _rejected(self, args: list[Any]) -> Any:
+        """A call the compiled graph's guards reject: run it without inductor (right, if slower), counted."""
+        behind = self._behind
+        behind.metrics.behind(guard_rejected=1)
+        with behind._lock:
+            graph = behind.graphs[self._key]
+            graph.guard_rejected += 1
+            first = graph.guard_rejected == 1
+        if first:
+            log.warning("recipecache: %s %s: inductor specialized the graph compiled behind (%s); inputs it rejects "
+                        "run without inductor", *self._what, self._guards)
+        return self._eager(*args)
 
     def _due(self) -> bool:
         """Whether to try the switch now: our job ended, or the key's lease is gone (looked at every POLL_S)."""
@@ -497,6 +627,8 @@ class BehindGraph:
                 self._job = deferred.job
                 return None
             seconds = time.perf_counter() - start
+            self._guards = getattr(compiled, "guards_expr", None) or None
+            self._guards_code = None if self._guards is None else compile(self._guards, "<inductor guards>", "eval")
             self._compiled = compiled
             behind.store.events.record("switch", self._key, seconds)
             behind.metrics.behind(switches=1)

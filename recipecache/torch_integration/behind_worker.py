@@ -1,17 +1,18 @@
 """The worker of no-stall compiles: ``python -m recipecache.torch_integration.behind_worker``.
 
 Started by :mod:`.behind` in a fresh interpreter (never the user's script), once per
-process, and kept for all its graphs. Each line on its stdin names a job directory: it
-reads ``JOB_DIR/job.pkl`` (the store settings, the graph's store key, torch's wire-format
-input of one graph compile, the parent's thread count and ``sys.path``), enables recipecache on the same
+process, and kept for all its graphs. Each frame on its stdin (:func:`.behind.read_frame`) is
+one job, pickled (the store settings, the graph's store key, torch's wire-format
+input of one graph compile, the parent's thread count and ``sys.path``); nothing of it is
+on disk, where the store's secret would outlive a killed rank. It enables recipecache on the same
 store, and runs torch's whole ``_compile_fx_inner`` on the graph in the context torch's
 own out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor
 config, virtualized state, tracing context, fake mode). The FX cache lookup misses (the
 parent holds the key's lease, so this process does not wait for it), inductor compiles,
-and torch's put publishes the entry with its kernels through the normal path. It writes
-``JOB_DIR/result.pkl`` (the compile's seconds, or the error) and then answers ``done`` on
-its stdout, which carries nothing else: whatever the compile prints goes to stderr, the
-parent's log of the worker. It exits at the end of its input.
+and torch's put publishes the entry with its kernels through the normal path. It answers
+one frame on its stdout (the compile's seconds, or the error), which carries nothing else:
+whatever the compile prints goes to stderr, the parent's log of the worker. It exits at the
+end of its input.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import signal
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 
@@ -70,7 +70,9 @@ def compile_job(job: dict[str, Any]) -> dict[str, Any]:
         if key != job["key"]:
             return {"error": f"the worker computed key {key}, the rank {job['key']}"}
         if not published["put"] and not published["hit"]:
-            return {"error": "the compiled graph was not published (see the store's warnings)"}
+            # the store failed (an outage, a full store): the compiled graph is in torch's local cache,
+            # which the rank shares, so the rank still switches to it; the store's reasons go with it
+            return {"compile_s": seconds, "unpublished": sorted(metrics.snapshot()["fallbacks"])}
         return {"compile_s": seconds}
     finally:
         patches.detach()
@@ -98,18 +100,15 @@ PR_SET_PDEATHSIG = 1
 NICENESS = 19
 
 
-def run_job(directory: Path) -> None:
-    """Compile the job in ``directory`` and write its ``result.pkl`` whole (the parent never reads half a result)."""
-    with open(directory / "job.pkl", "rb") as f:
-        job = pickle.load(f)  # noqa: S301 - written by the parent, in a directory only this user reads
+def run_job(payload: bytes) -> bytes:
+    """Compile the pickled job ``payload``; the pickled result for the parent."""
+    job = pickle.loads(payload)  # noqa: S301 - the parent's own frame on our stdin pipe
     try:
         result = compile_job(job)
     except Exception as exc:  # noqa: BLE001 - the parent reads it and keeps the graph eager
         traceback.print_exc()
         result = {"error": f"{type(exc).__name__}: {exc}"}
-    with open(directory / "result.tmp", "wb") as f:
-        pickle.dump(result, f)
-    (directory / "result.tmp").rename(directory / "result.pkl")
+    return pickle.dumps(result)
 
 
 def main() -> int:
@@ -118,12 +117,12 @@ def main() -> int:
     # machine whose cores the ranks keep busy it takes what they leave (g++ inherits the niceness)
     os.nice(NICENESS)
     _die_with_parent()
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    from .behind import read_frame, write_frame
+
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # prints of the compile go to the log, never into the replies
-    for line in sys.stdin:
-        run_job(Path(line.rstrip("\n")))
-        replies.write("done\n")
-        replies.flush()
+    while (payload := read_frame(sys.stdin.buffer)) is not None:
+        write_frame(replies, run_job(payload))
     return 0
 
 

@@ -73,9 +73,10 @@ class Metrics:
         self._precompile_shapes: Counter[str] = Counter()
         self._stale_sources = 0
         #: no-stall (:mod:`.behind`): calls run without inductor and their seconds, switches to the
-        #: compiled graph, compiles run behind the steps and their seconds, and those that failed
+        #: compiled graph, compiles run behind the steps and their seconds, those that failed, and calls
+        #: after a switch whose inputs the compiled graph's guards rejected (run without inductor)
         self._behind = dict.fromkeys(
-            ("eager_calls", "eager_s", "switches", "compiles", "compile_s", "failed", "workers"), 0)
+            ("eager_calls", "eager_s", "switches", "compiles", "compile_s", "failed", "workers", "guard_rejected"), 0)
         #: per graph key, what no-stall did with it here (set by the hooks: the report's rows)
         self.behind_graphs_source: Callable[[], dict[str, Any]] | None = None
         self._write_failed = False
@@ -151,7 +152,7 @@ class Metrics:
 
     def behind(self, **counts: float) -> None:
         """No-stall figures to add (``eager_calls``, ``eager_s``, ``switches``, ``compiles``, ``compile_s``, ``failed``,
-        ``workers`` started).
+        ``workers`` started, ``guard_rejected`` calls).
 
         An eager call changes only counters the report sums at the end, so it rewrites no file.
         """

@@ -118,7 +118,7 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
                 raise
             # no-stall: eager until the compiled graph exists; reloading runs this compile again (a hit then)
             args = (args[0], list(args[1]), *args[2:])
-            return behind.graph(deferred, functools.partial(run_inner, *args, **kwargs), args[0])
+            return behind.graph(deferred, functools.partial(run_inner, *args, **kwargs), args[0], args[1])
 
     def iterate_over_candidates(cls: type, local: bool, remote: Any, key: str) -> Iterator[tuple[Any, bytes, bool]]:
         ours = remote is not None and isinstance(remote.backend, FxBackend)
