@@ -35,6 +35,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
+
 from . import code_digest
 from .precompiled import Pin
 
@@ -64,8 +66,6 @@ def _unchanged(value: Any) -> bool:
 
 def describe(value: Any) -> str:
     """:func:`.code_digest.describe`, with tensors by what dynamo's tensor guard checks (not by type only)."""
-    import torch
-
     if isinstance(value, torch.Tensor):
         return (f"tensor:{type(value).__qualname__}:{value.dtype}:{value.device}:{tuple(value.shape)}:"
                 f"{value.stride()}:{value.requires_grad}")
