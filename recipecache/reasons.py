@@ -90,6 +90,8 @@ class PrecompileDetail(StrEnum):
     OPTIONS = "options"
     #: a lazy module swaps its forward itself
     LAZY_MODULE = "lazy_module"
+    #: ``torch.compile`` of a callable ``aot_compile`` cannot trace (a ``functools.partial``, a callable object)
+    CALLABLE = "callable"
     #: the stored artifact was built from other code than this process runs (not loaded)
     SOURCE_CHANGED = "source_changed"
     #: verdict: dynamo cannot trace the function whole
@@ -106,6 +108,12 @@ class PrecompileDetail(StrEnum):
     PRECOMPILE_FAILED = "precompile_failed"
     #: the inputs live on a device the tier was not checked on
     DEVICE_UNCHECKED = "device_unchecked"
+    #: a value the traced code read besides its inputs (a default argument, closure cell, global, another
+    #: module's or a class's attribute) differs from the one the artifact was traced with (it would bake the old one)
+    VALUE_CHANGED = "value_changed"
+    #: verdict: the traced code depends on a value the tier cannot compare across processes (an object torch
+    #: guards by identity, or a guard it cannot follow), so no artifact is built for it
+    UNCHECKED_VALUE = "unchecked_value"
 
 
 class PrecompileShapes(StrEnum):
@@ -120,7 +128,7 @@ class PrecompileShapes(StrEnum):
 
 
 #: what the process that tried a precompile publishes for others to read instead of trying
-VERDICTS = frozenset({PrecompileDetail.GRAPH_BREAK})
+VERDICTS = frozenset({PrecompileDetail.GRAPH_BREAK, PrecompileDetail.UNCHECKED_VALUE})
 
 
 #: the entry is simply not there: a cold cache

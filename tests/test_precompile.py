@@ -37,7 +37,7 @@ import recipecache
 from recipecache.runs.events import read_events
 from recipecache.keys import storage_key
 from recipecache.torch_integration.artifact import ArtifactError
-from recipecache.torch_integration.precompiled import Precompiled, SourceFile
+from recipecache.torch_integration.precompiled import Pin, Precompiled, SourceFile
 
 from torch_flags import compile_on_one_rank
 from test_torch_integration import base  # noqa: F401 - the module's temp dir with the logging g++ first on PATH
@@ -261,6 +261,64 @@ def test_a_process_runs_the_code_it_imported_when_the_file_changed_since(base: P
     assert fresh.precompiled == {"hit": 1, "miss": 1, "put": 1}, "v2's own artifact is found under its version"
 
 
+# -- values the traced code reads that are not in its code ----------------------------------------
+VALUES_WORKER = Path(__file__).parent / "workers" / "precompile_values.py"
+VALUES_CFG = """SCALE = 100.0
+
+
+class Consts:
+    FACTOR = 1000.0
+"""
+VALUES_SOURCE = """import pvals_cfg as cfg
+from pvals_cfg import Consts
+
+SHIFT = 10.0
+
+
+def f(x, k={default}):
+    return x * k + SHIFT + cfg.SCALE + Consts.FACTOR
+
+
+def make(cell):
+    def g(x):
+        return x * 2 + cell
+    return g
+"""
+
+
+def test_values_outside_the_code_object_are_checked_not_served_stale(base: Path) -> None:
+    """Issue 34: a process whose own values differ from the producer's never runs the producer's.
+
+    ``f`` reads a default argument, its module's global, another module's attribute and a class
+    attribute of a class from another module, ``g`` a closure cell (each a distinct power of ten in the
+    result). torch's ``aot_compile`` drops the guards on globals, takes a module's or class's attribute
+    guard's expected value from the loader's own value, and binds the producer's defaults and closure:
+    each changed value was served as the producer's. Each must be a counted ``value_changed`` fallback
+    that computes what eager computes; a global changed between two calls too (torch would recompile).
+    """
+    model_dir = base / "values"
+    model_dir.mkdir()
+    (model_dir / "pvals_cfg.py").write_text(VALUES_CFG)
+    (model_dir / "pvals_model.py").write_text(VALUES_SOURCE.format(default="2.0"))
+    store = base / "values-store"
+    cold = _finish(_start(base, "values-cold", "rc", model_dir, "publish", store=store, worker=VALUES_WORKER))
+    assert [(cold.report[n]["result"], cold.report[n]["eager"]) for n in ("publish_f", "publish_g")] == [
+        (1112.0, 1112.0), (10002.0, 10002.0)]
+    assert cold.precompiled["put"] == 2
+    # the default is edited: the value lives in the module's code object, which no traced code is
+    (model_dir / "pvals_model.py").write_text(VALUES_SOURCE.format(default="3.0"))
+    changed = _finish(_start(base, "values-changed", "rc", model_dir, "change", store=store, worker=VALUES_WORKER))
+    cases = ("default", "module_attribute", "class_attribute", "closure_cell", "runtime")
+    results = {name: (changed.report[name]["result"], changed.report[name]["eager"]) for name in cases}
+    assert results == {"default": (1113.0, 1113.0), "module_attribute": (1212.0, 1212.0),
+                       "class_attribute": (2112.0, 2112.0), "closure_cell": (20002.0, 20002.0),
+                       "runtime": (1122.0, 1122.0)}, "each process runs its own values"
+    assert [changed.report[name]["fallbacks"].get("value_changed", 0) for name in cases] == [1, 2, 3, 4, 5]
+    assert changed.report["runtime"]["loaded"] == 1112.0, "the producer's values again: the artifact serves"
+    assert changed.metrics["stale_sources"] == 0, "the code is the producer's: only values differ"
+    assert changed.precompiled["hit"] == 1 and changed.precompiled["put"] == 0
+
+
 # -- two ranks --------------------------------------------------------------------------------
 @pytest.mark.multirank
 @pytest.mark.timeout(1500)
@@ -341,7 +399,8 @@ def test_precompiled_artifact_round_trip_and_refusals() -> None:
     from recipecache.torch_integration.artifact import KernelFile
 
     art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32, ("SHIFT",)),), 2.5,
-                      files=(KernelFile("ab/cabc.main.so", b"\x7fELF"),), dynamic=True)
+                      files=(KernelFile("ab/cabc.main.so", b"\x7fELF"),), dynamic=True,
+                      pins=(Pin("G['cfg'].SCALE", "float:2.0", True),))
     assert Precompiled.unpack(art.pack()) == art
     verdict = Precompiled(b"", (), 1.0, "Unsupported: graph break")
     assert Precompiled.unpack(verdict.pack()).unsupported == "Unsupported: graph break"
@@ -350,7 +409,8 @@ def test_precompiled_artifact_round_trip_and_refusals() -> None:
                    {**good, "sources": [["/m.py", b"\1" * 32, [3]]]},
                    {**good, "compile_s": -1.0}, {**good, "entry": "text"}, {**good, "unsupported": 3},
                    {**good, "files": [{"path": "../../etc/x.so", "data": b""}]}, {**good, "files": None},
-                   {**good, "dynamic": 1}):
+                   {**good, "dynamic": 1}, {**good, "pins": None}, {**good, "pins": [["k", "float:2.0"]]},
+                   {**good, "pins": [["k", b"float:2.0", False]]}):
         with pytest.raises(ArtifactError):
             Precompiled.unpack(msgpack.packb(broken))
     with pytest.raises(ArtifactError):
@@ -419,6 +479,107 @@ def test_code_digests_follow_the_code_this_process_runs_not_the_file(tmp_path: P
         assert bytes.fromhex(out.stdout.strip()) == ran_v1[0].digest
     gone = SourceFile(str(tmp_path / "gone.py"), ran_v1[0].digest)
     assert code_digest.stale([gone]) == [gone.path], "a file this process holds no code of"
+
+
+UNIT_CFG = """import torch
+
+SCALE = 2.0
+
+
+class Base(torch.nn.Module):
+    FACTOR = 3.0
+"""
+UNIT_MODEL = """import torch
+import pvu_cfg as cfg
+
+W = torch.ones(3)
+
+
+def f(x, k=2.0):
+    return x * k * cfg.SCALE + W
+
+
+def make(cell):
+    def g(x):
+        return x + cell
+    return g
+
+
+class Net(cfg.Base):
+    def __init__(self):
+        super().__init__()
+        self.scale = 5.0
+
+    def forward(self, x):
+        return x * self.scale + self.FACTOR
+"""
+
+
+def test_traced_values_are_recorded_and_checked_against_this_process(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34, in one process (torch's ``aot_eager`` backend: tracing and guards are the tier's, no compiler):
+    what torch's loaded guards no longer compare with the traced value is recorded, and a loaded function
+    refuses a call once one of them differs here: another module's attribute, a class attribute read through
+    ``self`` (its guard's expected value is read again at load), a default, a closure cell; and a global
+    tensor rebound after load is the one the call passes (torch's function keeps a copy of the globals)."""
+    import torch
+    from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph
+    from torch._dynamo.convert_frame import get_traced_fn
+    from torch._dynamo.hooks import Hooks
+
+    from recipecache.torch_integration.traced_values import Recorder, parse, rebind, values_of
+
+    assert parse("dict(type(self).__mro__[1].__dict__)['FACTOR']") == (
+        "L", "self", (("type", None), ("attr", "__mro__"), ("item", 1), ("attr", "__dict__"), ("dict", None),
+                      ("item", "FACTOR")))
+    assert parse("___odict_getitem(self._modules, 'fc1').inplace") == (
+        "L", "self", (("attr", "_modules"), ("item", "fc1"), ("attr", "inplace")))
+    assert parse("G['cfg'].SCALE") == ("G", "cfg", (("attr", "SCALE"),)) and parse("len(x)") is None
+    (tmp_path / "pvu_cfg.py").write_text(UNIT_CFG)
+    (tmp_path / "pvu_model.py").write_text(UNIT_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pvu_cfg
+    import pvu_model
+
+    x = torch.ones(3)
+    backend = torch._dynamo.lookup_backend("aot_eager")
+
+    def publish(target: Any) -> tuple[bytes, Any]:
+        recorder = Recorder()
+        fn = aot_compile_fullgraph(target, ((x,), {}), hooks=Hooks(guard_filter_fn=recorder), backend=backend)
+        assert recorder.unchecked == []
+        return AOTCompiledFunction.serialize(fn).serialized_data, recorder.pins
+
+    def load(target: Any, published: tuple[bytes, Any]) -> Any:
+        function, bound = get_traced_fn(target)
+        prefix = () if bound is None else (bound,)
+        fn = AOTCompiledFunction.deserialize(published[0], function.__globals__)
+        rebind(fn, function)
+        values = values_of(fn, published[1], function.__globals__)
+        return lambda every: values.changed(lambda: fn.prepare_f_locals(*prefix, x), every=every), fn, values
+
+    f, net = publish(pvu_model.f), publish(pvu_model.Net())
+    g = publish(pvu_model.make(1.0))
+    assert {p.source: p.per_call for p in f[1]} == {"G['cfg']": True, "G['cfg'].SCALE": True, "k": False, "G['W']": True}
+
+    changed, fn, values = load(pvu_model.f, f)
+    assert changed(True) is None and fn(x)[0].item() == 5.0
+    monkeypatch.setattr(pvu_cfg, "SCALE", 4.0)  # a global changed at run time: checked before every call
+    assert changed(False) == "G['cfg'].SCALE is float:4.0, traced as float:2.0"
+    monkeypatch.setattr(pvu_cfg, "SCALE", 2.0)
+    monkeypatch.setattr(pvu_model, "W", torch.full((3,), 7.0))  # rebound, the guard's shape and dtype hold
+    assert changed(False) is None
+    values.refresh(fn)
+    assert fn(x)[0].item() == 11.0, "the call passes this process's tensor, not the copy taken at load"
+    monkeypatch.setattr(pvu_model.f, "__defaults__", (3.0,))  # an edited default
+    assert load(pvu_model.f, f)[0](True) == "k is float:3.0, traced as float:2.0"
+
+    monkeypatch.setattr(pvu_cfg.Base, "FACTOR", 4.0)  # through self: torch's guard would expect 4.0 here
+    assert load(pvu_model.Net(), net)[0](True) == (
+        "dict(type(self).__mro__[1].__dict__)['FACTOR'] is float:4.0, traced as float:3.0")
+    assert load(pvu_model.make(2.0), g)[0](True) == "cell is float:2.0, traced as float:1.0"
+    changed, fn, _ = load(pvu_model.make(1.0), g)
+    assert changed(True) is None and fn(x)[0].item() == 2.0
 
 
 def test_keys_leave_dynamic_sizes_to_the_guards() -> None:
@@ -546,7 +707,7 @@ def test_precompile_fallback_details_are_one_vocabulary() -> None:
     from recipecache.torch_integration.metrics import Metrics
     from recipecache.torch_integration.precompile import Fallback, Tier
 
-    assert VERDICTS == {PrecompileDetail.GRAPH_BREAK}
+    assert VERDICTS == {PrecompileDetail.GRAPH_BREAK, PrecompileDetail.UNCHECKED_VALUE}
     store = recipecache.open_store("memory://", namespace=NAMESPACE)
     metrics = Metrics(store, None, flush=False)
     tier = Tier(store, metrics, 0.5, lambda key: key)  # not installed: torch.compile stays as it is
@@ -607,6 +768,28 @@ def test_enable_with_precompile_wraps_torch_compile_and_disable_restores_it() ->
     finally:
         torch_integration.disable()
     assert (torch.compile, inductor_config.fx_graph_remote_cache) == before
+
+
+def test_a_partial_is_not_precompiled_and_counted_once() -> None:
+    """Issue 34: torch's ``aot_compile`` traces functions, methods and modules; a ``functools.partial`` made every
+    call a ``hook_error`` (the target could not be built) and its bound arguments are values no key covers: it
+    runs on the normal path, one ``callable`` fallback at compile time, whatever the number of calls."""
+    import functools
+
+    import torch
+
+    from recipecache import torch_integration
+
+    def scaled(x: Any, k: float) -> Any:
+        return x * k
+
+    torch_integration.enable("memory://", namespace=NAMESPACE, precompile=True)
+    try:
+        torch.compile(functools.partial(scaled, k=2.0))
+        assert torch_integration.metrics()["precompile_fallbacks"] == {"callable": 1}
+        assert torch_integration.metrics()["fallbacks"] == {"precompile_fallback": 1}
+    finally:
+        torch_integration.disable()
 
 
 def test_launcher_precompile_flag_reaches_every_rank(tmp_path: Path) -> None:

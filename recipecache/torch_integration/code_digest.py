@@ -110,7 +110,7 @@ def _digest(path: str, namespaces: list[dict[str, Any]], names: Iterable[str],
     for part in sorted(_code_digest(code) for code in codes.values()):
         _feed(h, part)
     for name in sorted(set(names)):
-        values = sorted(_readable(namespace[name]) for namespace in namespaces if name in namespace)
+        values = sorted(describe(namespace[name]) for namespace in namespaces if name in namespace)
         _feed(h, f"{name}={values}".encode())  # [] for a builtin
     return h.digest()
 
@@ -173,7 +173,7 @@ def _feed(h: Any, part: bytes) -> None:
     h.update(part)
 
 
-def _readable(value: Any) -> str:
+def describe(value: Any) -> str:
     """:func:`_value`, or the type of a value that fails to describe itself (a broken ``__repr__``, say)."""
     try:
         return _value(value)

@@ -31,7 +31,10 @@ Never wrong, never stuck: whatever the tier cannot serve runs on the normal path
 (dynamo, with the FX/AOT/PGO store hooks), counted as ``precompile_fallback`` with a
 detail: code dynamo cannot trace whole (``graph_break``), published as a verdict so other
 ranks do not try again; too many shapes; guards that reject the inputs
-(``guard_failed``); an artifact that does not load here (``load_failed``,
+(``guard_failed``); a value the trace read besides the inputs (a default, a closure cell,
+a global, another module's or a class's attribute) that differs here, at load or since
+(``value_changed``, :mod:`.traced_values`: torch's loaded guards no longer check those);
+an artifact that does not load here (``load_failed``,
 ``incompatible``); a refused or malformed artifact; a backend other than inductor. Each
 signature's decision is remembered, so a fallback is counted once, not per step.
 
@@ -62,13 +65,14 @@ module, as dynamo itself does (it skips DDP's frames and compiles the inner forw
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +96,7 @@ from .precompile_keys import (
     traced_code,
 )
 from .precompiled import Precompiled, versioned_key
+from .traced_values import Recorder, Values, rebind, values_of
 
 log = logging.getLogger(__name__)
 
@@ -115,13 +120,27 @@ class Variant:
 
     fn: Any
     prefix: tuple[Any, ...]
+    #: the values its code was traced with besides the inputs, checked against this process's
+    values: Values
     #: its graph takes sizes as inputs (its guards serve many sizes)
     dynamic: bool = False
 
-    def accepts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        return bool(self.fn.guard_check(*self.prefix, *args, **kwargs))
+    def refusal(self, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                loading: bool = False) -> tuple[PrecompileDetail, str] | None:
+        """Why it must not serve this call (a traced value changed, its guards reject the inputs), or None.
+
+        ``loading``: it has not served yet, so every traced value is compared; after that, those
+        torch's guards do not check (torch's guards then hold the traced values for the rest).
+        """
+        changed = self.values.changed(lambda: self.fn.prepare_f_locals(*self.prefix, *args, **kwargs), every=loading)
+        if changed is not None:
+            return PrecompileDetail.VALUE_CHANGED, changed
+        if not self.fn.guard_check(*self.prefix, *args, **kwargs):
+            return PrecompileDetail.GUARD_FAILED, "its guards reject these inputs"
+        return None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.values.refresh(self.fn)
         return self.fn(*self.prefix, *args, **kwargs)
 
     @property
@@ -232,6 +251,12 @@ class Tier:
             return compiled
         if not callable(compiled):
             return compiled
+        if not (inspect.isfunction(model) or inspect.ismethod(model)):
+            # torch's aot_compile traces functions, methods and modules only; a partial's bound arguments reach
+            # the trace as constants no key or guard of the tier covers, so it is not served, counted once
+            self.metrics.precompile_fallback(PrecompileDetail.CALLABLE, f"torch.compile of a {type(model).__name__} "
+                                             "cannot be precompiled; it runs on the normal path")
+            return compiled
         dispatcher = Dispatcher(self, compiled, model, settings, None)
 
         @functools.wraps(compiled)
@@ -293,10 +318,10 @@ class Tier:
             detail = PrecompileDetail.INCOMPATIBLE if "was created with a different" in str(exc) else PrecompileDetail.LOAD_FAILED
             return self._unused(key, detail, f"{key}: {type(exc).__name__}: {exc}")
         log.info("recipecache: loaded precompiled %s in %.3f s", target.name, time.perf_counter() - start)
-        variant = Variant(fn, target.prefix, stored.dynamic)
-        if not variant.accepts(args, kwargs):
-            return self._unused(key, PrecompileDetail.GUARD_FAILED,
-                                f"the guards of {target.name}'s precompiled artifact reject these inputs")
+        variant = Variant(fn, target.prefix, values_of(fn, stored.pins, target.globals), stored.dynamic)
+        refused = variant.refusal(args, kwargs, loading=True)
+        if refused is not None:
+            return self._unused(key, refused[0], f"{target.name}'s precompiled artifact: {refused[1]}")
         self.metrics.saved(stored.compile_s)
         return variant
 
@@ -308,6 +333,7 @@ class Tier:
         self.metrics.kernels(installed=install(stored.files, Path(cache_dir())))
         fn = AOTCompiledFunction.deserialize(bytes(stored.entry), target.globals)
         fn.disable_guard_check()  # the dispatcher checks them once per call
+        rebind(fn, target.function)
         return fn
 
     def _lead(self, target: Target, key: str, flight: Flight, args: tuple[Any, ...],
@@ -333,15 +359,18 @@ class Tier:
         verdict: PrecompileDetail | None = None
         why = ""
         backend = inductor_backend(target.settings)
+        recorder = Recorder()
         with traced_code(target.code) as codes, self.kernels_loaded() as kernels:
             try:
-                fn = aot_compile_fullgraph(target.traced, (args, kwargs), hooks=Hooks(), backend=backend,
-                                           dynamic=target.settings.dynamic)
+                fn = aot_compile_fullgraph(target.traced, (args, kwargs), hooks=Hooks(guard_filter_fn=recorder),
+                                           backend=backend, dynamic=target.settings.dynamic)
                 entry = AOTCompiledFunction.serialize(fn).serialized_data
             except (Unsupported, UserError, UncapturedHigherOrderOpError) as exc:
                 verdict, why = PrecompileDetail.GRAPH_BREAK, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             except Exception as exc:  # noqa: BLE001 - a failed precompile is a fallback, never an error
                 return self.fallback(PrecompileDetail.PRECOMPILE_FAILED, f"{target.name}: {type(exc).__name__}: {exc}")
+        if verdict is None and recorder.unchecked:
+            verdict, why = PrecompileDetail.UNCHECKED_VALUE, f"it reads {', '.join(recorder.unchecked[:3])}"
         seconds = time.perf_counter() - start
         # the trace (the simulator's input) sees the precompile as this key's compile; the store's
         # compile counters already count the graphs inductor compiled for it
@@ -353,15 +382,16 @@ class Tier:
             self._publish(flight, key, Precompiled(b"", sources, seconds, verdict), meta)
             return self.fallback(verdict, f"{target.name} cannot be precompiled: {why}")
         files, missing = collect(kernels, Path(cache_dir()))  # a kernel not read is rebuilt by its receivers
-        self._publish(flight, key, Precompiled(entry, sources, seconds, files=tuple(files), dynamic=backend.takes_sizes),
-                      meta)
+        self._publish(flight, key, Precompiled(entry, sources, seconds, files=tuple(files), dynamic=backend.takes_sizes,
+                                               pins=tuple(recorder.pins)), meta)
         self.metrics.kernels(shipped=len(files))
         fn.disable_guard_check()
         log.info("recipecache: precompiled %s in %.1f s (%d traced files, %d kernels, %d not shipped)", target.name,
                  seconds, len(sources), len(files), len(missing))
-        variant = Variant(fn, target.prefix, backend.takes_sizes)
-        return variant if variant.accepts(args, kwargs) else self.fallback(
-            PrecompileDetail.GUARD_FAILED, f"{target.name}'s fresh precompile rejects its own inputs")
+        variant = Variant(fn, target.prefix, values_of(fn, recorder.pins, target.globals), backend.takes_sizes)
+        refused = variant.refusal(args, kwargs, loading=True)
+        return variant if refused is None else self.fallback(
+            refused[0], f"{target.name}'s fresh precompile refuses its own call: {refused[1]}")
 
     def _publish(self, flight: Flight, key: str, artifact: Precompiled, meta: dict[str, Any]) -> None:
         """Under ``key`` (the latest version) through the flight, and under the key naming its sources."""
@@ -400,9 +430,11 @@ class Target:
     #: what ``aot_compile_fullgraph`` traces: a module (its forward, or __call__ with hooks), a function, a method
     traced: Any
     settings: CompileSettings
-    #: the traced function's code (its identity in the key) and globals (where its bytecode runs)
+    #: the traced function (whose defaults and closure cells a loaded artifact takes), its code (its identity
+    #: in the key) and globals (where its bytecode runs)
+    function: Any = None
     code: Any = None
-    globals: dict[str, Any] | None = None
+    globals: dict[str, Any] = field(default_factory=dict)
     #: the bound ``self`` the precompiled function takes first, if any
     prefix: tuple[Any, ...] = ()
 
@@ -410,7 +442,7 @@ class Target:
         from torch._dynamo.convert_frame import get_traced_fn
 
         fn, bound = get_traced_fn(self.traced)
-        self.code, self.globals = fn.__code__, fn.__globals__
+        self.function, self.code, self.globals = fn, fn.__code__, fn.__globals__
         self.prefix = () if bound is None else (bound,)
 
     @property
@@ -438,8 +470,8 @@ class Dispatcher:
         self._lock = threading.RLock()
         self._decided: dict[tuple[Any, ...], Variant | Fallback] = {}
         self._variants: list[Variant] = []
-        #: store keys of the variants
-        self._loaded: set[str] = set()
+        #: the variants by store key
+        self._loaded: dict[str, Variant] = {}
         #: store keys looked up (each a precompile on a cold store), at most MAX_SHAPES
         self._looked_up: set[str] = set()
         self._targets: dict[int, Target] = {}
@@ -460,8 +492,10 @@ class Dispatcher:
             decided = self._decided.get(sig)
             if decided is None:
                 decided = self._resolve(subject, sig, args, kwargs)
-            elif isinstance(decided, Variant) and not decided.accepts(args, kwargs):
-                decided = self._reject(sig)
+            elif isinstance(decided, Variant):
+                refused = decided.refusal(args, kwargs)
+                if refused is not None:
+                    decided = self._reject(sig, *refused)
         except Exception as exc:  # noqa: BLE001 - a bug of ours must not stop training
             log.debug("recipecache: precompiled dispatch failed", exc_info=True)
             self.tier.metrics.fallback(Reason.HOOK_ERROR, f"precompiled dispatch: {exc!r}; torch goes on without it")
@@ -470,11 +504,11 @@ class Dispatcher:
             return decided(args, kwargs)
         return normal(*args, **kwargs)
 
-    def _reject(self, sig: tuple[Any, ...]) -> Fallback:
-        """A variant's guards rejected a signature they had accepted (an input the key does not cover changed)."""
+    def _reject(self, sig: tuple[Any, ...], detail: PrecompileDetail, why: str) -> Fallback:
+        """A variant refused a signature it had served (an input the key does not cover, or a traced value, changed)."""
         with self._lock:
             decided = self._decided[sig] = self.tier.fallback(
-                PrecompileDetail.GUARD_FAILED, "a precompiled function's guards reject inputs they accepted before")
+                detail, f"a precompiled function no longer serves a call it served before: {why}")
         return decided
 
     def _resolve(self, subject: Any, sig: tuple[Any, ...], args: tuple[Any, ...],
@@ -482,7 +516,7 @@ class Dispatcher:
         with self._lock:
             decided = self._decided.get(sig)
             if decided is None:
-                decided = next((v for v in self._variants if v.accepts(args, kwargs)), None)
+                decided = next((v for v in self._variants if v.refusal(args, kwargs) is None), None)
             if decided is None:
                 target = self.target(subject)
                 key = self.key(target, sig)
@@ -491,9 +525,10 @@ class Dispatcher:
                     decided = self.tier.fallback(
                         PrecompileDetail.DEVICE_UNCHECKED, f"{target.name} runs on {', '.join(sorted(unchecked))}, where the "
                         "precompiled tier is not checked (a cold precompile on CUDA crashed its process)")
-                elif key in self._loaded:  # that very artifact is here, and its guards just said no
-                    decided = self.tier.fallback(
-                        PrecompileDetail.GUARD_FAILED, f"the guards of {target.name}'s precompiled artifact reject these inputs")
+                elif key in self._loaded:  # that very artifact is here, and it just said no
+                    detail, why = self._loaded[key].refusal(args, kwargs) or (PrecompileDetail.GUARD_FAILED, "")
+                    decided = self.tier.fallback(detail, f"{target.name}'s precompiled artifact does not serve "
+                                                 f"these inputs: {why or 'its guards reject them'}")
                 elif key not in self._looked_up and len(self._looked_up) >= MAX_SHAPES:
                     decided = self.tier.fallback(
                         PrecompileDetail.TOO_MANY_SHAPES, f"{target.name} met more than {MAX_SHAPES} input signatures "
@@ -503,7 +538,7 @@ class Dispatcher:
                     decided = self.tier.resolve(target, key, args, kwargs)
                     if isinstance(decided, Variant):
                         self._variants.append(decided)
-                        self._loaded.add(key)
+                        self._loaded[key] = decided
                         self.tier.metrics.precompile_shapes(decided.shapes)
             self._decided[sig] = decided
             return decided

@@ -17,14 +17,17 @@ Framing is one msgpack map (never pickle)::
     {"format": "recipecache-precompiled/4", "entry": <bytes>, "compile_s": <float>,
      "sources": [[<path>, <code digest, 32 bytes>, [<global name>, ...]], ...],
      "files": [{"path": "<xx>/<name>.so", "data": <bytes>}, ...], "dynamic": <bool>,
-     "unsupported": <detail> | None}
+     "pins": [[<guard source>, <value as traced>, <per call>], ...], "unsupported": <detail> | None}
 
 ``entry`` is torch's own serialization and stays opaque here; only torch unpickles it,
 and only after the store verified the envelope and :func:`.code_digest.stale` found
 this process running the same code from every listed file. ``unsupported`` marks a function that cannot be
 precompiled for these sources (``graph_break``: dynamo cannot trace it whole): ranks
 that read it go straight to the normal path instead of each tracing it again.
-``dynamic``: the graph takes sizes as inputs (its guards serve many sizes), for the metrics. This module does not import torch.
+``dynamic``: the graph takes sizes as inputs (its guards serve many sizes), for the metrics.
+``pins``: the values the traced code read besides its inputs, as the trace saw them
+(:mod:`.traced_values`), which a loader compares with its own before it serves a call.
+This module does not import torch.
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ import msgpack
 from .artifact import ArtifactError, KernelFile, checked_file, decode
 
 #: 4: torch's default inductor backend with the kernel libraries beside it, not AOTInductor (its
-#: artifacts, and the ``dynamic_shapes`` verdicts format 3 published, are retired with the key)
-FORMAT = "recipecache-precompiled/4"
+#: artifacts, and the ``dynamic_shapes`` verdicts format 3 published, are retired with the key).
+#: 5: the values the trace read (``pins``); format 4 artifacts served them unchecked
+FORMAT = "recipecache-precompiled/5"
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,18 @@ class SourceFile:
     digest: bytes
     #: the globals the traced code of this file reads, whose values the digest covers
     names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A value the traced code read that is not in its code (:mod:`.traced_values`), as the trace saw it."""
+
+    #: dynamo's name of the guarded value (``G['cfg'].SCALE``, ``L['k']``)
+    source: str
+    #: its description (:func:`.traced_values.describe`), equal in two processes holding equal values
+    value: str
+    #: torch's loaded guards do not check it: the tier checks it before every call, not only at load
+    per_call: bool
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,8 @@ class Precompiled:
     files: tuple[KernelFile, ...] = ()
     #: the graph takes sizes as inputs (torch's dynamic graph)
     dynamic: bool = False
+    #: the values the traced code read besides its inputs, as the trace saw them
+    pins: tuple[Pin, ...] = ()
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -78,6 +96,7 @@ class Precompiled:
                 "unsupported": self.unsupported,
                 "files": [{"path": f.path, "data": f.data} for f in self.files],
                 "dynamic": self.dynamic,
+                "pins": [[p.source, p.value, p.per_call] for p in self.pins],
             },
             use_bin_type=True,
         )
@@ -86,8 +105,8 @@ class Precompiled:
     def unpack(cls, blob: bytes | bytearray | memoryview) -> Precompiled:
         """Decode and check ``blob``; raises :class:`ArtifactError` for anything unexpected."""
         obj = decode(blob, FORMAT, "recipecache precompiled artifact")
-        entry, compile_s, sources, unsupported, files, dynamic = (
-            obj.get(k) for k in ("entry", "compile_s", "sources", "unsupported", "files", "dynamic"))
+        entry, compile_s, sources, unsupported, files, dynamic, pins = (
+            obj.get(k) for k in ("entry", "compile_s", "sources", "unsupported", "files", "dynamic", "pins"))
         if not isinstance(entry, bytes) or not isinstance(compile_s, float) or compile_s < 0:
             raise ArtifactError("precompiled entry or compile time malformed")
         if unsupported is not None and not isinstance(unsupported, str):
@@ -99,8 +118,14 @@ class Precompiled:
             and len(s[1]) == 32 and isinstance(s[2], list) and all(isinstance(n, str) for n in s[2]) for s in sources
         ):
             raise ArtifactError("precompiled source list malformed")
+        if not isinstance(pins, list) or not all(
+            isinstance(p, list) and len(p) == 3 and isinstance(p[0], str) and isinstance(p[1], str)
+            and isinstance(p[2], bool) for p in pins
+        ):
+            raise ArtifactError("precompiled value pins malformed")
         return cls(entry, tuple(SourceFile(path, digest, tuple(names)) for path, digest, names in sources),
-                   compile_s, unsupported, tuple(checked_file(f) for f in files), dynamic)
+                   compile_s, unsupported, tuple(checked_file(f) for f in files), dynamic,
+                   tuple(Pin(*p) for p in pins))
 
 
 def versioned_key(key: str, sources: Iterable[SourceFile]) -> str:

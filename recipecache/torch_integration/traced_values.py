@@ -1,0 +1,240 @@
+"""The values a precompiled function depends on besides its inputs and its code: recorded, then checked.
+
+Dynamo specialises the compiled code on values it reads (a float default argument, a global, a
+module's or a class's attribute, a closure cell) and guards on them; torch reuses the code only
+where the guards hold, and recompiles otherwise. Read from torch 2.13's ``_dynamo/aot_compile.py``,
+``package.py`` and ``guards.py``, ``aot_compile`` artifacts lose part of that on a loader:
+
+* guards rooted in globals are dropped by its default guard filter (``is_global``), and so are
+  those torch cannot serialize (``ID_MATCH``, ``CLASS_MATCH``, ``MODULE_MATCH``, ``FUNCTION_MATCH``,
+  ``CLOSURE_MATCH``...): a changed global, ``cfg.SCALE`` or ``Consts.FACTOR`` is never checked;
+* a kept guard's expected value is read again at load from the pickled guard scope, where
+  modules and classes are pickled by reference: ``G['cfg'].SCALE == <the loader's own value>``;
+* the signature, defaults and closure cells are the producer's, pickled by value: the guard on a
+  default argument or a cell checks the producer's value against itself, and the call runs it;
+* the globals the bytecode reads (global tensors passed to the graph) are a copy taken at load.
+
+So the tier records, during its own compile (:class:`Recorder`, the guard filter it hands
+``aot_compile``: torch's own decisions), every guarded value that torch's loaded guards will not
+compare with the producer's: each dropped guard (checked before every call, as torch's would be)
+and each kept ``CONSTANT_MATCH``/``EQUALS_MATCH`` (checked when the artifact starts serving:
+torch's guard then holds the traced value). A loader rebinds torch's function to its own
+function's defaults and closure cells (:func:`rebind`) and serves only while every recorded value
+is what the trace saw (:class:`Values`); a value torch guards by identity and that cannot be
+described across processes makes the function a verdict (``unchecked_value``), never a load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import sys
+import types
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from . import code_digest
+from .precompiled import Pin
+
+#: guards whose expected value torch takes again at load (from scopes holding modules by reference)
+_VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH"})
+#: guards that compare identity: across processes, only a value described by more than its type stands for it
+_IDENTITY_GUARDS = frozenset({"ID_MATCH", "NN_MODULE", "WEAKREF_ALIVE", "DICT_VERSION"})
+#: a global (``G['name']``) or a local (``L['name']``, or dynamo's bare ``name`` for a frame local)
+_ROOT = re.compile(r"([GL])\['([^'\\]+)'\]|([A-Za-z_][A-Za-z0-9_]*)")
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(-?\d+)\]|\['([^'\\]*)'\]")
+#: the calls dynamo writes into a guarded value's name, and what each step does: ``type(x)``, ``dict(x)``
+_CALLS = {"type(": "type", "dict(": "dict"}
+_ODICT_ITEM = re.compile(r", '([^'\\]*)'\)")
+
+
+#: values whose description cannot change while the object lives (by value, immutable; or by qualified name)
+_FIXED = (bool, int, float, complex, str, bytes, type(None), types.ModuleType, types.FunctionType,
+          types.BuiltinFunctionType, type)
+_MISSING = object()
+
+
+def _unchanged(value: Any) -> bool:
+    """Whether the same object still has the description it had: a fixed value, or a container still empty
+    (torch's global hook dicts, read on every call of a module)."""
+    return isinstance(value, _FIXED) or (type(value) in (dict, list, set, tuple, OrderedDict) and not value)
+
+
+def describe(value: Any) -> str:
+    """:func:`.code_digest.describe`, with tensors by what dynamo's tensor guard checks (not by type only)."""
+    if isinstance(value, torch.Tensor):
+        return (f"tensor:{type(value).__qualname__}:{value.dtype}:{value.device}:{tuple(value.shape)}:"
+                f"{value.stride()}:{value.requires_grad}")
+    return code_digest.describe(value)
+
+
+GuardPath = tuple[str, str, tuple[tuple[str, Any], ...]]
+
+
+def parse(source: str) -> GuardPath | None:
+    """dynamo's name of a guarded value as (scope, name, steps), or None for a form not followed here.
+
+    ``G['cfg'].SCALE``, ``self.scale``, ``sizes[1]``, ``dict(type(self).__mro__[1].__dict__)['FACTOR']``,
+    ``___odict_getitem(self._modules, 'fc1').inplace``: a global or local, then attributes, items and the
+    calls ``type``, ``dict`` and ``___odict_getitem``.
+    """
+    parsed = _expression(source, 0)
+    return parsed[0] if parsed is not None and parsed[1] == len(source) else None
+
+
+def _expression(text: str, at: int) -> tuple[GuardPath, int] | None:
+    call = next((c for c in (*_CALLS, "___odict_getitem(") if text.startswith(c, at)), None)
+    if call is not None:
+        inner = _expression(text, at + len(call))
+        if inner is None:
+            return None
+        (scope, name, steps), at = inner
+        item = _ODICT_ITEM.match(text, at) if call == "___odict_getitem(" else None
+        if item is not None:
+            steps, at = (*steps, ("item", item.group(1))), item.end()
+        elif call in _CALLS and text.startswith(")", at):
+            steps, at = (*steps, (_CALLS[call], None)), at + 1
+        else:
+            return None
+    else:
+        root = _ROOT.match(text, at)
+        if root is None:
+            return None
+        scope, name = (root.group(1), root.group(2)) if root.group(1) else ("L", root.group(3))
+        steps, at = (), root.end()
+    while (step := _STEP.match(text, at)) is not None:
+        attr, index, key = step.groups()
+        steps = (*steps, ("attr", attr) if attr is not None else ("item", int(index)) if index is not None else ("item", key))
+        at = step.end()
+    return (scope, name, steps), at
+
+
+def resolve(path: GuardPath, scopes: Mapping[str, Callable[[str], Any]]) -> Any:
+    """The value ``path`` names in this process (raises when it names nothing)."""
+    scope, name, steps = path
+    value = scopes[scope](name)
+    for kind, arg in steps:
+        value = (getattr(value, arg) if kind == "attr" else value[arg] if kind == "item"
+                 else type(value) if kind == "type" else dict(value))
+    return value
+
+
+class Recorder:
+    """The guard filter the tier hands ``aot_compile``: torch's default decisions, recording what they leave out."""
+
+    def __init__(self) -> None:
+        self.pins: list[Pin] = []
+        #: guarded values no description can stand for across processes (a verdict when any)
+        self.unchecked: list[str] = []
+
+    def __call__(self, entries: Sequence[Any]) -> list[bool]:
+        from torch._dynamo.guards import CheckFunctionManager
+
+        keep = []
+        for entry in entries:
+            kept = not (entry.is_global or entry.guard_type in CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+            keep.append(kept)
+            self._record(entry, kept)
+        return keep
+
+    def _record(self, entry: Any, kept: bool) -> None:
+        types_ = {entry.guard_type, *(entry.derived_guard_types or ())}
+        if not entry.name or (kept and not types_ & _VALUE_GUARDS):
+            return  # ambient state, or a guard torch checks against the value it pickled
+        if not entry.has_value or parse(entry.name) is None:
+            self.unchecked.append(entry.name)
+            return
+        value = describe(entry.value)
+        if types_ & _IDENTITY_GUARDS and value.startswith(("object:", "unreadable:")):
+            self.unchecked.append(entry.name)
+            return
+        self.pins.append(Pin(entry.name, value, per_call=not kept))
+
+
+@dataclasses.dataclass
+class Values:
+    """The pins of one loaded function, checked in this process (its globals, torch's import aliases, its locals)."""
+
+    pins: tuple[Pin, ...]
+    globals: dict[str, Any]
+    #: dynamo's aliases of imported modules (``__import_torch_dot_nn``), which the module's globals may lack
+    aliases: dict[str, str]
+    #: the names of the globals torch's function reads, in its copy of the globals taken at load
+    bytecode_globals: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._paths = tuple((pin, parse(pin.source)) for pin in self.pins)
+        self._per_call = tuple(p for p in self._paths if p[0].per_call)
+        #: per pin, the object last found equal to the traced value, while its description cannot have changed
+        self._same: dict[int, Any] = {}
+
+    def changed(self, f_locals: Callable[[], dict[str, Any]], *, every: bool) -> str | None:
+        """The first pin (all of them, or ``every=False``: those torch does not check) that differs now, or None.
+
+        ``f_locals`` gives the call's locals as torch's guards see them; called only for a pin rooted there.
+        """
+        paths = self._paths if every else self._per_call
+        if not paths:
+            return None
+        bound: list[dict[str, Any]] = []
+
+        def local(name: str) -> Any:
+            if not bound:
+                bound.append(f_locals())
+            return bound[0][name]
+
+        scopes = {"G": self._global, "L": local}
+        for pin, path in paths:
+            try:
+                value = resolve(path, scopes) if path is not None else _MISSING
+            except Exception:  # noqa: BLE001 - a value this process no longer has differs
+                value = _MISSING
+            if self._same.get(id(pin), _MISSING) is value and _unchanged(value):
+                continue
+            now = None if value is _MISSING else describe(value)
+            if now != pin.value:
+                return f"{pin.source} is {now or 'missing'}, traced as {pin.value}"
+            if _unchanged(value):
+                self._same[id(pin)] = value
+        return None
+
+    def _global(self, name: str) -> Any:
+        if name in self.globals:
+            return self.globals[name]
+        module = self.aliases[name]
+        return sys.modules.get(module) or importlib.import_module(module)
+
+    def refresh(self, fn: Any) -> None:
+        """Point torch's copy of the globals at this process's current ones (a global tensor rebound since load)."""
+        copy = fn.fn.__globals__
+        for name in self.bytecode_globals:
+            copy[name] = self.globals[name]
+
+
+def values_of(fn: Any, pins: Sequence[Pin], f_globals: dict[str, Any]) -> Values:
+    """:class:`Values` for torch's ``AOTCompiledFunction`` ``fn`` running in ``f_globals``."""
+    env = fn._artifacts.runtime_env
+    read = tuple(name for name in env.used_globals if name in f_globals)
+    return Values(tuple(pins), f_globals, dict(env.import_sources), read)
+
+
+def rebind(fn: Any, function: types.FunctionType) -> None:
+    """Make torch's loaded function bind this process's defaults and closure cells, not the producer's copies.
+
+    Its guards then check them on every call (their expected values are the traced ones), and
+    the compiled code runs with them, as the normal path would.
+    """
+    from torch._dynamo.convert_frame import _get_signature
+
+    artifacts = fn._artifacts
+    artifacts.signature = _get_signature(function)
+    artifacts.runtime_env = dataclasses.replace(artifacts.runtime_env, closure=function.__closure__,
+                                                argdefs=function.__defaults__, kwdefaults=function.__kwdefaults__)
+    compiled = fn.fn
+    fn.fn = types.FunctionType(compiled.__code__, compiled.__globals__, compiled.__name__, function.__defaults__,
+                               function.__closure__)
+    fn.fn.__kwdefaults__ = function.__kwdefaults__
