@@ -37,6 +37,7 @@ import recipecache
 from recipecache.runs.events import read_events
 from recipecache.keys import storage_key
 from recipecache.torch_integration.artifact import ArtifactError
+from recipecache.torch_integration.precompile import KEY_KIND
 from recipecache.torch_integration.precompiled import Pin, Precompiled, SourceFile
 
 from torch_flags import compile_on_one_rank
@@ -141,8 +142,10 @@ def cold(base: Path) -> Cold:
 
 
 def _corrupt_model_artifact(store: Path, cold_run: Run) -> None:
-    """Flip the last byte of the model's precompiled artifact (the first one the cold process published)."""
-    key = next(e["key"] for e in read_events(cold_run.dir / "events") if e["event"] == "put")
+    """Flip the last byte of the model's precompiled artifact (the first one the cold process published; its
+    build published the model's graphs before it)."""
+    key = next(e["key"] for e in read_events(cold_run.dir / "events")
+               if e["event"] == "put" and f":{KEY_KIND}" in e["key"])
     backend = recipecache.open_store(f"file://{store}", namespace=NAMESPACE, secret=SECRET).backend
     blob = bytearray(backend.get(storage_key(NAMESPACE, key)))
     blob[-1] ^= 1
@@ -334,7 +337,8 @@ def test_two_rank_job_one_rank_precompiles_and_the_other_loads(tmp_path: Path) -
     store = f"file://{tmp_path / 'store'}"
     cold = run_cached(tmp_path, "cold", store, "--precompile", "--prewarm")
     warm = run_cached(tmp_path, "warm", store, "--precompile")
-    compiled = {rank: cold.keys("put", rank) for rank in (0, 1)}
+    # the precompiled artifacts (each build also publishes the graphs it compiled, issue 33)
+    compiled = {rank: {key for key in cold.keys("put", rank) if f":{KEY_KIND}" in key} for rank in (0, 1)}
     assert all(len(keys) == 1 for keys in compiled.values()) and compiled[0] != compiled[1]
     for rank in (0, 1):
         assert compiled[1 - rank] <= cold.keys("hit", rank), f"rank {rank} loaded what the other precompiled"
@@ -345,6 +349,23 @@ def test_two_rank_job_one_rank_precompiles_and_the_other_loads(tmp_path: Path) -
 
 
 LENGTHS_WORKER = Path(__file__).parent / "workers" / "precompile_lengths.py"
+
+
+def _lengths_job(tmp_path: Path, name: str, store: str, *args: str,
+                 precompile: bool = True) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """One 2-rank ``recipecache-run`` job of :data:`LENGTHS_WORKER` (``args`` are its options), each rank in
+    empty dirs of its own; per rank its metrics and what the worker wrote."""
+    from test_multirank import RANKS, _env_without_recipecache
+
+    run_dir = tmp_path / name
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store, "--namespace", "lengths",
+         "--run-dir", str(run_dir), "--rank-dirs", str(tmp_path / f"{name}-dirs"),
+         *(["--precompile"] if precompile else []), "--quiet", str(LENGTHS_WORKER), str(run_dir / "out"), *args],
+        check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return [(json.loads((run_dir / f"metrics-rank{r}.json").read_text()),
+             json.loads((run_dir / "out" / f"rank{r}.json").read_text())) for r in range(RANKS)]
 
 
 @pytest.mark.multirank
@@ -361,21 +382,10 @@ def test_varying_lengths_are_precompiled_per_shape_and_fresh_ranks_trace_nothing
     job's (the same kernels ran) and within float tolerance of eager torch. (Round one built a
     static AOTInductor artifact per length, compiled beside the normal path's graphs.)
     """
-    from test_multirank import RANKS, _env_without_recipecache
-
     lengths = (8, 12, 16)  # rotated by rank: each rank traces two of them on a cold store
     store = f"file://{tmp_path / 'store'}"
-    jobs = {}
-    for name in ("cold", "fresh"):
-        run_dir = tmp_path / name
-        proc = subprocess.run(
-            [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store, "--namespace", "lengths",
-             "--run-dir", str(run_dir), "--rank-dirs", str(tmp_path / f"{name}-dirs"), "--precompile", "--quiet",
-             str(LENGTHS_WORKER), str(run_dir / "out"), "--lengths", ",".join(map(str, lengths))],
-            check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=800)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        jobs[name] = [(json.loads((run_dir / f"metrics-rank{r}.json").read_text()),
-                       json.loads((run_dir / "out" / f"rank{r}.json").read_text())) for r in range(RANKS)]
+    jobs = {name: _lengths_job(tmp_path, name, store, "--lengths", ",".join(map(str, lengths)))
+            for name in ("cold", "fresh")}
     shapes = [{"static_per_shape": 2, "dynamic": 1}, {"static_per_shape": 1, "dynamic": 1}]  # per rank, see above
     lookups = [3, 2]
     cold, fresh = jobs["cold"], jobs["fresh"]
@@ -392,6 +402,44 @@ def test_varying_lengths_are_precompiled_per_shape_and_fresh_ranks_trace_nothing
         assert metrics["precompile_fallbacks"] == {} and metrics["precompile_shapes"] == want
         assert out["losses"] == cold_out["losses"], "the same artifacts ran: bitwise equal"
         assert out["losses"] == pytest.approx(out["eager"], rel=1e-4, abs=1e-5), "and torch's results"
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(1500)
+def test_fresh_ranks_compile_nothing_in_another_order_nor_on_the_normal_path(tmp_path: Path) -> None:
+    """Issue 33: what a fresh job of the tier asks for is in the store, whatever order its ranks meet shapes in,
+    and also when the tier does not serve a call (the normal path of a fresh process).
+
+    Cold: 4 lengths rotated by rank, each training step followed by an eval step. Each rank
+    looks up the signatures it meets before one of its dynamic graphs serves them; the length
+    both ranks meet last (20) is served by the dynamic graphs only, so, before, no key held an
+    artifact for it, and a fresh rank meeting it first (rotated by 3 more) precompiled it
+    again. A variant that serves a new signature is now published under its key too (where
+    the key is empty). And the tier's builds compiled inductor's graphs with the FX graph
+    cache off (``aot_compile`` bundles them into AOTAutograd's entry) and kept torch's
+    automatic-dynamic decisions to themselves, so the normal path of a fresh process (here: a
+    job without the tier, its ranks also rotated by 3 more) found nothing and compiled every
+    graph; now the builds publish each graph under the key the normal path computes, and the
+    decisions, so that a process tracing a length first compiles the dynamic graph the tier built.
+    """
+    lengths = ("--lengths", "8,12,16,20", "--eval")
+    store = f"file://{tmp_path / 'store'}"
+    cold = _lengths_job(tmp_path, "cold", store, *lengths)
+    fresh = _lengths_job(tmp_path, "fresh", store, *lengths, "--shift", "3")
+    normal = _lengths_job(tmp_path, "normal", store, *lengths, "--shift", "3", precompile=False)
+    for metrics, out in fresh:
+        assert metrics["graph_compilation"]["TotalNumber"] == 0 and out["frames"] == 0, "no trace, no compile"
+        assert metrics["precompile_fallbacks"] == {} and metrics["fallbacks"] == {}, metrics["precompile_fallback_details"]
+        assert metrics["lookups"]["precompiled"]["miss"] == 0, metrics["lookups"]
+        assert out["losses"] == pytest.approx(out["eager"], rel=1e-4, abs=1e-5)
+    for metrics, out in normal:
+        assert metrics["graph_compilation"]["TotalNumber"] == 0, "the graphs the tier compiled serve the normal path"
+        assert metrics["lookups"]["fx"]["miss"] == 0 and metrics["lookups"]["fx"]["hit"] > 0, metrics["lookups"]
+        assert out["losses"] == pytest.approx(out["eager"], rel=1e-4, abs=1e-5)
+    for metrics, _ in cold:
+        assert metrics["precompile_fallbacks"] == {} and metrics["fallbacks"] == {}, metrics
+    compiled = sum(m["graph_compilation"]["TotalNumber"] for m, _ in cold)
+    assert sum(m["lookups"]["fx"]["put"] for m, _ in cold) == compiled, "every graph the cold job compiled is published"
 
 
 # -- in process, no compiles ------------------------------------------------------------------
@@ -717,6 +765,32 @@ def test_precompile_fallback_details_are_one_vocabulary() -> None:
         assert isinstance(fallback, Fallback) and fallback.detail is detail
     assert metrics.snapshot()["precompile_fallbacks"] == {"graph_break": 1, "bad_artifact": 1}
 
+
+
+def test_a_load_failure_is_listed_with_its_exception_in_the_metrics() -> None:
+    """Issue 33: a count of ``load_failed`` says nothing about why; the metrics list each fallback with the
+    exception behind it (type and message, bounded), so a fresh job's report tells what to fix."""
+    from types import SimpleNamespace
+
+    from recipecache.torch_integration.metrics import MAX_DETAIL_CHARS, MAX_FALLBACK_DETAILS, Metrics
+    from recipecache.torch_integration.precompile import Fallback, Tier
+
+    store = recipecache.open_store("memory://", namespace=NAMESPACE)
+    metrics = Metrics(store, None, flush=False)
+    tier = Tier(store, metrics, 0.5, lambda key: key)  # not installed: torch.compile stays as it is
+    target = SimpleNamespace(name="f", globals={}, prefix=())
+    for n in range(MAX_FALLBACK_DETAILS + 2):
+        stored = Precompiled(b"not torch's pickle" * 100, (), 1.0)
+        fallback = tier._load(target, f"k{n}", stored, (), {})  # type: ignore[arg-type]
+        assert isinstance(fallback, Fallback) and fallback.detail == "load_failed"
+    snapshot = metrics.snapshot()
+    assert snapshot["precompile_fallbacks"] == {"load_failed": MAX_FALLBACK_DETAILS + 2}
+    details = snapshot["precompile_fallback_details"]
+    assert len(details) == MAX_FALLBACK_DETAILS, "bounded; the count goes on"
+    first = details[0]
+    assert first["detail"] == "load_failed" and "k0 does not load here" in first["message"]
+    assert first["error"].startswith("_pickle.UnpicklingError: "), first
+    assert all(len(d["message"]) <= MAX_DETAIL_CHARS and len(d["error"]) <= MAX_DETAIL_CHARS for d in details)
 
 
 def test_the_tier_counts_each_lookup_and_store_failure_once() -> None:

@@ -48,10 +48,11 @@ import logging
 import pickle
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch._functorch.config as functorch_config
 from torch._inductor.runtime.runtime_utils import cache_dir
 
 from ..errors import ConfigError
@@ -470,6 +471,26 @@ class Integration:
             if outer is not None:
                 outer |= attempt.build_kernels
             attempt.build_kernels = outer
+
+    def graph_cache_scope(self, gm: Any) -> AbstractContextManager[Any]:
+        """Where inductor compiles one graph (``_compile_fx_inner``): inside a precompiled function's build, with
+        torch's FX graph cache on, as on the normal path.
+
+        ``aot_compile`` bundles inductor's graphs into AOTAutograd's entry and, to do so, turns
+        the FX graph cache off (``bundled_autograd_cache``, which also enters the FX key). Its
+        graphs would then reach the store only inside the precompiled artifact and an AOTAutograd
+        entry under a key the normal path never computes: a fresh process that falls back (or
+        runs without the tier) would compile every graph again. With the flag off for the
+        graph's compile alone, the graph is looked up, single-flighted and published under the
+        FX key the normal path computes, and AOTAutograd (outside this scope) still bundles the
+        compiled graph it gets back. A graph without calls is left to torch's bundled path (off
+        it, torch returns the module's own forward, which cannot be bundled).
+        """
+        from torch._dynamo.utils import count_calls
+
+        if self.attempt.build_kernels is None or gm is None or count_calls(gm.graph) == 0:
+            return nullcontext()
+        return functorch_config.patch(bundled_autograd_cache=False)
 
     def kernel_is_built(self) -> bool:
         """Whether the library of the kernel torch is loading on this thread is already on disk."""

@@ -42,6 +42,31 @@ LOOKUP_KINDS = ("fx", "aot", "pgo", "isa", "autotune", "precompiled")
 GRAPH_KINDS = ("fx", "precompiled")
 
 
+#: fallbacks of the precompiled tier listed with their cause per process (the counts go on past it)
+MAX_FALLBACK_DETAILS = 32
+#: characters kept of a fallback's message and of its exception's message
+MAX_DETAIL_CHARS = 500
+
+
+def fallback_record(detail: PrecompileDetail | Reason, message: str, error: BaseException | None) -> dict[str, str]:
+    """One line of ``precompile_fallback_details``: the detail, the tier's message and the exception behind it."""
+    record = {"detail": str(detail), "message": _bounded(message)}
+    if error is not None:
+        record["error"] = _bounded(describe_error(error))
+    return record
+
+
+def describe_error(error: BaseException) -> str:
+    """``module.Type: message`` (builtins without their module)."""
+    kind = type(error)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return f"{name}: {error}"
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
+
+
 def metrics_path(template: str | None, rank: int) -> Path | None:
     """The metrics file for ``rank``: ``template`` with ``{rank}`` replaced, or None for no file."""
     return Path(template.replace("{rank}", str(rank))) if template else None
@@ -70,6 +95,8 @@ class Metrics:
         self._warned: set[str] = set()
         self._kernels = {"installed": 0, "shipped": 0}
         self._precompile_fallbacks: Counter[str] = Counter()
+        #: why each of the tier's first fallbacks happened (:meth:`precompile_fallback`), bounded
+        self._precompile_fallback_details: list[dict[str, str]] = []
         self._precompile_shapes: Counter[str] = Counter()
         self._stale_sources = 0
         #: no-stall (:mod:`.behind`): calls run without inductor and their seconds, switches to the
@@ -119,22 +146,28 @@ class Metrics:
         self.changed()
 
     def precompile_fallback(self, detail: PrecompileDetail | Reason, message: str, *,
-                            counted_by_store: bool = False) -> None:
+                            counted_by_store: bool = False, error: BaseException | None = None) -> None:
         """The precompiled tier sent one call signature to the normal path; warned once per ``detail``.
 
         Counted in ``precompile_fallbacks`` by detail and as fallback ``precompile_fallback``,
         unless ``counted_by_store``: a store that could not coordinate (the reason of a
         fallback :class:`~recipecache.store.Flight`, e.g. ``backend_down``) is the store's
-        fallback, counted once, by the store; only its detail is counted here.
+        fallback, counted once, by the store; only its detail is counted here. Each one is
+        also listed in ``precompile_fallback_details`` with ``message`` and, where an exception
+        caused it (a load that failed), its type and message (:func:`fallback_record`): the
+        warning says only the first of each detail, and a count says nothing about the cause.
         """
         with self._lock:
             first = detail not in self._precompile_fallbacks
             self._precompile_fallbacks[detail] += 1
+            if len(self._precompile_fallback_details) < MAX_FALLBACK_DETAILS:
+                self._precompile_fallback_details.append(fallback_record(detail, message, error))
             if not counted_by_store:
                 self._fallbacks[Reason.PRECOMPILE_FALLBACK] += 1
         if first:
-            log.warning("recipecache: %s (counted as fallback %r, detail %r; not warned again)",
-                        message, str(Reason.PRECOMPILE_FALLBACK), str(detail))
+            cause = f" ({describe_error(error)})" if error is not None else ""
+            log.warning("recipecache: %s%s (counted as fallback %r, detail %r; not warned again)",
+                        message, cause, str(Reason.PRECOMPILE_FALLBACK), str(detail))
         self.changed()
 
     def precompile_shapes(self, how: PrecompileShapes) -> None:
@@ -203,6 +236,7 @@ class Metrics:
                 "lookups": lookups,
                 "kernels": dict(self._kernels),
                 "precompile_fallbacks": {str(k): v for k, v in self._precompile_fallbacks.items()},
+                "precompile_fallback_details": [dict(d) for d in self._precompile_fallback_details],
                 "precompile_shapes": {str(k): v for k, v in self._precompile_shapes.items()},
                 "stale_sources": self._stale_sources,
                 "behind": {**{k: round(v, 6) if isinstance(v, float) else v for k, v in self._behind.items()},

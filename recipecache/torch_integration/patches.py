@@ -10,6 +10,7 @@ keys, flights and artifacts (:mod:`._hooks`). Which hooks are installed is
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Collection, Iterator
@@ -101,8 +102,10 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
 
     def run_inner(*args: Any, **kwargs: Any) -> Any:
         integration.guarded(integration.end_attempt)
+        scope = integration.guarded(integration.graph_cache_scope, args[0] if args else kwargs.get("gm"))
         try:
-            return original_inner(*args, **kwargs)
+            with scope or contextlib.nullcontext():
+                return original_inner(*args, **kwargs)
         finally:
             integration.guarded(integration.end_attempt)
 

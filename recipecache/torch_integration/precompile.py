@@ -124,6 +124,8 @@ class Variant:
     values: Values
     #: its graph takes sizes as inputs (its guards serve many sizes)
     dynamic: bool = False
+    #: the artifact it was loaded from or built as (what :meth:`Tier.share` publishes again)
+    artifact: Precompiled | None = None
 
     def refusal(self, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                 loading: bool = False) -> tuple[PrecompileDetail, str] | None:
@@ -192,6 +194,24 @@ def unchecked_devices(target: Target, sig: tuple[Any, ...]) -> set[str]:
     if isinstance(owner, torch.nn.Module):
         devices |= {t.device.type for t in itertools.chain(owner.parameters(), owner.buffers())}
     return devices - CHECKED_DEVICES
+
+
+def share_shape_decisions() -> None:
+    """Publish torch's automatic-dynamic state after a build, as torch does after each of its own compiles.
+
+    ``aot_compile_fullgraph`` traces as dynamo does (it reads and updates the state: which
+    dimensions changed size) but leaves the upload to its caller. Without it a process that
+    later traces on the normal path (a fallback, a job without the tier) starts from nothing:
+    it compiles a static graph where the tier's builds compiled the dynamic one, and misses
+    the graph store. The state is read once, at a process's first trace, so ranks tracing
+    side by side in a cold job still decide from their own. A failure only costs that match.
+    """
+    from torch._dynamo.pgo import put_code_state
+
+    try:
+        put_code_state()
+    except Exception:  # noqa: BLE001 - torch swallows its own upload failures; so do we
+        log.debug("recipecache: uploading the automatic-dynamic state failed", exc_info=True)
 
 
 # -- the tier ------------------------------------------------------------------------------
@@ -316,9 +336,9 @@ class Tier:
             fn = self._deserialize(stored, target)
         except Exception as exc:  # noqa: BLE001 - whatever torch raises while loading, training goes on
             detail = PrecompileDetail.INCOMPATIBLE if "was created with a different" in str(exc) else PrecompileDetail.LOAD_FAILED
-            return self._unused(key, detail, f"{key}: {type(exc).__name__}: {exc}")
+            return self._unused(key, detail, f"{target.name}: {key} does not load here", error=exc)
         log.info("recipecache: loaded precompiled %s in %.3f s", target.name, time.perf_counter() - start)
-        variant = Variant(fn, target.prefix, values_of(fn, stored.pins, target.globals), stored.dynamic)
+        variant = Variant(fn, target.prefix, values_of(fn, stored.pins, target.globals), stored.dynamic, stored)
         refused = variant.refusal(args, kwargs, loading=True)
         if refused is not None:
             return self._unused(key, refused[0], f"{target.name}'s precompiled artifact: {refused[1]}")
@@ -368,10 +388,13 @@ class Tier:
             except (Unsupported, UserError, UncapturedHigherOrderOpError) as exc:
                 verdict, why = PrecompileDetail.GRAPH_BREAK, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             except Exception as exc:  # noqa: BLE001 - a failed precompile is a fallback, never an error
-                return self.fallback(PrecompileDetail.PRECOMPILE_FAILED, f"{target.name}: {type(exc).__name__}: {exc}")
+                return self.fallback(PrecompileDetail.PRECOMPILE_FAILED, f"{target.name} could not be precompiled",
+                                     error=exc)
         if verdict is None and recorder.unchecked:
             verdict, why = PrecompileDetail.UNCHECKED_VALUE, f"it reads {', '.join(recorder.unchecked[:3])}"
         seconds = time.perf_counter() - start
+        if verdict is None:
+            share_shape_decisions()
         # the trace (the simulator's input) sees the precompile as this key's compile; the store's
         # compile counters already count the graphs inductor compiled for it
         self.store.events.record("compile", flight.key, seconds)
@@ -382,13 +405,14 @@ class Tier:
             self._publish(flight, key, Precompiled(b"", sources, seconds, verdict), meta)
             return self.fallback(verdict, f"{target.name} cannot be precompiled: {why}")
         files, missing = collect(kernels, Path(cache_dir()))  # a kernel not read is rebuilt by its receivers
-        self._publish(flight, key, Precompiled(entry, sources, seconds, files=tuple(files), dynamic=backend.takes_sizes,
-                                               pins=tuple(recorder.pins)), meta)
+        artifact = Precompiled(entry, sources, seconds, files=tuple(files), dynamic=backend.takes_sizes,
+                               pins=tuple(recorder.pins))
+        self._publish(flight, key, artifact, meta)
         self.metrics.kernels(shipped=len(files))
         fn.disable_guard_check()
         log.info("recipecache: precompiled %s in %.1f s (%d traced files, %d kernels, %d not shipped)", target.name,
                  seconds, len(sources), len(files), len(missing))
-        variant = Variant(fn, target.prefix, values_of(fn, recorder.pins, target.globals), backend.takes_sizes)
+        variant = Variant(fn, target.prefix, values_of(fn, recorder.pins, target.globals), backend.takes_sizes, artifact)
         refused = variant.refusal(args, kwargs, loading=True)
         return variant if refused is None else self.fallback(
             refused[0], f"{target.name}'s fresh precompile refuses its own call: {refused[1]}")
@@ -405,21 +429,45 @@ class Tier:
         flight.publish(blob, meta=meta)
         self.metrics.changed()
 
-    def _unused(self, key: str, detail: PrecompileDetail | Reason, message: str) -> Fallback:
+    def share(self, target: Target, key: str, variant: Variant, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Publish ``variant`` under ``key`` too, unless something is there: it serves that signature here without
+        a lookup (a dynamic graph's guards accept the size), so no process would publish one under it otherwise.
+
+        Which keys a process looks up depends on the order it meets signatures in (the first
+        size of a dimension gets a static graph, later ones the dynamic graph's guards); a
+        process that meets this signature first (a fresh rank, or a rank whose steps come in
+        another order) then loads the artifact that served it here, instead of missing and
+        precompiling afresh. Written only where the key is empty, so an artifact published
+        under it is never replaced (who loads it gets what its producer ran); not counted as
+        a put of its own (it is a copy, as the versioned copy in :meth:`_publish`).
+        """
+        if variant.artifact is None:
+            return
+        blob = variant.artifact.pack()
+        meta = {**describe.graph_meta(target.name, describe.input_shapes(pytree.tree_leaves((args, kwargs))), 0.0),
+                "kind": KIND_NAME}
+        self.store.update(key, lambda current: blob if current is None else None, meta=meta)
+
+    def _unused(self, key: str, detail: PrecompileDetail | Reason, message: str, *,
+                error: BaseException | None = None) -> Fallback:
         """The artifact (or verdict) served under ``key`` cannot serve this call: the store's hit becomes a miss
         (``bad_artifact``, else ``precompile_fallback``: the detail is counted here), and the call a fallback."""
         reason = Reason.BAD_ARTIFACT if detail is Reason.BAD_ARTIFACT else Reason.PRECOMPILE_FALLBACK
         self.store.record_unused_hit(key, reason, kind=KIND_NAME)
-        return self.fallback(detail, message)
+        return self.fallback(detail, message, error=error)
 
-    def fallback(self, detail: PrecompileDetail | Reason, message: str, *, counted_by_store: bool = False) -> Fallback:
+    def fallback(self, detail: PrecompileDetail | Reason, message: str, *, counted_by_store: bool = False,
+                 error: BaseException | None = None) -> Fallback:
         """Count a call signature the tier sends to the normal path (warned once per ``detail``).
 
         ``counted_by_store``: ``detail`` is the reason of a fallback flight, which the store
-        counted as its fallback (:meth:`Metrics.precompile_fallback`).
+        counted as its fallback (:meth:`Metrics.precompile_fallback`). ``error``: the exception
+        behind it, whose type and message the metrics keep beside the detail.
         """
+        if error is not None:
+            log.debug("recipecache: %s", message, exc_info=error)
         self.metrics.precompile_fallback(detail, f"{message}; it runs on the normal path",
-                                         counted_by_store=counted_by_store)
+                                         counted_by_store=counted_by_store, error=error)
         return Fallback(detail)
 
 
@@ -517,6 +565,8 @@ class Dispatcher:
             decided = self._decided.get(sig)
             if decided is None:
                 decided = next((v for v in self._variants if v.refusal(args, kwargs) is None), None)
+                if decided is not None:
+                    self._share(subject, sig, decided, args, kwargs)
             if decided is None:
                 target = self.target(subject)
                 key = self.key(target, sig)
@@ -542,6 +592,14 @@ class Dispatcher:
                         self.tier.metrics.precompile_shapes(decided.shapes)
             self._decided[sig] = decided
             return decided
+
+    def _share(self, subject: Any, sig: tuple[Any, ...], variant: Variant, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> None:
+        """A loaded variant serves the new signature ``sig``: make its key find that variant too (:meth:`Tier.share`)."""
+        target = self.target(subject)
+        key = self.key(target, sig)
+        if key not in self._loaded:
+            self.tier.share(target, key, variant, args, kwargs)
 
     def target(self, subject: Any) -> Target:
         target = self._targets.get(id(subject))

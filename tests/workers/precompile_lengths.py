@@ -1,11 +1,12 @@
 """One rank of a 2-rank DDP job whose inputs vary over a few sequence lengths (torch.compile's defaults).
 
-usage (under recipecache-run or torchrun): precompile_lengths.py OUT_DIR [--lengths 8,12] [--iters 2]
+usage (under recipecache-run or torchrun): precompile_lengths.py OUT_DIR [--lengths 8,12] [--iters 2] [--shift N] [--eval]
 
 ``examples/train.py``'s TinyLM, wrapped in DDP and compiled with ``torch.compile(ddp)``: no
 ``dynamic=`` argument, so torch's automatic dynamic marks the length dynamic at its second
-value. Rank r meets the lengths rotated by r, every iteration, training only. Before each step
-the eager module computes the same loss (no grad) as the reference.
+value. Rank r meets the lengths rotated by r + ``--shift``, every iteration, training only, or
+with ``--eval`` each training step followed by an eval step (``model.eval()``, no grad) of the
+same length. Before each step the eager module computes the same loss (no grad) as the reference.
 
 Each rank writes ``OUT_DIR/rank<r>.json``: per step the compiled loss and the eager one, and
 dynamo's frame counter (frames it traced: 0 when every call was served precompiled).
@@ -31,11 +32,14 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--lengths", default="8,12")
     p.add_argument("--iters", type=int, default=2)
+    p.add_argument("--shift", type=int, default=0, help="rotate every rank's lengths by this much more")
+    p.add_argument("--eval", action="store_true", help="an eval step (no grad) after each training step")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     lengths = [int(n) for n in args.lengths.split(",")]
-    order = lengths[rank % len(lengths):] + lengths[:rank % len(lengths)]
+    first = (rank + args.shift) % len(lengths)
+    order = lengths[first:] + lengths[:first]
     torch.manual_seed(0)
     model = TinyLM(16)
     ddp = DistributedDataParallel(model)
@@ -52,6 +56,12 @@ def main() -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
+            if args.eval:
+                model.eval()
+                with torch.no_grad():
+                    eager.append(model(tokens, targets).item())
+                    losses.append(compiled(tokens, targets).item())
+                model.train()
     from torch._dynamo.utils import counters
 
     args.out.mkdir(parents=True, exist_ok=True)
