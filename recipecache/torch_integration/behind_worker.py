@@ -3,13 +3,15 @@
 Started by :mod:`.behind` in a fresh interpreter (never the user's script), once per
 process, and kept for all its graphs. Each line on its stdin names a job directory: it
 reads ``JOB_DIR/job.pkl`` (the store settings, the graph's store key, torch's wire-format
-input of one graph compile, the parent's thread count and ``sys.path``), enables recipecache on the same
-store, and runs torch's whole ``_compile_fx_inner`` on the graph in the context torch's
+input of one graph compile, the parent's global torch state (:mod:`.global_state`) and ``sys.path``),
+enables recipecache on the same store, applies the parent's state (every config value and flag that
+torch's FX key or inductor's lowering reads: the worker compiles under exactly the rank's), and runs torch's whole ``_compile_fx_inner`` on the graph in the context torch's
 own out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor
 config, virtualized state, tracing context, fake mode). The FX cache lookup misses (the
 parent holds the key's lease, so this process does not wait for it), inductor compiles,
 and torch's put publishes the entry with its kernels through the normal path. It writes
-``JOB_DIR/result.pkl`` (the compile's seconds, or the error) and then answers ``done`` on
+``JOB_DIR/result.pkl`` (the compile's seconds, or the error, with ``inline`` when no worker can
+compile this graph under the rank's key: a value it could not reproduce, or another key) and then answers ``done`` on
 its stdout, which carries nothing else: whatever the compile prints goes to stderr, the
 parent's log of the worker. It exits at the end of its input.
 """
@@ -30,8 +32,8 @@ from typing import Any
 
 
 
-def compile_job(job: dict[str, Any]) -> dict[str, Any]:
-    """Compile and publish the graph of ``job``; what the parent reads back."""
+def compile_job(job: dict[str, Any], first: bool = True) -> dict[str, Any]:
+    """Compile and publish the graph of ``job`` (``first``: this process's first job); what the parent reads back."""
     import torch
     from torch._inductor import compile_fx
     from torch._inductor import config as inductor_config
@@ -39,10 +41,9 @@ def compile_job(job: dict[str, Any]) -> dict[str, Any]:
     from torch._inductor.debug import DebugContext
 
     from ..store import Store
-    from . import compat, patches
+    from . import compat, global_state, patches
     from .metrics import Metrics
 
-    torch.set_num_threads(job["threads"])  # part of the graph's key: the parent's count
     # the graph's pickle names the modules it was traced from (a model class in the node metadata and
     # the tracing context): importable from where the rank imported them. Only what the pickle names
     # is imported; the script itself (``__main__``) never is
@@ -52,6 +53,14 @@ def compile_job(job: dict[str, Any]) -> dict[str, Any]:
     on = {state.hook.name for state in compat.states() if state.on} - {"precompiled"}
     integration = patches.attach(store, metrics, job["settings"].wait_timeout, on, wait_for_lease=False)
     try:
+        # after attach: the rank's state was captured with recipecache's hooks on as well
+        global_state.apply(job["state"])
+        unreproduced = global_state.differences(job["state"])
+        if unreproduced:
+            # after an earlier job, what stuck of its state may be the cause (torch's legacy and new precision
+            # APIs keep a history): a fresh worker starts from torch's defaults. Fresh already: none can
+            why = f"the worker cannot reproduce the rank's {', '.join(unreproduced[:3])}"
+            return {"error": why, "inline": True} if first else {"error": why, "stale_worker": True}
         wire = _WireProtocolPickledInput(job["wire"]).deserialize()
         with contextlib.ExitStack() as stack:
             stack.enter_context(wire.virtualized.patch())
@@ -68,7 +77,8 @@ def compile_job(job: dict[str, Any]) -> dict[str, Any]:
         if key is None:  # torch's local cache (shared with the rank) had it: nothing to publish
             return {"compile_s": seconds}
         if key != job["key"]:
-            return {"error": f"the worker computed key {key}, the rank {job['key']}"}
+            return {"error": f"the worker computed key {key}, the rank {job['key']}", "inline": True,
+                    "key_mismatch": True}
         if not published["put"] and not published["hit"]:
             return {"error": "the compiled graph was not published (see the store's warnings)"}
         return {"compile_s": seconds}
@@ -98,12 +108,12 @@ PR_SET_PDEATHSIG = 1
 NICENESS = 19
 
 
-def run_job(directory: Path) -> None:
+def run_job(directory: Path, first: bool) -> None:
     """Compile the job in ``directory`` and write its ``result.pkl`` whole (the parent never reads half a result)."""
     with open(directory / "job.pkl", "rb") as f:
         job = pickle.load(f)  # noqa: S301 - written by the parent, in a directory only this user reads
     try:
-        result = compile_job(job)
+        result = compile_job(job, first)
     except Exception as exc:  # noqa: BLE001 - the parent reads it and keeps the graph eager
         traceback.print_exc()
         result = {"error": f"{type(exc).__name__}: {exc}"}
@@ -120,8 +130,8 @@ def main() -> int:
     _die_with_parent()
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # prints of the compile go to the log, never into the replies
-    for line in sys.stdin:
-        run_job(Path(line.rstrip("\n")))
+    for done, line in enumerate(sys.stdin):
+        run_job(Path(line.rstrip("\n")), first=done == 0)
         replies.write("done\n")
         replies.flush()
     return 0

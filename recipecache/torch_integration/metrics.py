@@ -75,7 +75,8 @@ class Metrics:
         #: no-stall (:mod:`.behind`): calls run without inductor and their seconds, switches to the
         #: compiled graph, compiles run behind the steps and their seconds, and those that failed
         self._behind = dict.fromkeys(
-            ("eager_calls", "eager_s", "switches", "compiles", "compile_s", "failed", "workers"), 0)
+            ("eager_calls", "eager_s", "switches", "compiles", "compile_s", "failed", "workers", "retries",
+             "key_mismatches"), 0)
         #: per graph key, what no-stall did with it here (set by the hooks: the report's rows)
         self.behind_graphs_source: Callable[[], dict[str, Any]] | None = None
         self._write_failed = False
@@ -151,7 +152,7 @@ class Metrics:
 
     def behind(self, **counts: float) -> None:
         """No-stall figures to add (``eager_calls``, ``eager_s``, ``switches``, ``compiles``, ``compile_s``, ``failed``,
-        ``workers`` started).
+        ``workers`` started, ``retries`` of a failed compile, ``key_mismatches``: a worker computed another key).
 
         An eager call changes only counters the report sums at the end, so it rewrites no file.
         """
