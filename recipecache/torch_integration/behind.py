@@ -27,9 +27,8 @@ does) applied to torch.compile, with the store as the meeting point:
   arguments it kept, under the tracing context and inductor config of the first attempt,
   which now hits. From then on the compiled graph runs.
 * The worker compiles under the rank's global torch state (:mod:`.global_state`: configs,
-  precision and determinism flags, default dtype, thread count), sent with each graph, and
-  under the rank's environment (a worker started under another one is replaced): its FX key
-  is the rank's by construction. It still checks: another key, or a value it cannot
+  precision and determinism flags, default dtype, thread count, environment), sent with each
+  graph: its FX key is the rank's by construction. It still checks: another key, or a value it cannot
   reproduce, fails the compile (counted) and this process compiles the graph itself the next
   time it leads it. A state that cannot be sent at all (a custom pass in inductor's config)
   has the graph compiled inline at once, counted.
@@ -179,8 +178,6 @@ class _Job:
     key: str
     directory: Path
     flight: Flight
-    #: the rank's environment when it sent the graph: the worker compiling it must have been started under it
-    environ: dict[str, str]
     cancelled: bool = False
 
 
@@ -203,12 +200,10 @@ class _Worker:
     and the next job starts a new worker.
     """
 
-    def __init__(self, environ: dict[str, str]) -> None:
-        #: the rank's environment it was started under (what a job's compile may read)
-        self.rank_environ = environ
+    def __init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="recipecache-worker-"))
         self.log_path = self.directory / "worker.log"
-        environ = dict(environ)
+        environ = dict(os.environ)
         for name in (env.EVENT_LOG, env.METRICS_FILE, env.METRICS_FLUSH):
             environ.pop(name, None)  # the parent records the background compile; the worker writes nothing of its own
         package_root = str(Path(__file__).resolve().parents[2])
@@ -220,10 +215,6 @@ class _Worker:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
-
-    def serves(self, job: _Job) -> bool:
-        """Whether ``job`` may run here: the worker lives, under the environment the rank had when it sent the job."""
-        return self.alive() and self.rank_environ == job.environ
 
     def compile(self, job_directory: Path) -> dict[str, Any]:
         """Have the worker compile the job in ``job_directory``; its result, or raise why there is none."""
@@ -408,7 +399,7 @@ class Behind:
     # -- background compiles -------------------------------------------------------
     def _submit(self, flight: Flight, wire: bytes, state: dict[str, Any]) -> Future[float]:
         directory = Path(tempfile.mkdtemp(prefix="recipecache-behind-"))
-        job = _Job(flight.key, directory, flight, dict(os.environ))
+        job = _Job(flight.key, directory, flight)
         with open(directory / "job.pkl", "wb") as f:  # mkdtemp: only this user reads it (the secret is in it)
             pickle.dump({"settings": self.store.settings, "key": flight.key, "wire": wire,
                          "state": state, "sys_path": list(sys.path)}, f)
@@ -452,7 +443,7 @@ class Behind:
             self.metrics.behind(key_mismatches=1)
 
     def _work(self, job: _Job) -> float:
-        """Have this process's worker compile ``job`` (starting one if none serves it); its seconds, or raise why not."""
+        """Have this process's worker compile ``job`` (starting one if none runs); its seconds, or raise why not."""
         result = self._worker_for(job).compile(job.directory)
         if result.get("stale_worker"):  # an earlier job's state stuck in the kept worker: again in a fresh one
             result = self._worker_for(job, fresh=True).compile(job.directory)
@@ -462,15 +453,15 @@ class Behind:
         return float(result["compile_s"])
 
     def _worker_for(self, job: _Job, *, fresh: bool = False) -> _Worker:
-        """The worker to compile ``job``: the kept one if it serves it (and not ``fresh``), else a new one."""
+        """The worker to compile ``job``: the kept one if it lives (and not ``fresh``), else a new one."""
         with self._lock:  # never a new worker once finish() has cancelled the jobs
             if job.cancelled:
                 raise RuntimeError("the process was exiting")
-            started = fresh or self._worker is None or not self._worker.serves(job)
+            started = fresh or self._worker is None or not self._worker.alive()
             if started:
                 if self._worker is not None:
                     self._worker.close(0.0)
-                self._worker = _Worker(job.environ)
+                self._worker = _Worker()
             worker = self._worker
         if started:
             self.metrics.behind(workers=1)  # not under our lock: a metrics flush reads our snapshot
@@ -630,9 +621,13 @@ class BehindGraph:
             return compiled
 
     def _load(self) -> Callable[[list[Any]], Any]:
-        """torch's ``_compile_fx_inner`` again, in the context of the first attempt: a hit now."""
+        """torch's ``_compile_fx_inner`` again, in the context of the first attempt: a hit now, or a compile here
+        (a retry inline), which needs the debug context torch's ``compile_fx_inner`` gives it."""
+        from torch._inductor.debug import DebugContext
+
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.utils._python_dispatch._disable_current_modes())
+            stack.enter_context(DebugContext())
             stack.enter_context(inductor_config.patch(self._config))
             stack.enter_context(torch._guards.tracing(self._context))
             return self._reload()

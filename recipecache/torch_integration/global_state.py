@@ -6,7 +6,8 @@ besides the graph and its inputs, settings of the process that compiles it: the 
 ``bundled_autograd_cache``, the deterministic-algorithms settings, the default dtype, the
 cuBLAS matmul precision settings and the CPU thread count; and inductor's lowering reads
 more of them while it compiles (cuDNN's and oneDNN's fp32 precisions, the float32 matmul
-precision, the default device). A training script sets them before it compiles
+precision, the default device, and what compilers read from the environment). A training script sets
+them before it compiles
 (``torch.backends.cuda.matmul.allow_tf32 = True``); a no-stall worker, a fresh interpreter
 that never runs the script, has torch's defaults. So the rank captures the whole state
 (:func:`capture`) with each graph it sends, and the worker applies it (:func:`apply`)
@@ -24,11 +25,14 @@ compiles that graph itself.
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from .. import env
 
 #: torch's config modules whose values a compile reads: each travels whole
 CONFIG_MODULES = ("torch._inductor.config", "torch._inductor.config_comms", "torch._functorch.config",
@@ -57,6 +61,24 @@ BACKEND_ATTRIBUTES = (
     "backends.mkldnn.enabled",
     "utils.deterministic.fill_uninitialized_memory",
 )
+
+
+#: environment variables that are not the rank's to give: the worker's own (where it writes, where it imports
+#: from) and torch's per-process ones (``_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR``: an address in the process)
+WORKER_ENV = frozenset({"PYTHONPATH", env.EVENT_LOG, env.METRICS_FILE, env.METRICS_FLUSH})
+PROCESS_ENV_PREFIX = "_TORCHINDUCTOR_"
+
+
+def _environ() -> dict[str, str]:
+    """The environment a compile here may read, less what is the process's own."""
+    return {name: value for name, value in os.environ.items()
+            if name not in WORKER_ENV and not name.startswith(PROCESS_ENV_PREFIX)}
+
+
+def _apply_environ(wanted: dict[str, str]) -> None:
+    for name in set(_environ()) - set(wanted):
+        del os.environ[name]
+    os.environ.update(wanted)
 
 
 class Uncarried(Exception):
@@ -121,18 +143,28 @@ def _readable(read: Callable[[], Any]) -> Any:
         return None
 
 
+def _left_out(module: Any) -> list[str]:
+    """The configs of ``module`` that torch's serializable copy leaves out (custom passes, callables) and that
+    hold something else than their default here."""
+    entries = module._config
+    return [key for key in getattr(module, "_save_config_ignore", ())
+            if key in entries and getattr(module, key) != entries[key].default]
+
+
+def _snapshot() -> dict[str, Any]:
+    configs = {name: importlib.import_module(name).get_serializable_config_copy() for name in CONFIG_MODULES}
+    return {"configs": configs, "settings": {name: _readable(read) for name, read, _write in SETTINGS},
+            "environ": _environ()}
+
+
 def capture() -> dict[str, Any]:
     """This process's compile-relevant global state, as plain picklable values; raise :class:`Uncarried` if
     some of it cannot travel."""
-    configs: dict[str, dict[str, Any]] = {}
     for name in CONFIG_MODULES:
-        module = importlib.import_module(name)
-        left_out = [key for key in getattr(module, "_save_config_ignore", ())
-                    if key in module._config and not module._is_default(key)]
+        left_out = _left_out(importlib.import_module(name))
         if left_out:
             raise Uncarried(f"{name}.{left_out[0]} is set, and torch's config copy leaves it out")
-        configs[name] = module.get_serializable_config_copy()
-    state = {"configs": configs, "settings": {name: _readable(read) for name, read, _write in SETTINGS}}
+    state = _snapshot()
     try:
         pickle.dumps(state)
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -141,8 +173,9 @@ def capture() -> dict[str, Any]:
 
 
 def apply(state: dict[str, Any]) -> None:
-    """Make this process's state ``state`` (a :func:`capture` of another process): every config value, and each
-    other setting that reads differently here."""
+    """Make this process's state ``state`` (a :func:`capture` of another process): its environment, every config
+    value, and each other setting that reads differently here."""
+    _apply_environ(state["environ"])
     for name, values in state["configs"].items():
         module = importlib.import_module(name)
         module.load_config(values)
@@ -154,7 +187,9 @@ def apply(state: dict[str, Any]) -> None:
 
 def differences(state: dict[str, Any]) -> list[str]:
     """The names of what reads differently here than in ``state``: empty once :func:`apply` reproduced it."""
-    here = capture()
+    here = _snapshot()
     names = [f"{module}.{key}" for module, values in state["configs"].items()
              for key, value in values.items() if here["configs"].get(module, {}).get(key) != value]
-    return names + [name for name, value in state["settings"].items() if here["settings"].get(name) != value]
+    names += [name for name, value in state["settings"].items() if here["settings"].get(name) != value]
+    environ, wanted = here["environ"], state["environ"]
+    return names + [f"${name}" for name in sorted(set(environ) | set(wanted)) if environ.get(name) != wanted.get(name)]

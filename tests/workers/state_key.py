@@ -9,6 +9,7 @@ applies each and writes the pickled list of ``{"key": ..., "differences": [...]}
 
 from __future__ import annotations
 
+import os  # noqa: F401 - for the statements
 import pickle
 import sys
 from typing import Any
