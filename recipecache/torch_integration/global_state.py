@@ -173,12 +173,14 @@ def capture() -> dict[str, Any]:
 
 
 def apply(state: dict[str, Any]) -> None:
-    """Make this process's state ``state`` (a :func:`capture` of another process): its environment, every config
-    value, and each other setting that reads differently here."""
+    """Make this process's state ``state`` (a :func:`capture` of another process): its environment, and each
+    config value and other setting that reads differently here."""
     _apply_environ(state["environ"])
     for name, values in state["configs"].items():
         module = importlib.import_module(name)
-        module.load_config(values)
+        current = module.get_serializable_config_copy()
+        # only what differs: a value written is a user override, and writing a deprecated one warns
+        module.load_config({key: value for key, value in values.items() if key not in current or current[key] != value})
     for name, read, write in SETTINGS:
         wanted = state["settings"].get(name)
         if wanted is not None and _readable(read) != wanted:
