@@ -3,15 +3,17 @@
 Started by :mod:`.behind` in a fresh interpreter (never the user's script), once per
 process, and kept for all its graphs. Each line on its stdin names a job directory: it
 reads ``JOB_DIR/job.pkl`` (the store settings, the graph's store key, torch's wire-format
-input of one graph compile, the parent's global torch state (:mod:`.global_state`) and ``sys.path``),
-enables recipecache on the same store, applies the parent's state (every config value and flag that
-torch's FX key or inductor's lowering reads: the worker compiles under exactly the rank's), and runs torch's whole ``_compile_fx_inner`` on the graph in the context torch's
-own out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor
+input of one graph compile, the parent's global torch state (:mod:`.global_state`) and
+``sys.path``), enables recipecache on the same store, applies the parent's state (every config
+value, flag and environment variable that torch's FX key or inductor's lowering reads: the worker
+compiles under exactly the rank's), and runs torch's whole ``_compile_fx_inner`` on the graph in
+the context torch's own out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor
 config, virtualized state, tracing context, fake mode). The FX cache lookup misses (the
 parent holds the key's lease, so this process does not wait for it), inductor compiles,
 and torch's put publishes the entry with its kernels through the normal path. It writes
-``JOB_DIR/result.pkl`` (the compile's seconds, or the error, with ``inline`` when no worker can
-compile this graph under the rank's key: a value it could not reproduce, or another key) and then answers ``done`` on
+``JOB_DIR/result.pkl`` (the compile's seconds, or the error: with ``inline`` when no worker can
+compile this graph under the rank's key, a value it could not reproduce or another key; with
+``stale_worker`` when what stuck of an earlier job's state may be why) and then answers ``done`` on
 its stdout, which carries nothing else: whatever the compile prints goes to stderr, the
 parent's log of the worker. It exits at the end of its input.
 """
