@@ -35,6 +35,10 @@ first; the short warm pair runs ``--warm-pairs`` times per repetition):
   calls of ``ns fresh`` (target: none). Per rank also the seconds from its first graph sent to
   a worker to the end of its last compile there, beside those compiles' own seconds. With
   ``--compare-tree`` too, ``base ns cold`` runs the other checkout's no-stall cold beside it.
+  Also the ``behind_failed`` fallbacks of ``ns cold`` (target 0).
+* with ``--tf32``, every job first sets TF32 matmuls and convolutions and the float32 matmul
+  precision ``high``, as training scripts do: settings torch's graph keys read, which a no-stall
+  worker must compile under too.
 
 Printed: the job walls, iteration 0 (the slowest rank's), each rank's critical path
 (seconds inside steps, where compiles and waits happen; for recipecache also its compile
@@ -49,7 +53,8 @@ losses, and so must the fresh runs that start from the store's (see ``SECOND_RUN
 the tier's two runs (``PRECOMPILE_SCENARIOS``).
 
     python benchmarks/cold_bench.py [--reps 3] [--warm-pairs 2] [--cases rotated,aligned] [--quick]
-                                    [--timeline] [--compare-tree /work/main] [--precompile] [--no-stall] [--json FILE]
+                                    [--timeline] [--compare-tree /work/main] [--precompile] [--no-stall] [--tf32]
+                                    [--json FILE]
 """
 
 from __future__ import annotations
@@ -120,6 +125,10 @@ def job(args: argparse.Namespace) -> None:
         seq = (start + stride * torch.arange(length + 1)) % VOCAB
         return seq[:, :-1], seq[:, 1:]
 
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -453,6 +462,7 @@ def no_stall_figures(cold: list[Run], fresh: list[Run], plain: list[Run]) -> dic
     walls = ratios(cold, plain, lambda r: r.wall_s)
     loss_diff = [max(abs(a - b) for mine, ref in zip(ns.losses, p.losses) for a, b in zip(mine, ref))
                  for ns, p in zip(cold, plain)]
+    behind_failed = [sum(m.get("fallbacks", {}).get("behind_failed", 0) for m in r.metrics) for r in cold]
     fresh_compiles = [r.count("compile") for r in fresh]
     fresh_eager = [r.count("eager") for r in fresh]
     met = lambda value, limit: "met" if value <= limit else "MISSED"  # noqa: E731
@@ -465,10 +475,11 @@ def no_stall_figures(cold: list[Run], fresh: list[Run], plain: list[Run]) -> dic
           f"compiles behind {[r.count('compile') for r in cold]}, switches {[r.count('switch') for r in cold]}")
     print(f"no-stall max |loss - plain cold loss| at any step: {' '.join(f'{d:.2e}' for d in loss_diff)}  "
           f"target <= {NO_STALL_LOSS_TARGET}: {met(max(loss_diff), NO_STALL_LOSS_TARGET)}")
+    print(f"no-stall cold behind_failed: {behind_failed}  target 0: {'met' if not any(behind_failed) else 'MISSED'}")
     print(f"no-stall fresh ranks after: compiles {fresh_compiles}, eager calls {fresh_eager}  target 0: "
           f"{'met' if not any(fresh_compiles) and not any(fresh_eager) else 'MISSED'}")
     return {"ns_worst_step_over_plain_first": per_rank, "ns_cold_wall": walls, "ns_max_loss_diff": loss_diff,
-            "ns_fresh_compiles": fresh_compiles, "ns_fresh_eager_calls": fresh_eager}
+            "ns_fresh_compiles": fresh_compiles, "ns_fresh_eager_calls": fresh_eager, "ns_behind_failed": behind_failed}
 
 
 def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[str], compare: Path | None,
@@ -534,6 +545,8 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
     p.add_argument("--no-stall", action="store_true",
                    help="also run recipecache-run --no-stall cold (own store) and fresh ranks after it")
+    p.add_argument("--tf32", action="store_true",
+                   help="every job sets TF32 and the float32 matmul precision 'high' before it compiles")
     p.add_argument("--compare-tree", type=Path, metavar="DIR",
                    help="also run recipecache-run cold and fresh from this checkout (e.g. /work/main), interleaved")
     p.add_argument("--precompile", action="store_true",
@@ -545,7 +558,8 @@ def main() -> None:
         p.error(f"--cases takes a comma-separated list of {', '.join(TARGETS)}")
     reps = args.reps or (1 if args.quick else 3)
     job_args = ["--lengths", args.lengths or ("16,24,32" if args.quick else "16,24,32,40"),
-                "--iters", str(args.iters or (2 if args.quick else 3)), "--layers", "1" if args.quick else "2"]
+                "--iters", str(args.iters or (2 if args.quick else 3)), "--layers", "1" if args.quick else "2",
+                *(["--tf32"] if args.tf32 else [])]
     work = args.workdir or Path(tempfile.mkdtemp(prefix="cold-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"cold_bench: 2 ranks (gloo, CPU, 1 thread each), each in its own empty TORCHINDUCTOR_CACHE_DIR and TMPDIR; "
@@ -574,6 +588,7 @@ def job_parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--tf32", action="store_true", help="TF32 and float32 matmul precision 'high' before compiling")
     p.add_argument("--out", required=True)
     return p
 

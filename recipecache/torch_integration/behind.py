@@ -29,11 +29,19 @@ does) applied to torch.compile, with the store as the meeting point:
   guards inductor added while compiling (a size it specialized) stayed in the worker, so
   dynamo's guards lack them; the FX entry's ``guards_expr`` is checked at each call, and a
   call it rejects runs without inductor (counted ``guard_rejected``).
-* A compile that fails, a worker that dies, a load that misses or raises: the graph stays
-  eager in this process, counted (fallback ``behind_failed``, warned once); the lease is
-  released, so another process may compile it. A compile past its deadline
-  (``RECIPECACHE_BEHIND_TIMEOUT``) is ended the same way (fallback ``behind_timeout``).
-  Never a crash, never a hang.
+* The worker compiles under the rank's global torch state (:mod:`.global_state`: configs,
+  precision and determinism flags, default dtype, thread count, environment), sent with each
+  graph: its FX key is the rank's by construction. It still checks: another key, or a value it cannot
+  reproduce, fails the compile (counted) and this process compiles the graph itself the next
+  time it leads it. A state that cannot be sent at all (a custom pass in inductor's config)
+  has the graph compiled inline at once, counted.
+* A compile that fails, a worker that dies: counted (fallback ``behind_failed``, warned once),
+  the lease released, and the graph eager meanwhile, but not for good: it switches as soon as
+  any process publishes the key ("load, never lead"), and this process leads it again at most
+  :data:`BEHIND_TRIES` times in all, each after :data:`RETRY_S` seconds left to the others. A
+  compile past its deadline (``RECIPECACHE_BEHIND_TIMEOUT``) is ended the same way (fallback
+  ``behind_timeout``). A load that misses or raises after our own compile: eager in this
+  process, counted. Never a crash, never a hang.
 * Compiles still running when the script ends are finished before the process exits,
   for at most the exit grace (:meth:`Behind.finish`), then ended; those still queued are
   cancelled. Their leases are released either way.
@@ -67,6 +75,7 @@ import torch._inductor.config as inductor_config
 from .. import env
 from ..reasons import Reason, Role
 from ..store import Flight, Store
+from . import global_state
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -75,6 +84,12 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 #: seconds finish() waits for a killed compile's thread to release its lease
 KILLED_JOB_WAIT_S = 10.0
+#: how many times one process leads one graph's compile (in a worker, or inline after a worker could not
+#: give the rank's key); past that it only waits for another process's artifact
+BEHIND_TRIES = 2
+#: seconds a process whose compile of a graph failed leaves its lead to the others before it takes it
+#: again, and between two looks for the artifact of a graph it may no longer lead while nobody compiles it
+RETRY_S = 5.0
 
 
 class Deferred(Exception):
@@ -230,6 +245,16 @@ class _Serial:
                 future.set_exception(exc)
 
 
+class WorkerFailed(RuntimeError):
+    """The worker answered with an error; ``inline``: no worker can compile this graph under the rank's key
+    (a value of the rank's state it could not reproduce, or another key), so the rank compiles it itself."""
+
+    def __init__(self, why: str, *, inline: bool, key_mismatch: bool) -> None:
+        super().__init__(why)
+        self.inline = inline
+        self.key_mismatch = key_mismatch
+
+
 class _Worker:
     """This process's compile worker (:mod:`.behind_worker`), kept for one graph after another.
 
@@ -322,6 +347,12 @@ class Behind:
         self._worker: _Worker | None = None
         self._futures: list[Future[float]] = []
         self.graphs: dict[str, _Graph] = {}
+        #: per graph key: how many times this process led its compile, when it may lead it again after a failure
+        #: (``inf``: once it has looked at the free lease, :meth:`looked_after_failure`), and whether its next lead
+        #: compiles inline (a worker could not give the rank's key)
+        self._tries: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}
+        self._inline: set[str] = set()
         self._closed = False
         self._probe_warmed = False
 
@@ -344,15 +375,61 @@ class Behind:
         context = torch._guards.TracingContext.try_get()
         job = None
         if flight.role is Role.LEADER:
-            gm, example_inputs, inputs_to_check = args[:3]
-            graph_kwargs = {k: v for k, v in kwargs.items() if k != "compile_region_name"}
-            serialized = wire_input(gm, example_inputs, inputs_to_check, graph_kwargs)
-            if serialized is None:
-                self._failed(flight.key, what, "torch cannot serialize this graph for a worker; compiling it inline")
+            lead = self._lead(flight)
+            if lead is None:
+                return Deferred(flight.key, what, None, config, context)  # left to the others: we wait for the artifact
+            if lead == "inline":
                 self.store.events.record("compile_start", flight.key)
                 return None
-            job = self._submit(flight, serialized)
+            gm, example_inputs, inputs_to_check = args[:3]
+            graph_kwargs = {k: v for k, v in kwargs.items() if k != "compile_region_name"}
+            sent = self._sendable(flight, what, wire_input(gm, example_inputs, inputs_to_check, graph_kwargs))
+            if sent is None:
+                self.store.events.record("compile_start", flight.key)
+                return None
+            job = self._submit(flight, *sent)
         return Deferred(flight.key, what, job, config, context)
+
+    def _lead(self, flight: Flight) -> str | None:
+        """How this process leads the graph whose lease it took: ``worker``, ``inline`` (a worker could not give
+        the rank's key), or None: it led it :data:`BEHIND_TRIES` times, or its last compile failed less than
+        :data:`RETRY_S` ago; the lease is released for another process, and this one waits for its artifact."""
+        with self._lock:
+            tries = self._tries.get(flight.key, 0)
+            if not self.may_lead(flight.key):
+                lead = None
+            else:
+                self._tries[flight.key] = tries + 1
+                lead = "inline" if flight.key in self._inline else "worker"
+        if lead is None:
+            flight.release()
+        elif tries:
+            self.metrics.behind(retries=1)
+        return lead
+
+    def may_lead(self, key: str) -> bool:
+        """Whether this process may lead graph ``key``'s compile now (:meth:`_lead`)."""
+        return self._tries.get(key, 0) < BEHIND_TRIES and time.monotonic() >= self._retry_at.get(key, 0.0)
+
+    def looked_after_failure(self, key: str) -> None:
+        """This process saw graph ``key``'s lease free: if its compile of it failed, it may lead it again
+        :data:`RETRY_S` from now. Counted from a look, not from the failure, so that in a data-parallel job every
+        other rank calls the graph (and looks at the free lease) at least once before this one takes it again."""
+        with self._lock:
+            if self._retry_at.get(key) == float("inf"):
+                self._retry_at[key] = time.monotonic() + RETRY_S
+
+    def _sendable(self, flight: Flight, what: tuple[str, str], wire: bytes | None) -> tuple[bytes, dict[str, Any]] | None:
+        """The graph's wire input and this process's global state (:mod:`.global_state`), or None (counted):
+        a worker could not compile it under this process's key, which compiles it inline."""
+        if wire is None:
+            self._failed(flight.key, what, "torch cannot serialize this graph for a worker; compiling it inline")
+            return None
+        try:
+            return wire, global_state.capture()
+        except global_state.Uncarried as exc:
+            self._failed(flight.key, what, f"a worker cannot get this process's state ({exc}); compiling it inline")
+            return None
 
     def _warm_cpu_probe(self, example_inputs: Any) -> None:
         """Pick the CPU's vector ISA now, in the background, the first time a CPU graph is deferred.
@@ -395,10 +472,10 @@ class Behind:
             return {key: graph.as_json() for key, graph in self.graphs.items()}
 
     # -- background compiles -------------------------------------------------------
-    def _submit(self, flight: Flight, wire: bytes) -> Future[float]:
+    def _submit(self, flight: Flight, wire: bytes, state: dict[str, Any]) -> Future[float]:
         # sent on the worker's stdin, never written to disk: the settings hold the store's secret
         payload = pickle.dumps({"settings": self.store.settings, "key": flight.key, "wire": wire,
-                                "threads": torch.get_num_threads(), "sys_path": list(sys.path)})
+                                "state": state, "sys_path": list(sys.path)})
         job = _Job(flight.key, payload, flight)
         self.store.events.record("compile_start", flight.key, behind=True)
         with self._lock:
@@ -413,6 +490,7 @@ class Behind:
         try:
             seconds = self._work(job)
         except Exception as exc:
+            self._compile_failed(job.key, exc)
             reason = Reason.BEHIND_TIMEOUT if isinstance(exc, CompileTimeout) else Reason.BEHIND_FAILED
             self._failed(job.key, (graph.name, graph.shapes), f"the compile behind failed ({exc})", reason)
             raise
@@ -424,12 +502,37 @@ class Behind:
             graph.compile_s += seconds
         return seconds
 
+    def _compile_failed(self, key: str, exc: Exception) -> None:
+        """Our compile of ``key`` failed: lead it again only after a wait (:meth:`looked_after_failure`), and
+        inline if the worker could not give this process's key."""
+        inline = isinstance(exc, WorkerFailed) and exc.inline
+        with self._lock:
+            self._retry_at[key] = float("inf")
+            if inline:
+                self._inline.add(key)
+        if isinstance(exc, WorkerFailed) and exc.key_mismatch:
+            self.metrics.behind(key_mismatches=1)
+
     def _work(self, job: _Job) -> float:
         """Have this process's worker compile ``job`` (starting one if none runs); its seconds, or raise why not."""
+        deadline = time.monotonic() + self.compile_timeout  # one deadline, a retry in a fresh worker included
+        result = self._worker_for(job).compile(job.payload, self.compile_timeout)
+        if result.get("stale_worker"):  # an earlier job's state stuck in the kept worker: again in a fresh one
+            result = self._worker_for(job, fresh=True).compile(job.payload, max(deadline - time.monotonic(), 0.0))
+        if result.get("error"):
+            raise WorkerFailed(result["error"], inline=bool(result.get("inline")),
+                               key_mismatch=bool(result.get("key_mismatch")))
+        for reason in result.get("unpublished", ()):
+            self.metrics.fallback(Reason(reason), f"the no-stall worker compiled {job.key} but could not publish it; "
+                                  "this process loads it from torch's local cache, other processes compile it again")
+        return float(result["compile_s"])
+
+    def _worker_for(self, job: _Job, *, fresh: bool = False) -> _Worker:
+        """The worker to compile ``job``: the kept one if it lives (and not ``fresh``), else a new one."""
         with self._lock:  # never a new worker once finish() has cancelled the jobs
             if job.cancelled:
                 raise RuntimeError("the process was exiting")
-            started = self._worker is None or not self._worker.alive()
+            started = fresh or self._worker is None or not self._worker.alive()
             if started:
                 if self._worker is not None:
                     self._worker.close(0.0)
@@ -437,13 +540,7 @@ class Behind:
             worker = self._worker
         if started:
             self.metrics.behind(workers=1)  # not under our lock: a metrics flush reads our snapshot
-        result = worker.compile(job.payload, self.compile_timeout)
-        if result.get("error"):
-            raise RuntimeError(result["error"])
-        for reason in result.get("unpublished", ()):
-            self.metrics.fallback(Reason(reason), f"the no-stall worker compiled {job.key} but could not publish it; "
-                                  "this process loads it from torch's local cache, other processes compile it again")
-        return float(result["compile_s"])
+        return worker
 
     def _drop(self, job: _Job) -> None:
         """A job ended (or was cancelled before it began): free its lease, so another process may compile the graph."""
@@ -531,9 +628,12 @@ class BehindGraph:
         self._context = deferred.context
         self._job = deferred.job
         self._next_poll = time.monotonic() + POLL_S
+        #: when this process last looked the graph up again, and whether it saw another one compile it since
+        self._looked = time.monotonic()
+        self._saw_lease = False
         self._lock = threading.Lock()
         self._compiled: Callable[[list[Any]], Any] | None = None
-        #: the graph failed behind in this process: eager for good
+        #: our own compile published the graph, yet it did not load (or the process is exiting): eager for good
         self._given_up = False
         _LazyGraphModule.force_recompile(gm)  # as torch's own eager output of an empty graph
         self._eager = gm.forward
@@ -593,14 +693,25 @@ class BehindGraph:
         return self._eager(*args)
 
     def _due(self) -> bool:
-        """Whether to try the switch now: our job ended, or the key's lease is gone (looked at every POLL_S)."""
+        """Whether to try the switch now: our job ended; or (looked at every POLL_S) the key's lease is gone and the
+        artifact may be there or ours to make: another process's compile just ended, this process may lead the
+        graph, or it last looked the graph up RETRY_S ago."""
         if self._job is not None:
             return self._job.done()
         now = time.monotonic()
         if now < self._next_poll:
             return False
         self._next_poll = now + POLL_S
-        return not self._behind.store.compiling(self._key)
+        behind = self._behind
+        if behind.store.compiling(self._key):
+            self._saw_lease = True
+            return False
+        behind.looked_after_failure(self._key)
+        saw_lease, self._saw_lease = self._saw_lease, False
+        if saw_lease or behind.may_lead(self._key) or now >= self._looked + RETRY_S:
+            self._looked = now
+            return True
+        return False
 
     def _switch(self) -> Callable[[list[Any]], Any] | None:
         with self._lock:
@@ -609,8 +720,11 @@ class BehindGraph:
             behind = self._behind
             job, self._job = self._job, None
             if job is not None:
-                if job.cancelled() or job.exception() is not None:  # counted by the job: the graph stays eager here
+                if job.cancelled():  # the process is exiting
                     self._given_up = True
+                    return None
+                if job.exception() is not None:  # counted by the job: eager until a process publishes the graph
+                    self._looked = time.monotonic()
                     return None
             start = time.perf_counter()
             try:
@@ -639,9 +753,13 @@ class BehindGraph:
             return compiled
 
     def _load(self) -> Callable[[list[Any]], Any]:
-        """torch's ``_compile_fx_inner`` again, in the context of the first attempt: a hit now."""
+        """torch's ``_compile_fx_inner`` again, in the context of the first attempt: a hit now, or a compile here
+        (a retry inline), which needs the debug context torch's ``compile_fx_inner`` gives it."""
+        from torch._inductor.debug import DebugContext
+
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.utils._python_dispatch._disable_current_modes())
+            stack.enter_context(DebugContext())
             stack.enter_context(inductor_config.patch(self._config))
             stack.enter_context(torch._guards.tracing(self._context))
             return self._reload()

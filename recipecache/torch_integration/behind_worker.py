@@ -2,17 +2,20 @@
 
 Started by :mod:`.behind` in a fresh interpreter (never the user's script), once per
 process, and kept for all its graphs. Each frame on its stdin (:func:`.behind.read_frame`) is
-one job, pickled (the store settings, the graph's store key, torch's wire-format
-input of one graph compile, the parent's thread count and ``sys.path``); nothing of it is
-on disk, where the store's secret would outlive a killed rank. It enables recipecache on the same
-store, and runs torch's whole ``_compile_fx_inner`` on the graph in the context torch's
-own out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor
-config, virtualized state, tracing context, fake mode). The FX cache lookup misses (the
-parent holds the key's lease, so this process does not wait for it), inductor compiles,
-and torch's put publishes the entry with its kernels through the normal path. It answers
-one frame on its stdout (the compile's seconds, or the error), which carries nothing else:
-whatever the compile prints goes to stderr, the parent's log of the worker. It exits at the
-end of its input.
+one job, pickled (the store settings, the graph's store key, torch's wire-format input of one
+graph compile, the parent's global torch state (:mod:`.global_state`) and ``sys.path``); nothing
+of it is on disk, where the store's secret would outlive a killed rank. It enables recipecache on
+the same store, applies the parent's state (every config value, flag and environment variable
+that torch's FX key or inductor's lowering reads: the worker compiles under exactly the rank's),
+and runs torch's whole ``_compile_fx_inner`` on the graph in the context torch's own
+out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor config,
+virtualized state, tracing context, fake mode). The FX cache lookup misses (the parent holds the
+key's lease, so this process does not wait for it), inductor compiles, and torch's put publishes
+the entry with its kernels through the normal path. It answers one frame on its stdout (the
+compile's seconds, or the error: with ``inline`` when no worker can compile this graph under the
+rank's key, a value it could not reproduce or another key; with ``stale_worker`` when what stuck
+of an earlier job's state may be why), which carries nothing else: whatever the compile prints
+goes to stderr, the parent's log of the worker. It exits at the end of its input.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from typing import Any
 
 
 
-def compile_job(job: dict[str, Any]) -> dict[str, Any]:
-    """Compile and publish the graph of ``job``; what the parent reads back."""
+def compile_job(job: dict[str, Any], first: bool = True) -> dict[str, Any]:
+    """Compile and publish the graph of ``job`` (``first``: this process's first job); what the parent reads back."""
     import torch
     from torch._inductor import compile_fx
     from torch._inductor import config as inductor_config
@@ -39,10 +42,9 @@ def compile_job(job: dict[str, Any]) -> dict[str, Any]:
     from torch._inductor.debug import DebugContext
 
     from ..store import Store
-    from . import compat, patches
+    from . import compat, global_state, patches
     from .metrics import Metrics
 
-    torch.set_num_threads(job["threads"])  # part of the graph's key: the parent's count
     # the graph's pickle names the modules it was traced from (a model class in the node metadata and
     # the tracing context): importable from where the rank imported them. Only what the pickle names
     # is imported; the script itself (``__main__``) never is
@@ -52,6 +54,14 @@ def compile_job(job: dict[str, Any]) -> dict[str, Any]:
     on = {state.hook.name for state in compat.states() if state.on} - {"precompiled"}
     integration = patches.attach(store, metrics, job["settings"].wait_timeout, on, wait_for_lease=False)
     try:
+        # after attach: the rank's state was captured with recipecache's hooks on as well
+        global_state.apply(job["state"])
+        unreproduced = global_state.differences(job["state"])
+        if unreproduced:
+            # after an earlier job, what stuck of its state may be the cause (torch's legacy and new precision
+            # APIs keep a history): a fresh worker starts from torch's defaults. Fresh already: none can
+            why = f"the worker cannot reproduce the rank's {', '.join(unreproduced[:3])}"
+            return {"error": why, "inline": True} if first else {"error": why, "stale_worker": True}
         wire = _WireProtocolPickledInput(job["wire"]).deserialize()
         with contextlib.ExitStack() as stack:
             stack.enter_context(wire.virtualized.patch())
@@ -68,7 +78,8 @@ def compile_job(job: dict[str, Any]) -> dict[str, Any]:
         if key is None:  # torch's local cache (shared with the rank) had it: nothing to publish
             return {"compile_s": seconds}
         if key != job["key"]:
-            return {"error": f"the worker computed key {key}, the rank {job['key']}"}
+            return {"error": f"the worker computed key {key}, the rank {job['key']}", "inline": True,
+                    "key_mismatch": True}
         if not published["put"] and not published["hit"]:
             # the store failed (an outage, a full store): the compiled graph is in torch's local cache,
             # which the rank shares, so the rank still switches to it; the store's reasons go with it
@@ -100,11 +111,11 @@ PR_SET_PDEATHSIG = 1
 NICENESS = 19
 
 
-def run_job(payload: bytes) -> bytes:
-    """Compile the pickled job ``payload``; the pickled result for the parent."""
+def run_job(payload: bytes, first: bool) -> bytes:
+    """Compile the pickled job ``payload`` (``first``: this worker's first job); the pickled result for the parent."""
     job = pickle.loads(payload)  # noqa: S301 - the parent's own frame on our stdin pipe
     try:
-        result = compile_job(job)
+        result = compile_job(job, first)
     except Exception as exc:  # noqa: BLE001 - the parent reads it and keeps the graph eager
         traceback.print_exc()
         result = {"error": f"{type(exc).__name__}: {exc}"}
@@ -121,8 +132,10 @@ def main() -> int:
 
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # prints of the compile go to the log, never into the replies
+    first = True
     while (payload := read_frame(sys.stdin.buffer)) is not None:
-        write_frame(replies, run_job(payload))
+        write_frame(replies, run_job(payload, first))
+        first = False
     return 0
 
 

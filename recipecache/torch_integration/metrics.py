@@ -103,7 +103,8 @@ class Metrics:
         #: compiled graph, compiles run behind the steps and their seconds, those that failed, and calls
         #: after a switch whose inputs the compiled graph's guards rejected (run without inductor)
         self._behind = dict.fromkeys(
-            ("eager_calls", "eager_s", "switches", "compiles", "compile_s", "failed", "workers", "guard_rejected"), 0)
+            ("eager_calls", "eager_s", "switches", "compiles", "compile_s", "failed", "workers", "retries",
+             "key_mismatches", "guard_rejected"), 0)
         #: per graph key, what no-stall did with it here (set by the hooks: the report's rows)
         self.behind_graphs_source: Callable[[], dict[str, Any]] | None = None
         self._write_failed = False
@@ -185,7 +186,8 @@ class Metrics:
 
     def behind(self, **counts: float) -> None:
         """No-stall figures to add (``eager_calls``, ``eager_s``, ``switches``, ``compiles``, ``compile_s``, ``failed``,
-        ``workers`` started, ``guard_rejected`` calls).
+        ``workers`` started, ``retries`` of a failed compile, ``key_mismatches`` (a worker computed another key),
+        ``guard_rejected`` calls).
 
         An eager call changes only counters the report sums at the end, so it rewrites no file.
         """

@@ -5,7 +5,9 @@ it met compiled (at most MAX steps; no-stall's switch, agreed through an all-red
 Rank 0 writes ``--out``: per step every rank's loss, and the steps the job ran. Steps pause
 ``--pause`` seconds, as a data loader would, so a compile behind them gets the cores too. With
 ``--kill-worker`` rank 0 kills its no-stall worker after its first step, mid-compile (a worker
-that dies: another rank must take the graph over).
+that dies: another rank must take the graph over). With ``--set-globals`` the script first sets the
+process-global torch settings training scripts set before they compile (:func:`set_globals`), which
+torch's graph keys read: no-stall's worker, which never runs the script, must compile under them too.
 """
 
 from __future__ import annotations
@@ -27,13 +29,26 @@ from no_stall_kill import kill_worker  # noqa: E402 - this directory is the scri
 
 
 def all_switched() -> bool:
-    """Whether every graph this process ran without inductor now runs compiled (True without recipecache)."""
+    """Whether every graph this process ran without inductor now runs compiled (True without recipecache); one
+    whose compile failed behind too, since it switches once some process publishes it."""
     try:
         from recipecache.torch_integration import metrics
     except ImportError:
         return True
     graphs = metrics().get("behind", {}).get("graphs", {})
-    return all(g["switched_at"] is not None or g.get("failed") for g in graphs.values())
+    return all(g["switched_at"] is not None for g in graphs.values())
+
+
+def set_globals() -> None:
+    """Precision, determinism and config settings made at run time, as a training script makes them."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch._inductor.config.fallback_random = True
+    torch.compiler.config.cache_key_tag = "no-stall-test"
 
 
 def main() -> None:
@@ -43,8 +58,11 @@ def main() -> None:
     p.add_argument("--buckets", default="16,32")
     p.add_argument("--pause", type=float, default=0.2)
     p.add_argument("--kill-worker", action="store_true", help="rank 0 kills its worker after its first step")
+    p.add_argument("--set-globals", action="store_true", help="set global torch settings first (set_globals)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    if args.set_globals:
+        set_globals()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     buckets = [int(b) for b in args.buckets.split(",")]

@@ -1,0 +1,61 @@
+"""One process with no-stall whose worker cannot give the rank's key for the backward graph (injected: its
+first compile behind answers a key mismatch). The mismatch must be counted, and the graph compiled again
+inline, from inside its switching callable at a later step, then run compiled.
+
+Argument: a JSON file to write: this process's no-stall metrics once every graph switched (or 300 s passed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import recipecache
+from recipecache.torch_integration import behind
+
+
+def inject_key_mismatch() -> None:
+    """The first compile behind of a backward graph fails as a worker that computed another key does."""
+    work = behind.Behind._work
+    failed: set[str] = set()
+
+    def first_backward_mismatches(self: behind.Behind, job: Any) -> float:
+        if "backward" in self.graphs[job.key].name and not failed:
+            failed.add(job.key)
+            raise behind.WorkerFailed(f"the worker computed key other, the rank {job.key}", inline=True,
+                                      key_mismatch=True)
+        return work(self, job)
+
+    behind.Behind._work = first_backward_mismatches  # type: ignore[method-assign]
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    recipecache.enable(no_stall=True, exit_grace=60)
+    inject_key_mismatch()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    compiled = torch.compile(model)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        graphs = recipecache.torch_integration.metrics()["behind"]["graphs"]
+        if len(graphs) >= 2 and all(g["switched_at"] is not None for g in graphs.values()):
+            break
+        time.sleep(0.1)
+    Path(sys.argv[1]).write_text(json.dumps(recipecache.torch_integration.metrics()))
+
+
+if __name__ == "__main__":
+    main()
