@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit("usage: python -m launcher.bootstrap script [args]  (recipecache-run starts this in each rank)")
     script = argv[0]
     use_rank_dirs(os.environ)
-    if env.flag(env.AUTO_ENABLE):
+    if env.switch(env.AUTO_ENABLE):
         import recipecache
 
         try:

@@ -96,9 +96,6 @@ def switch(name: str, environ: Mapping[str, str] | None = None) -> bool:
     return text == "1"
 
 
-#: the older name of :func:`switch` (same rule), which torch_integration still calls
-flag = switch
-
 
 #: what an operator's CPU fingerprint may be: it becomes part of store keys
 _CPU_FINGERPRINT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")

@@ -103,6 +103,6 @@ def declare_shapes(
     no-op returning None, so a script can declare its shapes unconditionally. Options are
     those of :func:`prewarm`.
     """
-    if not env.flag(env.PREWARM):
+    if not env.switch(env.PREWARM):
         return None
     return prewarm(fn, example_inputs, **options)

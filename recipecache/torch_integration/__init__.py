@@ -99,8 +99,8 @@ def enable(
         template = metrics_file or os.environ.get(env.METRICS_FILE)
         metrics = Metrics(store,
                           metrics_path(template, process_rank()),
-                          flush=env.flag(env.METRICS_FLUSH))
-        want_tier = precompile if precompile is not None else env.flag(env.PRECOMPILE)
+                          flush=env.switch(env.METRICS_FLUSH))
+        want_tier = precompile if precompile is not None else env.switch(env.PRECOMPILE)
         want_behind = no_stall if no_stall is not None else env.switch(env.NO_STALL)
         grace = (env.seconds(env.EXIT_GRACE, DEFAULT_EXIT_GRACE_S) if exit_grace is None
                  else env.positive_seconds("exit_grace", str(exit_grace)))
