@@ -328,6 +328,7 @@ def _behind_with_jobs(tmp_path: Path, keys: list[str], secret: bytes | None = No
     (its wire input is not torch's), so the worker fails it after starting."""
     import pickle
 
+    from recipecache.torch_integration import global_state
     from recipecache.torch_integration.behind import Behind
     from recipecache.torch_integration.metrics import Metrics
 
@@ -337,7 +338,7 @@ def _behind_with_jobs(tmp_path: Path, keys: list[str], secret: bytes | None = No
         flight = store.begin(key, wait=False)
         assert flight.role is Role.LEADER
         behind._row(key, ("f", "f32[2]"))
-        behind._submit(flight, pickle.dumps("not a graph"))
+        behind._submit(flight, pickle.dumps("not a graph"), global_state.capture())
     return behind, store
 
 
