@@ -44,8 +44,8 @@ def end_with_agent(environ: MutableMapping[str, str]) -> None:
     ``recipecache-run``).
     """
     agent = os.getppid()
-    launcher = environ.get(env.LAUNCHER_PID)
-    if die_with_parent(signal.SIGKILL, agent) and launcher and parent_of(agent) != int(launcher):
+    launcher = environ.get(env.LAUNCHER_PID, "")
+    if die_with_parent(signal.SIGKILL, agent) and launcher.isdigit() and parent_of(agent) != int(launcher):
         os._exit(1)
 
 
