@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import signal
 import sys
 import types
 from collections.abc import MutableMapping, Sequence
@@ -25,9 +26,27 @@ from pathlib import Path
 
 from recipecache import env
 from recipecache.errors import ConfigError
+from recipecache.parent_death import die_with_parent, parent_of
 from recipecache.torch_integration import write_metrics
 
 from .exit_watch import exit_status, mark_finished
+
+
+def end_with_agent(environ: MutableMapping[str, str]) -> None:
+    """Have this rank killed when its torchrun agent dies; end now if the agent (or the launcher) is gone already.
+
+    torchrun starts each rank in its own session, so an agent killed outright (SIGKILL,
+    the OOM killer, a launcher that died and took it along) would leave the rank running on,
+    re-parented, waiting forever on a store or collective whose other side is gone. SIGKILL,
+    not SIGTERM: nobody is left to report to, and a rank stuck in C++ holding the GIL runs no
+    Python handler. An agent that died before the request is seen in the rank's parent, which
+    is then no longer a child of the launcher (``RECIPECACHE_LAUNCHER_PID``, set by
+    ``recipecache-run``).
+    """
+    agent = os.getppid()
+    launcher = environ.get(env.LAUNCHER_PID, "")
+    if die_with_parent(signal.SIGKILL, agent) and launcher.isdigit() and parent_of(agent) != int(launcher):
+        os._exit(1)
 
 
 def use_rank_dirs(environ: MutableMapping[str, str]) -> None:
@@ -96,4 +115,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    end_with_agent(os.environ)  # first: a rank must not outlive its agent even while the script's imports run
     main()

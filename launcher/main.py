@@ -18,7 +18,7 @@ so; :func:`launcher.exit_watch.status_after_exit`).
 from __future__ import annotations
 
 import argparse
-import ctypes
+import functools
 import logging
 import os
 import shutil
@@ -36,6 +36,7 @@ from recipecache import env
 from recipecache.argparsing import OneLineArgumentParser
 from recipecache.backends import command_line_password_warning, redact
 from recipecache.errors import ConfigError
+from recipecache.parent_death import die_with_parent
 
 from . import hpu_metrics
 from .exit_watch import ExitWatch, FinishedRank, job_status, running_child, status_after_exit
@@ -49,12 +50,12 @@ log = logging.getLogger(__name__)
 PROG = "recipecache-run"
 #: Slack on "metrics written since the job started", for file systems with coarse mtimes.
 MTIME_SLACK_S = 2.0
-#: prctl option from <linux/prctl.h>
-PR_SET_PDEATHSIG = 1
 #: How often the launcher looks for ranks that outlived their script.
 WATCH_INTERVAL_S = 1.0
 #: After asking torchrun to stop, how long it may take before hung ranks, then torchrun, are killed.
 KILL_AFTER_S = 10.0
+#: The signals the launcher passes on to torchrun (a closed terminal's SIGHUP included), which then stops the job.
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: How long the HPU agent may take for its last publishing pass before it is killed.
 AGENT_STOP_TIMEOUT_S = 60.0
 
@@ -148,36 +149,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _die_with_launcher() -> None:
-    """In the torchrun child (Linux): SIGTERM when the launcher dies, even of SIGKILL.
-
-    torchrun runs in its own session, so nothing else would stop it, and a launcher
-    killed by a scheduler or a test timeout would leave the whole job running.
-    """
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def run_torchrun(
     config: LaunchConfig, watch: ExitWatch, *, started: Callable[[], None] = lambda: None
 ) -> tuple[int, list[FinishedRank]]:
-    """Run the job; forward SIGINT/SIGTERM to torchrun; end ranks that outlive their script.
+    """Run the job; forward SIGINT/SIGTERM/SIGHUP to torchrun; end ranks that outlive their script.
 
     Returns the job's exit status and the ranks the launcher had to end (see the module docstring).
     ``started`` runs once torchrun is started (threads may start then, not before).
     """
     cmd = [sys.executable, *config.torchrun_argv()]
     log.info("starting %s", " ".join(cmd))
-    proc = subprocess.Popen(cmd, env={**config.rank_env(os.environ), env.FINISHED_DIR: str(watch.directory)},
-                            start_new_session=True,
-                            # the launcher runs no threads yet, so a preexec_fn is safe here
-                            preexec_fn=_die_with_launcher if sys.platform == "linux" else None)  # noqa: PLW1509
+    job_env = {**config.rank_env(os.environ), env.FINISHED_DIR: str(watch.directory),
+               env.LAUNCHER_PID: str(os.getpid())}
+    # torchrun runs in its own session, so nothing else would stop it when the launcher is killed
+    # outright (a scheduler, a test's timeout): SIGTERM then, which torchrun handles by stopping its
+    # ranks, who also die with it (launcher.bootstrap.end_with_agent). The launcher runs no threads
+    # yet, so a preexec_fn is safe here.
+    proc = subprocess.Popen(cmd, env=job_env, start_new_session=True,  # noqa: PLW1509
+                            preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()))
     started()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         if proc.poll() is None:
             proc.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
         while True:
             try:

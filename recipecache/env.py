@@ -49,6 +49,8 @@ RANK_DIRS = "RECIPECACHE_RANK_DIRS"
 PREWARM = "RECIPECACHE_PREWARM"
 #: set by recipecache-run: the directory where each rank's bootstrap marks that its script finished
 FINISHED_DIR = "RECIPECACHE_FINISHED_DIR"
+#: set by recipecache-run: its pid, so that a rank can tell that its torchrun agent is the launcher's child
+LAUNCHER_PID = "RECIPECACHE_LAUNCHER_PID"
 #: replaces the host-CPU fingerprint in torch artifact keys: the operator's statement that the
 #: nodes setting it to one value run each other's compiled kernels safely (and the tests' hook)
 CPU_FINGERPRINT = "RECIPECACHE_CPU_FINGERPRINT"

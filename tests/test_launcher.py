@@ -811,3 +811,12 @@ def test_hpu_agent_gets_the_store_url_in_its_environment_not_its_arguments(scrip
     assert b"recipecache.hpu.agent" in cmdline
     assert password.encode() not in cmdline
     assert f"RECIPECACHE_URL={config.cache_url}".encode() in environ
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize(("parent", "status"), [("os.getppid()", 0), ("os.getppid() + 1", 1)])
+def test_die_with_parent_ends_a_process_whose_parent_is_not_the_one_that_started_it(parent: str, status: int) -> None:
+    """The race where the parent died before the request took effect: the process then has another parent."""
+    code = ("import os, signal\nfrom recipecache.parent_death import die_with_parent\n"
+            f"assert die_with_parent(signal.SIGKILL, {parent})\n")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == status

@@ -274,7 +274,7 @@ class _Worker:
         self.expired = False
         # started in the package's root, which ``-m`` puts first on sys.path: never a module of the rank's directory
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "recipecache.torch_integration.behind_worker"],
+            [sys.executable, "-m", "recipecache.torch_integration.behind_worker", str(os.getpid())],
             env=environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, cwd=package_root)
 
     def alive(self) -> bool:

@@ -1,4 +1,4 @@
-"""The worker of no-stall compiles: ``python -m recipecache.torch_integration.behind_worker``.
+"""The worker of no-stall compiles: ``python -m recipecache.torch_integration.behind_worker RANK_PID``.
 
 Started by :mod:`.behind` in a fresh interpreter (never the user's script), once per
 process, and kept for all its graphs. Each frame on its stdin (:func:`.behind.read_frame`) is
@@ -21,7 +21,6 @@ goes to stderr, the parent's log of the worker. It exits at the end of its input
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import pickle
@@ -31,6 +30,7 @@ import time
 import traceback
 from typing import Any
 
+from ..parent_death import die_with_parent
 
 
 def compile_job(job: dict[str, Any], first: bool = True) -> dict[str, Any]:
@@ -90,23 +90,6 @@ def compile_job(job: dict[str, Any], first: bool = True) -> dict[str, Any]:
         store.close()
 
 
-def _die_with_parent() -> None:
-    """End with the rank that started us (Linux): a rank killed mid-job leaves no compile running on.
-
-    Its lease then expires and another process compiles the graph. At a normal exit the rank
-    waits for us itself (within the exit grace).
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the worker finishes its compile on its own
-        return
-    if os.getppid() == 1:  # the rank died before the call took effect
-        os._exit(1)
-
-
-#: prctl option from <linux/prctl.h>
-PR_SET_PDEATHSIG = 1
 #: how much the worker (and the compilers it starts) yields the CPU to the rank's own steps
 NICENESS = 19
 
@@ -127,7 +110,9 @@ def main() -> int:
     # the compile is behind the steps: on a GPU node it runs on cores nothing else wants, on a
     # machine whose cores the ranks keep busy it takes what they leave (g++ inherits the niceness)
     os.nice(NICENESS)
-    _die_with_parent()
+    # end with the rank (argv[1]: its pid): a rank killed mid-job leaves no compile running on; its lease
+    # then expires and another process compiles the graph (at a normal exit the rank waits for us itself)
+    die_with_parent(signal.SIGKILL, int(sys.argv[1]))
     from .behind import read_frame, write_frame
 
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
