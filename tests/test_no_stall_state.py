@@ -122,14 +122,14 @@ def test_a_job_a_kept_worker_cannot_reproduce_runs_again_in_a_fresh_one(
                {"compile_s": 1.5}]
     workers: list[_Worker] = []
 
-    def compile_(worker: _Worker, directory: Path) -> dict[str, Any]:
+    def compile_(worker: _Worker, payload: bytes, timeout: float) -> dict[str, Any]:
         workers.append(worker)
         return answers.pop(0)
 
     monkeypatch.setattr(_Worker, "compile", compile_)
     behind = _behind(monkeypatch, retry_s=0.0)
     try:
-        job = _Job("k", tmp_path, behind.store.begin("k", wait=False))
+        job = _Job("k", b"job", behind.store.begin("k", wait=False))
         assert behind._work(job) == 1.5
         assert len(workers) == 2 and workers[0] is not workers[1] and not workers[0].alive()
         assert behind.metrics.snapshot()["behind"]["workers"] == 2
@@ -144,7 +144,7 @@ def _behind(monkeypatch: pytest.MonkeyPatch, retry_s: float, url: str = "memory:
     monkeypatch.setattr(behind_module, "POLL_S", 0.0)
     monkeypatch.setattr(behind_module, "RETRY_S", retry_s)
     store = Store.open(StoreSettings(url, namespace="behind-policy"))
-    return behind_module.Behind(store, Metrics(store, None, flush=False), 10.0)
+    return behind_module.Behind(store, Metrics(store, None, flush=False), 10.0, 600.0)
 
 
 @pytest.mark.torch
@@ -198,7 +198,7 @@ def test_a_graph_whose_compile_failed_switches_once_another_process_publishes_it
         return lambda args: ("compiled", len(args))
 
     job: Future[float] = Future()
-    graph = behind.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()))
+    graph = behind.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()), [])
     job.set_exception(RuntimeError("worker exited with status -9"))
     behind._compile_failed("k", RuntimeError("worker exited with status -9"))
     assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
