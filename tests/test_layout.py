@@ -40,4 +40,4 @@ def test_the_folders_show_core_tools_and_run_analysis() -> None:
     assert {p.stem for p in (top / "runs").glob("*.py")} == {"__init__", "events", "keyinfo", "explain", "timeline"}
     assert {p.stem for p in top.glob("*.py")} == {
         "__init__", "_lazy", "argparsing", "buffers", "env", "envelope", "errors", "fsutil", "health", "keys", "lease",
-        "node_tier", "reasons", "settings", "sizes", "stats", "store"}
+        "node_tier", "parent_death", "reasons", "settings", "sizes", "stats", "store"}
