@@ -720,6 +720,8 @@ class Store:
     def close(self) -> None:
         self.events.close()
         self.backend.close()
+        if self.node is not None:
+            self.node.close()
 
 
 def open_store(
