@@ -144,6 +144,9 @@ class LaunchConfig:
             environ[env.NODE_DIR] = self.node_dir
         else:
             environ.pop(env.NODE_DIR, None)
+        # torchrun's log directory (its --log-dir, which wins): without one torchrun makes a
+        # torchelastic_* directory in $TMPDIR for every job and never removes it
+        environ.setdefault("PET_LOG_DIR", str(self.run_dir / "torchrun"))
         if self.prewarm:
             environ[env.PREWARM] = "1"
         if self.precompile:

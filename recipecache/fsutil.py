@@ -11,6 +11,8 @@ import os
 import secrets
 import stat
 import tempfile
+import threading
+import weakref
 from collections.abc import Iterator
 from typing import BinaryIO
 from pathlib import Path
@@ -53,32 +55,70 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_uid, st.st_mode
 
 
+#: Whether a held directory fd can be named as a path (``/proc/self/fd/N``, Linux): every path-based call
+#: (``filelock``, ``os.walk``, ``mkstemp``) then resolves through the fd, not through the name.
+_FD_PATHS = Path("/proc/self/fd").is_dir()
+
+
 class PrivateDirectory:
-    """A :func:`private_directory` that stays checked for as long as a process uses it.
+    """A :func:`private_directory` that stays checked, and is the one used, for as long as a process uses it.
 
     Checking once, when a process opens the directory, is not enough: a tmp cleaner may
     remove it mid-job, and in a parent others may write (a sticky ``/tmp``) another user
     may then create one of the same name and plant entries in it, which a store without a
-    secret would serve (a pickle, a ``.so``: code run by every rank). :meth:`path` is called
-    before each use: one ``lstat``, and when the directory is no longer the one checked (or
-    its owner or mode changed) the whole check again, which recreates a missing directory
-    as :func:`private_directory` does and raises ConfigError for one that is not private.
+    secret would serve (a pickle, a ``.so``: code run by every rank). Checking the name
+    before each use is not enough either: the name can be swapped (renamed, symlinked)
+    between the check and the open. So the directory is opened once (``O_DIRECTORY |
+    O_NOFOLLOW``), checked through that fd, and :meth:`path` names it through the fd
+    (``/proc/self/fd/N``): every file opened, renamed or removed under that path is in the
+    directory that was checked, whatever is at its name by then. Before each use one
+    ``lstat`` of the name: when the name no longer is the directory checked (or its owner or
+    mode changed) the whole check runs again, which recreates a missing directory as
+    :func:`private_directory` does and raises ConfigError for one that is not private, and
+    a new fd is held. The fds held before stay open until :meth:`close` (a thread may be
+    using one), so a number is never reused under a caller; there is one per change of the
+    directory.
     """
 
     def __init__(self, path: str | os.PathLike[str], what: str) -> None:
         self.what = what
-        self.root, st = _private_directory(path, what)
-        self._checked = _identity(st)
+        self.root = Path(path).expanduser()
+        self._lock = threading.Lock()
+        #: every fd held, the current one last; closed together (:meth:`close`, or when this is collected)
+        self._fds: list[int] = []
+        weakref.finalize(self, _close_fds, self._fds)
+        self._checked = self._open()
+
+    def _open(self) -> tuple[int, int, int, int]:
+        """Check the directory, hold an fd of it (checked through the fd) and return what was checked."""
+        directory, st = _private_directory(self.root, self.what)
+        fd = open_private_directory(directory, self.what)
+        if _identity(os.fstat(fd)) != _identity(st):
+            os.close(fd)
+            raise ConfigError(f"{self.what} {directory} was replaced while it was checked")
+        self._fds.append(fd)
+        return _identity(st)
 
     def path(self) -> Path:
-        """The directory, checked again if it is not the one last checked."""
-        try:
-            unchanged = _identity(os.lstat(self.root)) == self._checked
-        except OSError:
-            unchanged = False
-        if not unchanged:
-            self._checked = _identity(_private_directory(self.root, self.what)[1])
-        return self.root
+        """The directory, through the held fd (checked again, and opened again, if its name is not the one checked)."""
+        with self._lock:
+            try:
+                unchanged = _identity(os.lstat(self.root)) == self._checked
+            except OSError:
+                unchanged = False
+            if not unchanged or not self._fds:  # changed, or closed and used again (a lease released at exit)
+                self._checked = self._open()
+            return Path(f"/proc/self/fd/{self._fds[-1]}") if _FD_PATHS else self.root
+
+    def close(self) -> None:
+        with self._lock:
+            _close_fds(self._fds)
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    fds.clear()
 
 
 def _check_private(st: os.stat_result, what: str, directory: str | os.PathLike[str], *,

@@ -143,6 +143,9 @@ class NodeTier:
                 except BackendError as exc:
                     self._failed(exc)
 
+    def close(self) -> None:
+        self.backend.close()
+
     def _fetch(self, name: str, remote: Callable[[], tuple[A, Buffer | None]]) -> A:
         self._stats.count("node_fetches")
         answer, entry = remote()

@@ -26,8 +26,10 @@ The store is what training code talks to. Its promises:
   opens a circuit breaker (:class:`Breaker`): for a while the backend is not asked at all
   (each skipped call still counts under the failure's reason), then one call probes it;
   each failed probe doubles the pause, so an outage costs a few timeouts in all, not one
-  per lookup. A failure of one key (:class:`~recipecache.errors.BackendKeyError`) is that
-  key's miss and leaves the breaker closed.
+  per lookup. There is one breaker per part of the backend that fails alone
+  (:meth:`~recipecache.backends.base.Backend.failure_domain`: a Redis Cluster primary), so a
+  dead node pauses its own keys only. A failure of one key
+  (:class:`~recipecache.errors.BackendKeyError`) is that key's miss and leaves the breaker closed.
 """
 
 from __future__ import annotations
@@ -230,7 +232,10 @@ class Store:
         self.events = events if events is not None else EventLog.from_env()
         self._stats = Stats()
         self._flight = SingleFlight(backend, ttl=settings.lease_ttl)
-        self._breaker = Breaker(backend.url, clock=clock)
+        self._clock = clock
+        #: a circuit breaker per failure domain of the backend (None: the whole backend)
+        self._breakers: dict[str | None, Breaker] = {}
+        self._breakers_lock = threading.Lock()
         self.node = None if settings.node_dir is None else NodeTier(
             settings.node_dir, max_size=settings.node_max_size, lease_ttl=settings.lease_ttl,
             wait_timeout=settings.wait_timeout, stats=self._stats)
@@ -249,9 +254,24 @@ class Store:
         return self.backend.url
 
     # -- degradation ---------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        """Run a backend call through the circuit breaker."""
-        return self._breaker.call(what, fn, *args)
+    def _call(self, what: str, fn: Callable[..., T], skey: str, *args: Any) -> T:
+        """Run ``fn(skey, *args)``, a backend call on storage key ``skey``, through the breaker of the part of the
+        backend that serves ``skey``."""
+        domain = self.backend.failure_domain(skey)
+        with self._breakers_lock:
+            breaker = self._breakers.get(domain)
+            if breaker is None:
+                where = self.backend.url if domain is None else f"{self.backend.url} (node {domain})"
+                breaker = self._breakers[domain] = Breaker(where, clock=self._clock)
+        return breaker.call(what, fn, skey, *args)
+
+    def unavailable(self) -> dict[str, Reason]:
+        """The parts of the backend the store leaves alone now (their breaker is open), and why: a cluster node as
+        ``host:port``, the whole backend as its URL."""
+        with self._breakers_lock:
+            breakers = list(self._breakers.items())
+        return {self.backend.url if domain is None else domain: breaker.reason
+                for domain, breaker in breakers if breaker.reason is not None}
 
     # -- bytes ---------------------------------------------------------------------
     def _read(self, key: str, *, node: bool = True) -> Lookup:
@@ -700,6 +720,8 @@ class Store:
     def close(self) -> None:
         self.events.close()
         self.backend.close()
+        if self.node is not None:
+            self.node.close()
 
 
 def open_store(

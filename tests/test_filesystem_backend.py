@@ -262,7 +262,8 @@ def stuck_lock() -> Iterator[Callable[[Path], None]]:
     holders: list[subprocess.Popen[str]] = []
 
     def hold(lease: Path) -> None:
-        holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, f"{lease}.lock"], stdout=subprocess.PIPE, text=True)
+        # resolved: the backend names its files through its root's fd (/proc/self/fd/N), which is this process's
+        holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, f"{lease.resolve()}.lock"], stdout=subprocess.PIPE, text=True)
         holders.append(holder)
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
 

@@ -127,6 +127,8 @@ def test_rank_env_wiring(script: Path, tmp_path: Path) -> None:
         "RECIPECACHE_AUTO_ENABLE": "1",
         "RECIPECACHE_RANK_DIRS": f"{tmp_path}/dirs",
         "RECIPECACHE_NODE_DIR": f"{tmp_path}/dirs/rank{{rank}}/node",
+        # torchrun's log directory, which it would otherwise make in $TMPDIR for every job and leave there
+        "PET_LOG_DIR": f"{tmp_path}/run/torchrun",
         # what a rank may spend finishing no-stall compiles at exit: 80% of the default --exit-grace
         "RECIPECACHE_EXIT_GRACE": "96",
     }
@@ -583,6 +585,21 @@ def test_exit_status_is_the_jobs(probe_script: Path, tmp_path: Path) -> None:
                         str(tmp_path / "seen"), "3", cwd=tmp_path)
     assert proc.returncode == 1  # torchrun's status for a failed worker group
     assert json.loads((tmp_path / "run" / "report.json").read_text())["exit_code"] == 1
+
+
+@pytest.mark.multirank
+def test_a_job_leaves_nothing_in_its_tmpdir(probe_script: Path, tmp_path: Path) -> None:
+    """Issue 28 (benchmarks/repeat_jobs_bench.py found it): torchrun makes a ``torchelastic_*`` log directory in
+    ``$TMPDIR`` for every job when it is given no ``--log-dir``, and never removes it; one more per job. The
+    launcher gives it one in the run directory (``PET_LOG_DIR``: a ``--log-dir`` of the user's own wins)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    environ = {**os.environ, "TMPDIR": str(tmp)}
+    proc = run_launcher("--nproc", "2", "--no-enable", "--no-node-tier", "--run-dir", str(tmp_path / "run"),
+                        str(probe_script), str(tmp_path / "seen"), cwd=tmp_path, env=environ)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(tmp)) == [], "the job left nothing in its TMPDIR"
+    assert (tmp_path / "run" / "torchrun").is_dir()
 
 
 def pid_alive(pid: int) -> bool:

@@ -307,3 +307,52 @@ def test_a_fetcher_killed_mid_fetch_is_taken_over(redis_url: str, tmp_path: Path
         not name.endswith(".lease") for name in os.listdir(node / "leases" / namespace)), "no lease left behind"
     later = recipecache.open_store(redis_url, namespace=namespace)
     assert later.get("k") == data and later.stats()["node_hits"] == 1
+
+
+@pytest.mark.parametrize("swap", ["symlink", "rename"])
+def test_a_node_directory_swapped_between_its_check_and_its_use_is_never_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str) -> None:
+    """Issue 28: the directory is checked, then swapped (renamed away and another put at its name, a real one or a
+    symlink to one) before the store opens a file in it. Every read, write and lease goes through the directory
+    that was checked (a held fd), so nothing planted in the swapped-in one is served, nothing lands in it. The
+    swapped-in directory is one anybody may write (as another user's would be, it fails the check), so the
+    uses after the swap, which check again, go to the remote store.
+
+    Before: the check was an ``lstat`` of the path and each use opened ``<path>/objects/...`` again, through
+    whatever was at the path by then."""
+    from recipecache.fsutil import PrivateDirectory
+
+    remote = CountingMemory()
+    node, other = tmp_path / "node", tmp_path / "other"
+    store = node_store(remote, node)
+    assert store.put("k", b"genuine artifact")
+    planted = node_copy(other, store.namespace, "k")
+    planted.parent.mkdir(parents=True)
+    other.chmod(0o777)
+    planted.write_bytes(envelope.seal("k", b"planted code", namespace=store.namespace))
+
+    checked = PrivateDirectory.path
+    swaps = []
+
+    def check_then_swap(self: PrivateDirectory) -> Path:
+        """The check, then the swap, once: the window the store's use must not depend on."""
+        path = checked(self)
+        if not swaps:
+            swaps.append(path)
+            node.rename(tmp_path / "moved-away")
+            if swap == "symlink":
+                node.symlink_to(other)
+            else:
+                other.rename(node)
+        return path
+
+    monkeypatch.setattr(PrivateDirectory, "path", check_then_swap)
+    swapped_in = other if swap == "symlink" else node
+    assert store.get("k") == b"genuine artifact", "the checked directory's copy, not the planted one"
+    assert swaps and remote.gets == 0
+    assert store.put("k2", b"another artifact")
+    assert store.get("k2") == b"another artifact" and remote.gets == 1
+    assert store.stats()["node_errors"] >= 1
+    files = sorted(p.relative_to(swapped_in) for p in swapped_in.rglob("*") if p.is_file())
+    assert files == [planted.relative_to(other)], "nothing was written into the swapped-in directory"
+    assert (swapped_in / planted.relative_to(other)).read_bytes().endswith(b"planted code")

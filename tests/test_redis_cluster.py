@@ -200,3 +200,46 @@ def test_a_slot_in_migration_is_its_keys_miss_not_a_failed_cluster(redis_cluster
     finally:
         for port in (source, target):
             nodes[port].execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+
+
+@pytest.mark.redis
+def test_a_dead_primary_leaves_only_its_own_keys_alone(tmp_path: Path) -> None:
+    """A breaker per cluster node (issue 28): one primary SIGKILLed, no replica to take over its slots.
+
+    Before: the store had one breaker for the whole backend, so the dead primary's first failed lookup
+    opened it and every key of the two live primaries missed too (``backend_down``) for the pause. The
+    store's clock is frozen, so a pause never ends here, whatever the machine's speed: every lookup after
+    the first failure is asked of an open breaker, and only the dead node's may be.
+    """
+    from recipecache.backends import open_backend
+    from recipecache.runs.events import EventLog
+    from recipecache.settings import StoreSettings
+    from recipecache.store import Store
+
+    with RedisCluster(tmp_path / "cluster") as cluster:
+        namespace = "node" + secrets.token_hex(4)
+        backend = open_backend(cluster.url + "?timeout=30")
+        store = Store(backend, StoreSettings(url=cluster.url, namespace=namespace), events=EventLog(None),
+                      clock=lambda: 1000.0)
+        keys = [f"k{i}" for i in range(30)]
+        for key in keys:
+            assert store.put(key, key.encode())
+        owner = {key: cluster.primary_of(key_slot(f"rc:e:{{{storage_key(namespace, key)}}}".encode())).port
+                 for key in keys}
+        victim = next(node for node in cluster.primary_nodes() if node.port == owner[keys[0]])
+        dead = [key for key in keys if owner[key] == victim.port]
+        live = [key for key in keys if owner[key] != victim.port]
+        assert dead and live
+        cluster.kill(victim)
+
+        for _round in range(3):
+            for key in dead:
+                assert store.get(key) is None, "the dead primary's keys degrade to a miss"
+                for other in live:
+                    assert store.get(other) == other.encode(), f"{other} (a live primary's) was paused too"
+        assert store.put(live[0], b"new") and store.get(live[0]) == b"new", "puts to live primaries go on"
+        assert not store.put(dead[0], b"new")
+        stats = store.stats()
+        assert stats["misses_by_reason"] == {"backend_down": 3 * len(dead)}, stats
+        assert stats["put_failures_by_reason"] == {"backend_down": 1}, stats
+        assert store.unavailable() == {f"127.0.0.1:{victim.port}": "backend_down"}, "one node's breaker is open"

@@ -206,6 +206,16 @@ class Backend(ABC):
     def ping(self) -> None:
         """Raise BackendError unless the service answers; a local backend always does."""
 
+    def failure_domain(self, key: str) -> str | None:
+        """The part of the service that serves ``key`` and can fail alone (a cluster node, ``host:port``);
+        None: the whole backend.
+
+        The store keeps a circuit breaker per part, so one dead cluster primary leaves the
+        keys of the others served. Answered from what the backend already knows, without
+        asking the service: it is asked before every call.
+        """
+        return None
+
     def health_checks(self, probe_key: str) -> list[HealthCheck]:
         """What ``recipecache doctor`` checks beyond a round trip: space, permissions, clock, rights.
 

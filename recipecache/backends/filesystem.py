@@ -131,12 +131,17 @@ class FilesystemBackend(Backend):
 
     # -- paths ---------------------------------------------------------------------
     def _checked_root(self) -> Path:
-        """The root, checked again if it changed since it was checked (:class:`PrivateDirectory`); every path
-        under it is made from this, so nothing is read from, or written to, a directory that is not private."""
+        """The root as a path through its held fd, checked again if its name changed since it was checked
+        (:class:`PrivateDirectory`); every path under it is made from this, so nothing is read from, or written
+        to, a directory that is not private, even one swapped in between a check and a use."""
         try:
             return self._root.path()
         except ConfigError as exc:
             raise BackendError(Reason.BACKEND_ERROR, str(exc)) from None
+
+    def _shown(self, path: Path) -> Path:
+        """``path`` under the root's name, for messages (it is used through the root's held fd)."""
+        return self.root.joinpath(*path.parts[5:]) if path.parts[1:4] == ("proc", "self", "fd") else path
 
     def _dir(self, *parts: str) -> Path:
         """``root/parts...``, created 0700, refusing any component that is a symlink."""
@@ -147,7 +152,7 @@ class FilesystemBackend(Backend):
                 os.mkdir(path, 0o700)
             except FileExistsError:
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
-                    raise BackendError(Reason.BACKEND_ERROR, f"{path} is a symlink or not a directory; refusing it") from None
+                    raise BackendError(Reason.BACKEND_ERROR, f"{self._shown(path)} is a symlink or not a directory; refusing it") from None
         return path
 
     def _object_path(self, key: str) -> Path:
@@ -165,13 +170,13 @@ class FilesystemBackend(Backend):
             fd = open_regular_file(path)
         except NotRegularFileError:
             if path.is_symlink():
-                log.warning("recipecache: %s is a symlink; removing it instead of following it", path)
+                log.warning("recipecache: %s is a symlink; removing it instead of following it", self._shown(path))
                 self.delete(key)
             else:  # a FIFO, socket or device: never read; a put replaces it
-                log.warning("recipecache: %s is not a regular file; ignoring it", path)
+                log.warning("recipecache: %s is not a regular file; ignoring it", self._shown(path))
             return None
         except OSError as exc:
-            raise BackendError(_reason(exc), f"read {path}: {exc.strerror}") from None
+            raise BackendError(_reason(exc), f"read {self._shown(path)}: {exc.strerror}") from None
         if fd is None:
             return None
         try:
@@ -180,7 +185,7 @@ class FilesystemBackend(Backend):
                 data = _read_fd(fd)
             self._touch(fd)
         except OSError as exc:
-            raise BackendError(_reason(exc), f"read {path}: {exc.strerror}") from None
+            raise BackendError(_reason(exc), f"read {self._shown(path)}: {exc.strerror}") from None
         finally:
             os.close(fd)
         return data
@@ -442,6 +447,9 @@ class FilesystemBackend(Backend):
         """Read without the lock: the lease file is replaced whole (link or rename), never rewritten in place."""
         held = self._read_lease(self._lease_path(name))
         return None if held is None else LeaseState(held[0], held[1] - self._clock())
+
+    def close(self) -> None:
+        self._root.close()
 
     # -- doctor --------------------------------------------------------------------
     def health_checks(self, probe_key: str) -> list[HealthCheck]:

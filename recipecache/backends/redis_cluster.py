@@ -28,6 +28,7 @@ import redis.exceptions
 from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
 from redis.connection import Encoder
+from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
 from ..errors import BackendError, ConfigError
@@ -85,6 +86,10 @@ class _LazyCluster:
                     raise redis.exceptions.ConnectionError(f"no seed node of the cluster answered ({exc})") from None
             return self._client
 
+    def made(self) -> RedisCluster | None:
+        """The cluster client if it has been made, without contacting any node."""
+        return self._client
+
     def get_encoder(self) -> Encoder:
         """What a registered script hashes itself with: redis-py's defaults, without connecting."""
         return Encoder(encoding="utf-8", encoding_errors="strict", decode_responses=False)
@@ -138,6 +143,16 @@ class RedisClusterBackend(RedisBackend):
             return super()._call_within(seconds, what, fn, *args, **kwargs)
         except RedisClusterException as exc:  # e.g. a slot whose primary is down
             raise BackendError(Reason.BACKEND_DOWN, f"redis cluster {what}: {exc}") from None
+
+    def failure_domain(self, key: str) -> str | None:
+        """The primary that serves ``key``'s hash slot in the client's slot map (None before the client is made, or
+        for a slot it maps to no node): a breaker per primary. After a failover the slot maps to the new
+        primary, whose breaker is its own."""
+        cluster = self._client.made()
+        if cluster is None:
+            return None
+        nodes = cluster.nodes_manager.slots_cache.get(key_slot(self._name("e", key).encode()))
+        return nodes[0].name if nodes else None
 
     def _name(self, kind: str, key: str) -> str:
         return f"rc:{kind}:{{{check_key(key)}}}"

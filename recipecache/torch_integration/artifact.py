@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import re
-import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import groupby
@@ -48,7 +47,13 @@ import msgpack
 
 from ..buffers import Buffer
 from ..errors import ConfigError
-from ..fsutil import open_private_directory, private_directory, read_private_file_at, write_atomic_at
+from ..fsutil import (
+    open_private_directory,
+    open_regular_file,
+    private_directory,
+    read_private_file_at,
+    write_atomic_at,
+)
 
 log = logging.getLogger(__name__)
 
@@ -204,18 +209,21 @@ def checked_file(item: Any) -> KernelFile:
 
 
 def install(files: Iterable[KernelFile], root: Path) -> int:
-    """Write each kernel under ``root`` unless it is already there; returns how many were written.
+    """Write each kernel under ``root`` unless it is already there, byte for byte; returns how many were written.
 
-    A present file is kept: torch names kernels by a hash of their source and build
-    command, so it is the same kernel, and it may already be loaded in this process.
-    Each write is atomic, so a concurrent reader never loads half a library.
+    The same file is kept: it may already be loaded in this process. Any other file at the
+    name is replaced: torch names kernels by a hash of their source and build command, but
+    g++ writes the library at that name itself, so a compile killed mid-link leaves a torn
+    one there, and what torch then loads must be the verified library this artifact carries.
+    Each write is atomic, so a concurrent reader never loads half a library (and one that
+    mapped the file before keeps its mapping).
 
     ``root`` (torch's ``cache_dir()``) and each ``<xx>`` directory written into must be
     ours alone (:func:`write_private`); anything else raises ConfigError before that
     directory gets a byte.
     """
     return write_private(root, ((f.path, f.data) for f in files), "torch's kernel cache directory",
-                         keep=lambda dir_fd, name, _data: _regular_file_at(dir_fd, name))
+                         keep=_same_file_at)
 
 
 def write_private(root: Path, files: Iterable[tuple[str, Buffer]], what: str, *,
@@ -259,11 +267,18 @@ def write_private(root: Path, files: Iterable[tuple[str, Buffer]], what: str, *,
     return written
 
 
-def _regular_file_at(dir_fd: int, name: str) -> bool:
+def _same_file_at(dir_fd: int, name: str, data: Buffer) -> bool:
+    """Whether the regular file ``name`` in ``dir_fd`` holds exactly ``data`` (no symlink followed)."""
     try:
-        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except FileNotFoundError:
+        fd = open_regular_file(name, dir_fd=dir_fd)
+    except OSError:  # a symlink, a FIFO...: replaced
         return False
+    if fd is None:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        if os.fstat(f.fileno()).st_size != memoryview(data).nbytes:
+            return False
+        return f.read() == data
 
 
 def collect(paths: Iterable[str], root: Path) -> tuple[list[KernelFile], list[str]]:

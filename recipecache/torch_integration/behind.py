@@ -207,13 +207,24 @@ def write_frame(stream: Any, payload: bytes) -> None:
     stream.flush()
 
 
-def read_frame(stream: Any) -> bytes | None:
-    """One message from ``stream``; None at its end (or a message cut short: the writer died)."""
+#: The largest reply a worker sends (a small dict: seconds, an error message): a header claiming more is a
+#: stream out of step, never a reason to allocate what it claims.
+MAX_REPLY_BYTES = 64 * 1024 * 1024
+
+
+def read_frame(stream: Any, limit: int | None = None) -> bytes | None:
+    """One message from ``stream``; None at its end (or a message cut short: the writer died).
+
+    ValueError for a message that says it is longer than ``limit`` bytes (nothing of it is read).
+    """
     head = stream.read(_FRAME.size)
     if len(head) < _FRAME.size:
         return None
-    payload = stream.read(_FRAME.unpack(head)[0])
-    return payload if len(payload) == _FRAME.unpack(head)[0] else None
+    size = _FRAME.unpack(head)[0]
+    if limit is not None and size > limit:
+        raise ValueError(f"a frame of {size} bytes (at most {limit})")
+    payload = stream.read(size)
+    return payload if len(payload) == size else None
 
 
 class _Serial:
@@ -290,9 +301,12 @@ class _Worker:
         timer.start()
         try:
             write_frame(self.proc.stdin, payload)
-            reply = read_frame(self.proc.stdout)
+            reply = read_frame(self.proc.stdout, MAX_REPLY_BYTES)
         except OSError:  # a broken pipe: it is gone
             reply = None
+        except ValueError as exc:
+            self.kill()
+            raise RuntimeError(f"the worker's reply was not one: {exc}; its worker was ended") from None
         finally:
             timer.cancel()
         if self.expired:
@@ -302,7 +316,14 @@ class _Worker:
             tail = os.pread(self.log.fileno(), 600, max(log_start, os.fstat(self.log.fileno()).st_size - 600))
             text = tail.decode(errors="replace").strip()
             raise RuntimeError(f"worker exited with status {self.proc.returncode}" + (f": ...{text}" if text else ""))
-        return pickle.loads(reply)  # noqa: S301 - our own child's answer on our own pipe
+        try:
+            result = pickle.loads(reply)  # noqa: S301 - our own child's answer on our own pipe
+        except Exception as exc:  # noqa: BLE001 - whatever the bytes were, the stream is out of step
+            result = exc
+        if not isinstance(result, dict):
+            self.kill()
+            raise RuntimeError(f"the worker's reply was not a result ({type(result).__name__}); its worker was ended")
+        return result
 
     def _expire(self) -> None:
         self.expired = True
