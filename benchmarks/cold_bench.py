@@ -73,6 +73,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: when the script began to run (in a rank: after the bootstrap and, under recipecache-run, enable())
+SCRIPT_START = time.time()
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("plain cold", "rc cold", "rc fresh", "plain warm")
 #: with --compare-tree: recipecache-run from another checkout (e.g. before a change), cold and fresh
@@ -108,8 +110,25 @@ VOCAB = 64
 
 
 # -- the job (runs in every rank under torchrun) ------------------------------------------
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started (Unix time, from /proc; None elsewhere or when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return time.time() - uptime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
 def job(args: argparse.Namespace) -> None:
-    """Train and evaluate the small GPT; rank 0 writes every rank's timings and losses to ``--out``."""
+    """Train and evaluate the small GPT; rank 0 writes every rank's timings and losses to ``--out``.
+
+    Each rank also writes its timeline marks (Unix times: its agent's and its own process start,
+    the script's start, torch imported, the process group up, each iteration's end, the script's
+    end) to ``--out.marks<rank>``, last, after the process group is gone.
+    """
+    marks = {"agent start": process_start(os.getppid()), "rank start": process_start(os.getpid()),
+             "script start": SCRIPT_START}
     import torch
     import torch.distributed as dist
     from tiny_gpt import TinyGPT  # beside this script, on sys.path under torchrun and recipecache-run
@@ -129,8 +148,10 @@ def job(args: argparse.Namespace) -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.set_float32_matmul_precision("high")
+    marks["torch imported"] = time.time()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    marks["group up"] = time.time()
     lengths = [int(n) for n in args.lengths.split(",")]
     shift = rank if args.order == "rotated" else 0
     order = lengths[shift % len(lengths):] + lengths[:shift % len(lengths)]
@@ -161,11 +182,14 @@ def job(args: argparse.Namespace) -> None:
                 mine["losses"].append(loss.item())
         model.train()
         mine["iter_s"].append(time.perf_counter() - it_start)
+        marks[f"iter {it} end"] = time.time()
     ranks = gather_at_rank0(mine, Path(args.out), rank, world)  # not all_gather_object: see its docstring
     if ranks is not None:
         Path(args.out).write_text(json.dumps({"ranks": ranks, "threads": torch.get_num_threads()}))
     del compiled, ddp
     dist.destroy_process_group()
+    marks["script end"] = time.time()
+    Path(f"{args.out}.marks{rank}").write_text(json.dumps(marks))
 
 
 
@@ -183,6 +207,8 @@ class Run:
     events: list[dict[str, Any]] = field(default_factory=list)
     #: each rank's recipecache metrics file (rc scenarios)
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    #: the job's phases: name -> Unix time (:func:`phase_marks`)
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def iter0_s(self) -> float:
@@ -304,14 +330,19 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
     else:
         cmd = [sys.executable, "-m", "launcher.main", "--nproc", "2", *port, "--cache", f"file://{store}",
                "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs), *launcher_args, *script]
+    launched = time.time()
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
+    ended = time.time()
     if proc.returncode != 0:
         sys.exit(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     events = list(read_events(run_dir / "events")) if store is not None else []
     metrics = [json.loads(path.read_text()) for path in sorted(run_dir.glob("metrics-rank*.json"))]
-    run = Run(scenario, case, rep, wall, json.loads(out.read_text())["ranks"], events, metrics)
+    ranks_marks = [json.loads(path.read_text()) for path in sorted(out.parent.glob(f"{out.name}.marks*"))]
+    report = run_dir / "report.json"
+    run = Run(scenario, case, rep, wall, json.loads(out.read_text())["ranks"], events, metrics,
+              phase_marks(launched, ended, ranks_marks, metrics, report if store is not None else None))
     extra = ""
     if events:
         extra = (f"  compile {' '.join(f'{s:5.1f}' for s in run.seconds('compile'))}"
@@ -321,6 +352,57 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
     print(f"  {case:<8} rep {rep:<4} {scenario:<10}  wall {wall:6.1f} s  iter0 {run.iter0_s:6.2f} s  "
           f"in steps {' '.join(f'{s:6.1f}' for s in run.critical_s)}{extra}", flush=True)
     return run
+
+
+def phase_marks(launched: float, ended: float, ranks: list[dict[str, float | None]],
+                metrics: list[dict[str, Any]], report: Path | None) -> dict[str, float]:
+    """The job's timeline (Unix times): launcher start, the ranks' marks (the latest rank's), enable()'s
+    start and end (recipecache's metrics), torchrun's exit and the report written (recipecache-run's
+    report), the launcher's exit. A mark that is missing (a torchrun older than the report's ``started``,
+    no /proc) is left out."""
+    marks: dict[str, float] = {"launcher start": launched}
+    if report is not None and report.is_file():
+        data = json.loads(report.read_text())
+        if "started" in data:
+            marks["launcher ready"] = data["started"]
+    for name in ranks[0] if ranks else ():
+        values = [r[name] for r in ranks if r.get(name) is not None]
+        if name == "script start":
+            spans = [m["enable"] for m in metrics if m.get("enable")]
+            if spans:
+                marks["enable() start"] = max(span["start"] for span in spans)
+                marks["enable() end"] = max(span["start"] + span["s"] for span in spans)
+        if values:
+            marks[name] = max(values)
+    if report is not None and report.is_file():
+        data = json.loads(report.read_text())
+        if "started" in data:
+            marks["torchrun exit"] = data["started"] + data["wall_s"]
+        marks["report written"] = report.stat().st_mtime
+    marks["launcher exit"] = ended
+    return marks
+
+
+def phases_table(runs: Sequence[Run]) -> str:
+    """The runs' timelines side by side: seconds since the launcher started, and since the previous mark."""
+    names: list[str] = []
+    for run in runs:
+        names += [name for name in run.phases if name not in names]
+    order = sorted(names, key=lambda n: min(r.phases[n] - r.phases["launcher start"] for r in runs if n in r.phases))
+    head = "".join(f"{run.scenario:>22}" for run in runs)
+    lines = [f"job timeline (the latest rank's marks), s since launch (+ since the mark before) {head}"]
+    for name in order:
+        cells = ""
+        for run in runs:
+            if name not in run.phases:
+                cells += f"{'-':>22}"
+                continue
+            t = run.phases[name] - run.phases["launcher start"]
+            before = [v for v in run.phases.values() if v <= run.phases[name]]
+            prev = max([v for v in before if v < run.phases[name]], default=run.phases[name])
+            cells += f"{t:>13.2f} (+{run.phases[name] - prev:5.2f})"
+        lines.append(f"  {name:<78}{cells}")
+    return "\n".join(lines)
 
 
 def timeline(run: Run) -> str:
@@ -404,6 +486,8 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
               f"{figures['pc_fallbacks']}; signatures served by kind, per run {figures['pc_shapes']}; "
               f"largest loss difference to plain cold {figures['pc_max_loss_diff']:.2e}")
         figures.update(precompile_fresh_figures(by["pc fresh"], by["plain warm"]))
+        for pc, plain in zip(by["pc fresh"], by["plain warm"]):
+            print(phases_table([plain, pc]))
     if "ns cold" in by:
         figures.update(no_stall_figures(by["ns cold"], by["ns fresh"], by["plain cold"]))
         sides = {"ns": by["ns cold"], **({"base ns": by["base ns cold"]} if "base ns cold" in by else {})}
@@ -423,7 +507,8 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
         scenario: {"wall_s": [r.wall_s for r in rs], "iter0_s": [r.iter0_s for r in rs],
                    "first_two_s": [r.first_two_s for r in rs], "iters_s": [r.iters_s for r in rs],
                    "in_steps_s": [r.critical_s for r in rs],
-                   "compile_s": [r.seconds("compile") for r in rs], "wait_s": [r.seconds("wait") for r in rs]}
+                   "compile_s": [r.seconds("compile") for r in rs], "wait_s": [r.seconds("wait") for r in rs],
+                   "phases": [r.phases for r in rs]}
         for scenario, rs in by.items()}
     return figures
 
