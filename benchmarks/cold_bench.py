@@ -297,6 +297,54 @@ class Run:
         return sum(1 for e in self.events if e["event"] == event)
 
 
+class RankExits:
+    """Watches /proc, from a thread, for the job's rank processes (their command line names ``marker``)
+    and notes when the last one was gone: what a rank spends after its script (``atexit`` handlers,
+    interpreter shutdown) is no mark the rank can write itself.
+
+    It looks for the ``ranks`` ranks every 0.2 s until it found them, then checks only their pids, every 0.05 s:
+    cheap beside the job on a busy machine. ``last`` is None where there is no /proc.
+    """
+
+    def __init__(self, marker: str, ranks: int = 2) -> None:
+        import threading
+
+        self.marker = marker.encode()
+        self.ranks = ranks
+        self.last: float | None = None
+        self._gone: dict[int, float | None] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> RankExits:
+        if Path("/proc").is_dir():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self._gone and all(t is not None for t in self._gone.values()):
+            self.last = max(t for t in self._gone.values() if t is not None)
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.05 if self._gone else 0.2):
+            now = time.time()
+            for pid, gone in self._gone.items():
+                if gone is None and not Path(f"/proc/{pid}").exists():
+                    self._gone[pid] = now
+            for entry in Path("/proc").iterdir() if len(self._gone) < self.ranks else ():
+                if entry.name.isdigit() and int(entry.name) not in self._gone:
+                    try:
+                        cmdline = (entry / "cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    rank = b"launcher.bootstrap" in cmdline and b"torch.distributed.run" not in cmdline
+                    if rank and self.marker in cmdline:
+                        self._gone[int(entry.name)] = None
+
+
 def free_port() -> int:
     """A port for torchrun's rendezvous: others may run jobs on this machine at the same time."""
     import socket
@@ -332,7 +380,8 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
                "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs), *launcher_args, *script]
     launched = time.time()
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    with RankExits(str(out)) as exits:
+        proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     ended = time.time()
     if proc.returncode != 0:
@@ -342,7 +391,7 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
     ranks_marks = [json.loads(path.read_text()) for path in sorted(out.parent.glob(f"{out.name}.marks*"))]
     report = run_dir / "report.json"
     run = Run(scenario, case, rep, wall, json.loads(out.read_text())["ranks"], events, metrics,
-              phase_marks(launched, ended, ranks_marks, metrics, report if store is not None else None))
+              phase_marks(launched, ended, ranks_marks, metrics, report if store is not None else None, exits.last))
     extra = ""
     if events:
         extra = (f"  compile {' '.join(f'{s:5.1f}' for s in run.seconds('compile'))}"
@@ -355,11 +404,11 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
 
 
 def phase_marks(launched: float, ended: float, ranks: list[dict[str, float | None]],
-                metrics: list[dict[str, Any]], report: Path | None) -> dict[str, float]:
+                metrics: list[dict[str, Any]], report: Path | None, ranks_gone: float | None) -> dict[str, float]:
     """The job's timeline (Unix times): launcher start, the ranks' marks (the latest rank's), enable()'s
-    start and end (recipecache's metrics), torchrun's exit and the report written (recipecache-run's
-    report), the launcher's exit. A mark that is missing (a torchrun older than the report's ``started``,
-    no /proc) is left out."""
+    start and end (recipecache's metrics), the last rank process gone (:class:`RankExits`), torchrun's
+    exit and the report written (recipecache-run's report), the launcher's exit. A mark that is missing
+    (a launcher whose report has no ``started``, no /proc) is left out."""
     marks: dict[str, float] = {"launcher start": launched}
     if report is not None and report.is_file():
         data = json.loads(report.read_text())
@@ -374,6 +423,8 @@ def phase_marks(launched: float, ended: float, ranks: list[dict[str, float | Non
                 marks["enable() end"] = max(span["start"] + span["s"] for span in spans)
         if values:
             marks[name] = max(values)
+    if ranks_gone is not None:
+        marks["ranks exited"] = ranks_gone
     if report is not None and report.is_file():
         data = json.loads(report.read_text())
         if "started" in data:
