@@ -609,9 +609,11 @@ def run_launcher(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> su
 
 @pytest.mark.multirank
 def test_ranks_see_the_wiring(probe_script: Path, tmp_path: Path) -> None:
+    launched = time.time()
     proc = run_launcher("--nproc", "2", "--no-enable", "--run-dir", str(tmp_path / "run"), "--rank-dirs",
                         str(tmp_path / "dirs"), "--namespace", "wired", str(probe_script), str(tmp_path / "seen"),
                         cwd=tmp_path)
+    ended = time.time()
     assert proc.returncode == 0, proc.stderr
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"seen{rank}").read_text())
@@ -633,6 +635,8 @@ def test_ranks_see_the_wiring(probe_script: Path, tmp_path: Path) -> None:
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["exit_code"] == 0 and report["missing_ranks"] == [0, 1]
     assert "WARNING: no usable metrics from rank(s) 0, 1" in proc.stderr
+    # when the job started, for its timeline (cold_bench): within the launcher's life, the job's wall after it
+    assert launched <= report["started"] <= report["started"] + report["wall_s"] <= ended
 
 
 @pytest.mark.multirank
