@@ -76,7 +76,7 @@ def parser_rows() -> list[Row]:
 
 
 def cache_file() -> Path | None:
-    """Where the option table of the installed torch is kept, or None without an installed torch.
+    """Where the option table of the installed torch is kept, or None (no installed torch, no home directory).
 
     ``$XDG_CACHE_HOME/recipecache-run`` (default ``~/.cache``), one file per digest of
     :data:`PARSER_SOURCES` and the package's path: another torch, or the same one patched,
@@ -93,7 +93,9 @@ def cache_file() -> Path | None:
             digest.update(b"\0" + name.encode() + b"\0" + (package / name).read_bytes())
     except OSError:
         return None
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path("~/.cache").expanduser())
+    if not base.is_absolute():  # no home directory to keep it in: every launcher reads the parser
+        return None
     return base / "recipecache-run" / f"torchrun-options-{digest.hexdigest()[:32]}.json"
 
 
