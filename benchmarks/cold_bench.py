@@ -48,7 +48,10 @@ tier's targets: ``pc cold`` wall / ``plain cold`` wall <= 1.0 (issue 21) and, fo
 fresh ranks beside plain torchrun's warm job (issue 33): every iteration's time (the slowest
 rank's) side by side, its compiles and fallbacks (0, each fallback with its cause), its wall
 (<= 0.8x), iterations 0 + 1 (<= 0.2x, goal 0.1x) and every later iteration (<= 1.2x plain
-warm's same iteration). The runs of a case that start without PGO state must give bitwise-equal
+warm's same iteration), and both jobs' timelines side by side (:func:`phases_table`: launcher start, torchrun's
+agent, the ranks' process start, ``enable()``, the script's start, torch imported, each iteration's end, the
+script's end, the rank processes gone, torchrun's exit, the report, the launcher's exit), so the wall's parts
+outside the steps are seen. The runs of a case that start without PGO state must give bitwise-equal
 losses, and so must the fresh runs that start from the store's (see ``SECOND_RUNS``), and
 the tier's two runs (``PRECOMPILE_SCENARIOS``).
 
