@@ -413,10 +413,9 @@ def phase_marks(launched: float, ended: float, ranks: list[dict[str, float | Non
     exit and the report written (recipecache-run's report), the launcher's exit. A mark that is missing
     (a launcher whose report has no ``started``, no /proc) is left out."""
     marks: dict[str, float] = {"launcher start": launched}
-    if report is not None and report.is_file():
-        data = json.loads(report.read_text())
-        if "started" in data:
-            marks["launcher ready"] = data["started"]
+    job = json.loads(report.read_text()) if report is not None and report.is_file() else None
+    if job is not None and "started" in job:
+        marks["launcher ready"] = job["started"]
     for name in ranks[0] if ranks else ():
         values = [r[name] for r in ranks if r.get(name) is not None]
         if name == "script start":
@@ -428,34 +427,34 @@ def phase_marks(launched: float, ended: float, ranks: list[dict[str, float | Non
             marks[name] = max(values)
     if ranks_gone is not None:
         marks["ranks exited"] = ranks_gone
-    if report is not None and report.is_file():
-        data = json.loads(report.read_text())
-        if "started" in data:
-            marks["torchrun exit"] = data["started"] + data["wall_s"]
+    if job is not None and report is not None:
+        if "started" in job:
+            marks["torchrun exit"] = job["started"] + job["wall_s"]
         marks["report written"] = report.stat().st_mtime
     marks["launcher exit"] = ended
     return marks
 
 
 def phases_table(runs: Sequence[Run]) -> str:
-    """The runs' timelines side by side: seconds since the launcher started, and since the previous mark."""
+    """The runs' timelines side by side: seconds since the launcher started, and since the run's previous mark."""
     names: list[str] = []
     for run in runs:
         names += [name for name in run.phases if name not in names]
-    order = sorted(names, key=lambda n: min(r.phases[n] - r.phases["launcher start"] for r in runs if n in r.phases))
-    head = "".join(f"{run.scenario:>22}" for run in runs)
-    lines = [f"job timeline (the latest rank's marks), s since launch (+ since the mark before) {head}"]
+    # in the order of the last run that has the mark (the recipecache side, which has them all)
+    order = sorted(names, key=lambda n: next(r.phases[n] - r.phases["launcher start"] for r in reversed(runs)
+                                             if n in r.phases))
+    lines = ["job timeline (the latest rank's marks): seconds since the launcher started (+ since the mark before)",
+             f"  {'':<16}" + "".join(f"{run.scenario:>22}" for run in runs)]
     for name in order:
         cells = ""
         for run in runs:
             if name not in run.phases:
                 cells += f"{'-':>22}"
                 continue
-            t = run.phases[name] - run.phases["launcher start"]
-            before = [v for v in run.phases.values() if v <= run.phases[name]]
-            prev = max([v for v in before if v < run.phases[name]], default=run.phases[name])
-            cells += f"{t:>13.2f} (+{run.phases[name] - prev:5.2f})"
-        lines.append(f"  {name:<78}{cells}")
+            at = run.phases[name]
+            prev = max((t for t in run.phases.values() if t < at), default=at)
+            cells += f"{at - run.phases['launcher start']:>13.2f} (+{at - prev:5.2f})"
+        lines.append(f"  {name:<16}{cells}")
     return "\n".join(lines)
 
 
