@@ -48,7 +48,10 @@ tier's targets: ``pc cold`` wall / ``plain cold`` wall <= 1.0 (issue 21) and, fo
 fresh ranks beside plain torchrun's warm job (issue 33): every iteration's time (the slowest
 rank's) side by side, its compiles and fallbacks (0, each fallback with its cause), its wall
 (<= 0.8x), iterations 0 + 1 (<= 0.2x, goal 0.1x) and every later iteration (<= 1.2x plain
-warm's same iteration). The runs of a case that start without PGO state must give bitwise-equal
+warm's same iteration), and both jobs' timelines side by side (:func:`phases_table`: launcher start, torchrun's
+agent, the ranks' process start, ``enable()``, the script's start, torch imported, each iteration's end, the
+script's end, the rank processes gone, torchrun's exit, the report, the launcher's exit), so the wall's parts
+outside the steps are seen. The runs of a case that start without PGO state must give bitwise-equal
 losses, and so must the fresh runs that start from the store's (see ``SECOND_RUNS``), and
 the tier's two runs (``PRECOMPILE_SCENARIOS``).
 
@@ -73,6 +76,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: when the script began to run (in a rank: after the bootstrap and, under recipecache-run, enable())
+SCRIPT_START = time.time()
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("plain cold", "rc cold", "rc fresh", "plain warm")
 #: with --compare-tree: recipecache-run from another checkout (e.g. before a change), cold and fresh
@@ -108,8 +113,25 @@ VOCAB = 64
 
 
 # -- the job (runs in every rank under torchrun) ------------------------------------------
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started (Unix time, from /proc; None elsewhere or when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return time.time() - uptime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
 def job(args: argparse.Namespace) -> None:
-    """Train and evaluate the small GPT; rank 0 writes every rank's timings and losses to ``--out``."""
+    """Train and evaluate the small GPT; rank 0 writes every rank's timings and losses to ``--out``.
+
+    Each rank also writes its timeline marks (Unix times: its agent's and its own process start,
+    the script's start, torch imported, the process group up, each iteration's end, the script's
+    end) to ``--out.marks<rank>``, last, after the process group is gone.
+    """
+    marks = {"agent start": process_start(os.getppid()), "rank start": process_start(os.getpid()),
+             "script start": SCRIPT_START}
     import torch
     import torch.distributed as dist
     from tiny_gpt import TinyGPT  # beside this script, on sys.path under torchrun and recipecache-run
@@ -129,8 +151,10 @@ def job(args: argparse.Namespace) -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.set_float32_matmul_precision("high")
+    marks["torch imported"] = time.time()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    marks["group up"] = time.time()
     lengths = [int(n) for n in args.lengths.split(",")]
     shift = rank if args.order == "rotated" else 0
     order = lengths[shift % len(lengths):] + lengths[:shift % len(lengths)]
@@ -161,11 +185,14 @@ def job(args: argparse.Namespace) -> None:
                 mine["losses"].append(loss.item())
         model.train()
         mine["iter_s"].append(time.perf_counter() - it_start)
+        marks[f"iter {it} end"] = time.time()
     ranks = gather_at_rank0(mine, Path(args.out), rank, world)  # not all_gather_object: see its docstring
     if ranks is not None:
         Path(args.out).write_text(json.dumps({"ranks": ranks, "threads": torch.get_num_threads()}))
     del compiled, ddp
     dist.destroy_process_group()
+    marks["script end"] = time.time()
+    Path(f"{args.out}.marks{rank}").write_text(json.dumps(marks))
 
 
 
@@ -183,6 +210,8 @@ class Run:
     events: list[dict[str, Any]] = field(default_factory=list)
     #: each rank's recipecache metrics file (rc scenarios)
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    #: the job's phases: name -> Unix time (:func:`phase_marks`)
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def iter0_s(self) -> float:
@@ -271,6 +300,54 @@ class Run:
         return sum(1 for e in self.events if e["event"] == event)
 
 
+class RankExits:
+    """Watches /proc, from a thread, for the job's rank processes (their command line names ``marker``)
+    and notes when the last one was gone: what a rank spends after its script (``atexit`` handlers,
+    interpreter shutdown) is no mark the rank can write itself.
+
+    It looks for the ``ranks`` ranks every 0.2 s until it found them, then checks only their pids, every 0.05 s:
+    cheap beside the job on a busy machine. ``last`` is None where there is no /proc.
+    """
+
+    def __init__(self, marker: str, ranks: int = 2) -> None:
+        import threading
+
+        self.marker = marker.encode()
+        self.ranks = ranks
+        self.last: float | None = None
+        self._gone: dict[int, float | None] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> RankExits:
+        if Path("/proc").is_dir():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self._gone and all(t is not None for t in self._gone.values()):
+            self.last = max(t for t in self._gone.values() if t is not None)
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.05 if self._gone else 0.2):
+            now = time.time()
+            for pid, gone in self._gone.items():
+                if gone is None and not Path(f"/proc/{pid}").exists():
+                    self._gone[pid] = now
+            for entry in Path("/proc").iterdir() if len(self._gone) < self.ranks else ():
+                if entry.name.isdigit() and int(entry.name) not in self._gone:
+                    try:
+                        cmdline = (entry / "cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    rank = b"launcher.bootstrap" in cmdline and b"torch.distributed.run" not in cmdline
+                    if rank and self.marker in cmdline:
+                        self._gone[int(entry.name)] = None
+
+
 def free_port() -> int:
     """A port for torchrun's rendezvous: others may run jobs on this machine at the same time."""
     import socket
@@ -304,14 +381,20 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
     else:
         cmd = [sys.executable, "-m", "launcher.main", "--nproc", "2", *port, "--cache", f"file://{store}",
                "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs), *launcher_args, *script]
+    launched = time.time()
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    with RankExits(str(out)) as exits:
+        proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
+    ended = time.time()
     if proc.returncode != 0:
         sys.exit(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     events = list(read_events(run_dir / "events")) if store is not None else []
     metrics = [json.loads(path.read_text()) for path in sorted(run_dir.glob("metrics-rank*.json"))]
-    run = Run(scenario, case, rep, wall, json.loads(out.read_text())["ranks"], events, metrics)
+    ranks_marks = [json.loads(path.read_text()) for path in sorted(out.parent.glob(f"{out.name}.marks*"))]
+    report = run_dir / "report.json"
+    run = Run(scenario, case, rep, wall, json.loads(out.read_text())["ranks"], events, metrics,
+              phase_marks(launched, ended, ranks_marks, metrics, report if store is not None else None, exits.last))
     extra = ""
     if events:
         extra = (f"  compile {' '.join(f'{s:5.1f}' for s in run.seconds('compile'))}"
@@ -321,6 +404,58 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
     print(f"  {case:<8} rep {rep:<4} {scenario:<10}  wall {wall:6.1f} s  iter0 {run.iter0_s:6.2f} s  "
           f"in steps {' '.join(f'{s:6.1f}' for s in run.critical_s)}{extra}", flush=True)
     return run
+
+
+def phase_marks(launched: float, ended: float, ranks: list[dict[str, float | None]],
+                metrics: list[dict[str, Any]], report: Path | None, ranks_gone: float | None) -> dict[str, float]:
+    """The job's timeline (Unix times): launcher start, the ranks' marks (the latest rank's), enable()'s
+    start and end (recipecache's metrics), the last rank process gone (:class:`RankExits`), torchrun's
+    exit and the report written (recipecache-run's report), the launcher's exit. A mark that is missing
+    (a launcher whose report has no ``started``, no /proc) is left out."""
+    marks: dict[str, float] = {"launcher start": launched}
+    job = json.loads(report.read_text()) if report is not None and report.is_file() else None
+    if job is not None and "started" in job:
+        marks["launcher ready"] = job["started"]
+    for name in ranks[0] if ranks else ():
+        values = [r[name] for r in ranks if r.get(name) is not None]
+        if name == "script start":
+            spans = [m["enable"] for m in metrics if m.get("enable")]
+            if spans:
+                marks["enable() start"] = max(span["start"] for span in spans)
+                marks["enable() end"] = max(span["start"] + span["s"] for span in spans)
+        if values:
+            marks[name] = max(values)
+    if ranks_gone is not None:
+        marks["ranks exited"] = ranks_gone
+    if job is not None and report is not None:
+        if "started" in job:
+            marks["torchrun exit"] = job["started"] + job["wall_s"]
+        marks["report written"] = report.stat().st_mtime
+    marks["launcher exit"] = ended
+    return marks
+
+
+def phases_table(runs: Sequence[Run]) -> str:
+    """The runs' timelines side by side: seconds since the launcher started, and since the run's previous mark."""
+    names: list[str] = []
+    for run in runs:
+        names += [name for name in run.phases if name not in names]
+    # in the order of the last run that has the mark (the recipecache side, which has them all)
+    order = sorted(names, key=lambda n: next(r.phases[n] - r.phases["launcher start"] for r in reversed(runs)
+                                             if n in r.phases))
+    lines = ["job timeline (the latest rank's marks): seconds since the launcher started (+ since the mark before)",
+             f"  {'':<16}" + "".join(f"{run.scenario:>22}" for run in runs)]
+    for name in order:
+        cells = ""
+        for run in runs:
+            if name not in run.phases:
+                cells += f"{'-':>22}"
+                continue
+            at = run.phases[name]
+            prev = max((t for t in run.phases.values() if t < at), default=at)
+            cells += f"{at - run.phases['launcher start']:>13.2f} (+{at - prev:5.2f})"
+        lines.append(f"  {name:<16}{cells}")
+    return "\n".join(lines)
 
 
 def timeline(run: Run) -> str:
@@ -404,6 +539,8 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
               f"{figures['pc_fallbacks']}; signatures served by kind, per run {figures['pc_shapes']}; "
               f"largest loss difference to plain cold {figures['pc_max_loss_diff']:.2e}")
         figures.update(precompile_fresh_figures(by["pc fresh"], by["plain warm"]))
+        for pc, plain in zip(by["pc fresh"], by["plain warm"]):
+            print(phases_table([plain, pc]))
     if "ns cold" in by:
         figures.update(no_stall_figures(by["ns cold"], by["ns fresh"], by["plain cold"]))
         sides = {"ns": by["ns cold"], **({"base ns": by["base ns cold"]} if "base ns cold" in by else {})}
@@ -423,7 +560,8 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
         scenario: {"wall_s": [r.wall_s for r in rs], "iter0_s": [r.iter0_s for r in rs],
                    "first_two_s": [r.first_two_s for r in rs], "iters_s": [r.iters_s for r in rs],
                    "in_steps_s": [r.critical_s for r in rs],
-                   "compile_s": [r.seconds("compile") for r in rs], "wait_s": [r.seconds("wait") for r in rs]}
+                   "compile_s": [r.seconds("compile") for r in rs], "wait_s": [r.seconds("wait") for r in rs],
+                   "phases": [r.phases for r in rs]}
         for scenario, rs in by.items()}
     return figures
 

@@ -271,6 +271,7 @@ def launch(config: LaunchConfig) -> int:
         graphs=load_graphs(config.events_dir, since=since),
         exit_code=code,
         wall_s=round(wall, 3),
+        started=round(start, 3),
         script=str(config.script),
         cache=redact(config.cache_url),
         namespace=config.namespace,

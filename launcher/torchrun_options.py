@@ -4,16 +4,33 @@ Derived from the installed torchrun's own parser (``get_args_parser()``), so a t
 release that adds an option (2.14 added ``--log-line-prefix-template``) needs no change
 here. What the launcher does not pass through is named by torchrun's ``dest``: the
 process count (the launcher's ``--nproc``) and the options that take the slot the
-launcher's bootstrap needs or act instead of starting a job (:data:`REFUSED_REASONS`). The cost:
-``recipecache-run`` imports torch before it parses anything (about 2 s), which torchrun
-itself does anyway.
+launcher's bootstrap needs or act instead of starting a job (:data:`REFUSED_REASONS`).
+
+Reading that parser means importing torch (2 s on an idle machine, 5-9 s on a busy one), in
+the launcher, before torchrun starts and imports torch again: time every job would pay
+serially before its ranks even start. So the table is kept in a file per torch installation
+(:func:`cache_file`), named by a digest of the files the parser comes from; a launcher finds
+it there without importing torch, and rebuilds it whenever those files changed.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
+import importlib.util
+import json
+import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
+
+from recipecache.fsutil import write_atomic
+
+log = logging.getLogger(__name__)
+
+#: the files of the torch package (under ``torch/``) that the option table comes from; their content names it
+PARSER_SOURCES = ("version.py", "distributed/run.py", "distributed/argparse_util.py")
 
 
 @dataclass(frozen=True)
@@ -46,26 +63,84 @@ REFUSED_REASONS: dict[str, str] = {
 }
 
 
-@functools.cache
-def torchrun_actions() -> tuple[argparse.Action, ...]:
-    """The options of the installed torchrun's parser (help excluded), as its argparse actions."""
+#: one option of torchrun's parser: its spellings, whether it takes a value, its ``dest``
+Row = tuple[tuple[str, ...], bool, str]
+
+
+def parser_rows() -> list[Row]:
+    """The options of the installed torchrun's parser (help excluded), read from the parser (imports torch)."""
     from torch.distributed.run import get_args_parser
 
-    return tuple(action for action in get_args_parser()._actions
-                 if action.option_strings and not isinstance(action, argparse._HelpAction))
+    return [(tuple(action.option_strings), action.nargs != 0, action.dest) for action in get_args_parser()._actions
+            if action.option_strings and not isinstance(action, argparse._HelpAction)]
 
 
-def _option(action: argparse.Action) -> TorchrunOption:
-    return TorchrunOption(tuple(action.option_strings), action.nargs != 0)
+def cache_file() -> Path | None:
+    """Where the option table of the installed torch is kept, or None (no installed torch, no home directory).
+
+    ``$XDG_CACHE_HOME/recipecache-run`` (default ``~/.cache``), one file per digest of
+    :data:`PARSER_SOURCES` and the package's path: another torch, or the same one patched,
+    has another file. Found without importing torch (``find_spec`` of a top-level package
+    only locates it).
+    """
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package = Path(list(spec.submodule_search_locations)[0])
+    digest = hashlib.sha256(str(package).encode())
+    try:
+        for name in PARSER_SOURCES:
+            digest.update(b"\0" + name.encode() + b"\0" + (package / name).read_bytes())
+    except OSError:
+        return None
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path("~/.cache").expanduser())
+    if not base.is_absolute():  # no home directory to keep it in: every launcher reads the parser
+        return None
+    return base / "recipecache-run" / f"torchrun-options-{digest.hexdigest()[:32]}.json"
+
+
+def _read(path: Path) -> list[Row] | None:
+    """The table kept in ``path``, or None when it is absent or not a well-formed table."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    rows: list[Row] = []
+    for item in data if isinstance(data, list) else [None]:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], list) and item[0]
+                and all(isinstance(n, str) and n.startswith("-") for n in item[0])
+                and isinstance(item[1], bool) and isinstance(item[2], str)):
+            return None
+        rows.append((tuple(item[0]), item[1], item[2]))
+    return rows
+
+
+@functools.cache
+def torchrun_rows() -> tuple[Row, ...]:
+    """The installed torchrun's options: from :func:`cache_file` when it holds them, else from its parser (kept)."""
+    path = cache_file()
+    rows = _read(path) if path is not None else None
+    if rows is None:
+        rows = parser_rows()
+        if path is not None:
+            try:
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                write_atomic(path, json.dumps(rows).encode())
+            except OSError as exc:  # only the next launcher's start is slower
+                log.debug("cannot keep torchrun's options in %s: %s", path, exc)
+    return tuple(rows)
+
+
+def _option(row: Row) -> TorchrunOption:
+    return TorchrunOption(row[0], row[1])
 
 
 def pass_through() -> tuple[TorchrunOption, ...]:
     """Every torchrun option passed on unchanged: all but ``--nproc-per-node`` and :func:`refused`."""
-    return tuple(_option(action) for action in torchrun_actions()
-                 if action.dest != NPROC_PER_NODE.dest and action.dest not in REFUSED_REASONS)
+    return tuple(_option(row) for row in torchrun_rows()
+                 if row[2] != NPROC_PER_NODE.dest and row[2] not in REFUSED_REASONS)
 
 
 def refused() -> tuple[tuple[TorchrunOption, str], ...]:
     """The installed torchrun's options the launcher refuses, each with the reason it gives."""
-    return tuple((_option(action), REFUSED_REASONS[action.dest]) for action in torchrun_actions()
-                 if action.dest in REFUSED_REASONS)
+    return tuple((_option(row), REFUSED_REASONS[row[2]]) for row in torchrun_rows() if row[2] in REFUSED_REASONS)

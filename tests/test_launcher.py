@@ -27,6 +27,7 @@ from launcher.exit_watch import ExitWatch, FinishedRank, mark_finished, read_fin
 from launcher.launch_config import LaunchConfig, namespace_for
 from launcher.main import build_parser, main
 from launcher.report import build_report, format_report, load_metrics, write_report
+from launcher import torchrun_options
 from launcher.torchrun_options import REFUSED_REASONS
 
 
@@ -88,6 +89,63 @@ def test_torchrun_options_pass_through_in_dash_spelling(script: Path) -> None:
         "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29511",
         "-m", "launcher.bootstrap", str(script), "--lr", "0.1", "--nproc", "9", "--standalone",
     ]
+
+
+def test_launcher_parses_without_importing_torch_once_the_options_are_kept(script: Path, tmp_path: Path) -> None:
+    """The first launcher on a torch installation reads torchrun's parser (importing torch) and keeps its
+    options; the next parses the same command line without importing torch, to the same result.
+
+    Importing torch in the launcher cost every job 2-9 s before torchrun (which imports it again) started.
+    """
+    probe = (
+        "import json, sys\n"
+        "from launcher.main import build_parser\n"
+        "from launcher.launch_config import LaunchConfig\n"
+        "config = LaunchConfig.from_args(build_parser().parse_args(sys.argv[1:]))\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'argv': config.torchrun_argv()}))\n"
+    )
+    argv = ["--nproc", "2", "--max_restarts", "1", "--standalone", str(script), "--nproc", "9"]
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "PYTHONPATH": str(Path(__file__).parents[1])}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", probe, *argv], env=env, check=True, capture_output=True,
+                                      text=True).stdout) for _ in range(2)]
+    assert [run["torch"] for run in runs] == [True, False]
+    assert runs[0]["argv"] == runs[1]["argv"] == config_for(*argv).torchrun_argv()
+    assert len(list((tmp_path / "xdg" / "recipecache-run").iterdir())) == 1
+
+
+def test_kept_torchrun_options_are_torchruns_and_a_damaged_file_is_rebuilt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = torchrun_options.cache_file()
+    assert path is not None and path.parent == tmp_path / "recipecache-run"
+    for damage in (None, b"[[[\"--x\"], 1, \"x\"]]", b"{", b"[]x"):
+        if damage is not None:
+            path.write_bytes(damage)
+        torchrun_options.torchrun_rows.cache_clear()
+        try:
+            assert list(torchrun_options.torchrun_rows()) == torchrun_options.parser_rows()
+        finally:
+            torchrun_options.torchrun_rows.cache_clear()
+        assert json.loads(path.read_bytes()) == [[list(names), value, dest]
+                                                 for names, value, dest in torchrun_options.parser_rows()]
+
+
+def test_kept_torchrun_options_are_named_by_the_parsers_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another torch (or the same one patched) must not read this one's options: the file's name digests them."""
+    import importlib.machinery
+
+    package = tmp_path / "torch"
+    for name in torchrun_options.PARSER_SOURCES:
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text("# one\n")
+    spec = importlib.machinery.ModuleSpec("torch", None, is_package=True)
+    spec.submodule_search_locations = [str(package)]
+    monkeypatch.setattr(torchrun_options.importlib.util, "find_spec", lambda name: spec)
+    first = torchrun_options.cache_file()
+    (package / "distributed/run.py").write_text("# two\n")
+    assert torchrun_options.cache_file() not in (first, None)
+    (package / "distributed/run.py").unlink()
+    assert torchrun_options.cache_file() is None
 
 
 @pytest.mark.parametrize("spelling", ["--nproc", "--nproc-per-node", "--nproc_per_node"])
@@ -553,9 +611,11 @@ def run_launcher(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> su
 
 @pytest.mark.multirank
 def test_ranks_see_the_wiring(probe_script: Path, tmp_path: Path) -> None:
+    launched = time.time()
     proc = run_launcher("--nproc", "2", "--no-enable", "--run-dir", str(tmp_path / "run"), "--rank-dirs",
                         str(tmp_path / "dirs"), "--namespace", "wired", str(probe_script), str(tmp_path / "seen"),
                         cwd=tmp_path)
+    ended = time.time()
     assert proc.returncode == 0, proc.stderr
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"seen{rank}").read_text())
@@ -577,6 +637,8 @@ def test_ranks_see_the_wiring(probe_script: Path, tmp_path: Path) -> None:
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["exit_code"] == 0 and report["missing_ranks"] == [0, 1]
     assert "WARNING: no usable metrics from rank(s) 0, 1" in proc.stderr
+    # when the job started, for its timeline (cold_bench): within the launcher's life, the job's wall after it
+    assert launched <= report["started"] <= report["started"] + report["wall_s"] <= ended
 
 
 @pytest.mark.multirank

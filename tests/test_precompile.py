@@ -630,6 +630,60 @@ def test_traced_values_are_recorded_and_checked_against_this_process(tmp_path: P
     assert changed(True) is None and fn(x)[0].item() == 2.0
 
 
+BUILTIN_MODEL = """def f(x):
+    return [t * 2 for t in iter((x, x + 1))][1]
+"""
+BUILTIN_LOADER = """import pickle, sys
+import torch
+from torch._dynamo.aot_compile import AOTCompiledFunction
+from recipecache.torch_integration.traced_values import rebind, values_of
+import pvb_model
+entry, pins = pickle.loads(open(sys.argv[1], "rb").read())
+fn = AOTCompiledFunction.deserialize(entry, pvb_model.f.__globals__)
+rebind(fn, pvb_model.f)
+values = values_of(fn, pins, pvb_model.f.__globals__)
+x = torch.ones(3)
+print(values.changed(lambda: fn.prepare_f_locals(x), every=True))
+"""
+
+
+def test_a_builtin_the_trace_read_is_this_processs_builtin_in_a_fresh_process(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: dynamo names the builtins it reads through a global it installs only while tracing
+    (``G['__builtins_dict___0']['iter']``). A fresh process has no such global: it refused every artifact
+    whose code calls a builtin as ``value_changed`` (14 fallbacks in cold_bench's fresh job), where the
+    builtin is the very one traced."""
+    import pickle
+
+    import torch
+    from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph
+    from torch._dynamo.hooks import Hooks
+
+    from recipecache.torch_integration.traced_values import Recorder
+
+    (tmp_path / "pvb_model.py").write_text(BUILTIN_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pvb_model
+
+    recorder = Recorder()
+    fn = aot_compile_fullgraph(pvb_model.f, ((torch.ones(3),), {}), hooks=Hooks(guard_filter_fn=recorder),
+                               backend=torch._dynamo.lookup_backend("aot_eager"))
+    assert [pin.source for pin in recorder.pins] == ["G['__builtins_dict___0']['iter']"], "the case is still there"
+    published = tmp_path / "published.pkl"
+    published.write_bytes(pickle.dumps((AOTCompiledFunction.serialize(fn).serialized_data, recorder.pins)))
+    (tmp_path / "loader.py").write_text(BUILTIN_LOADER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1])])}
+    loaded = subprocess.run([sys.executable, str(tmp_path / "loader.py"), str(published)], env=env,
+                            capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "None"
+    changed = BUILTIN_LOADER.replace("x = torch.ones(3)\n", "x = torch.ones(3)\nimport builtins\n"
+                                     "real = builtins.iter\nbuiltins.iter = lambda *args: real(*args)\n")
+    (tmp_path / "loader.py").write_text(changed)  # a builtin replaced in that process still differs
+    loaded = subprocess.run([sys.executable, str(tmp_path / "loader.py"), str(published)], env=env,
+                            capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip().startswith("G['__builtins_dict___0']['iter'] is function:")
+
+
 def test_keys_leave_dynamic_sizes_to_the_guards() -> None:
     import torch
 

@@ -942,6 +942,19 @@ def test_on_an_unchecked_release_the_hooks_that_fit_are_on_and_one_warning_names
     assert codecache.write is original_write and inductor_config.fx_graph_remote_cache == before
 
 
+def test_metrics_say_when_enable_ran_and_how_long_it_took() -> None:
+    """A job's timeline (cold_bench) separates enable() (mostly torch's imports) from the rest of a rank's start."""
+    from recipecache import torch_integration
+
+    before = time.time()
+    torch_integration.enable("memory://", namespace=NAMESPACE)
+    try:
+        span = torch_integration.metrics()["enable"]
+        assert before <= span["start"] and 0 <= span["s"] and span["start"] + span["s"] <= time.time()
+    finally:
+        torch_integration.disable()
+
+
 def test_doctor_lists_each_hook_on_or_off_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     from recipecache.tools import doctor
     from recipecache.torch_integration.compat import HOOKS

@@ -31,6 +31,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from .. import env
@@ -92,6 +93,7 @@ def enable(
     unreachable store does not (it degrades at use). Calling it again while enabled
     returns the current store.
     """
+    started = time.time()
     with _session.lock:
         if _session.hooked and _session.store is not None:
             return _session.store
@@ -139,6 +141,7 @@ def enable(
             integration.behind = Behind(store, metrics, grace, behind_timeout)
             metrics.behind_graphs_source = integration.behind.snapshot
         _session.store, _session.metrics, _session.next_step = store, metrics, 0
+        metrics.enable_span = (started, time.time())
         if not _session.exit_hook:
             atexit.register(_at_exit)
             _session.exit_hook = True

@@ -89,6 +89,8 @@ class Metrics:
         self._flush = flush and path is not None
         self._lock = threading.Lock()
         self._started = time.monotonic()
+        #: when enable() started and ended (Unix times), so a job's timeline shows what enabling cost
+        self.enable_span: tuple[float, float] | None = None
         self._saved_s = 0.0
         self._fallbacks: Counter[str] = Counter()
         #: fallback reasons warned about (once each), counted here or by the store
@@ -222,6 +224,7 @@ class Metrics:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "wall_s": round(time.monotonic() - self._started, 6),
+                "enable": self._enable_record(),
                 "graph_compilation": {
                     "TotalNumber": compiles,
                     "TotalTime": round(compile_s, 6),
@@ -246,6 +249,13 @@ class Metrics:
                 "store": store,
             }
         return out
+
+    def _enable_record(self) -> dict[str, float] | None:
+        """``{"start": Unix time, "s": seconds}`` of enable(), or None before it ended."""
+        if self.enable_span is None:
+            return None
+        start, end = self.enable_span
+        return {"start": round(start, 6), "s": round(end - start, 6)}
 
     def write(self, *, if_changed: bool = False) -> None:
         """Write the snapshot atomically to :attr:`path`; a failure is logged once and never raised.

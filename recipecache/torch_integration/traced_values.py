@@ -26,6 +26,7 @@ described across processes makes the function a verdict (``unchecked_value``), n
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import importlib
 import re
@@ -50,6 +51,9 @@ _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(-?\d+)\]|\['([^'\\]*)'\]")
 #: the calls dynamo writes into a guarded value's name, and what each step does: ``type(x)``, ``dict(x)``
 _CALLS = {"type(": "type", "dict(": "dict"}
 _ODICT_ITEM = re.compile(r", '([^'\\]*)'\)")
+#: dynamo's name for the builtins of the traced function's globals (``__builtins_dict___0``), a global it
+#: installs only while it traces: a fresh process has none, and its builtins are its own
+_BUILTINS_DICT = re.compile(r"__builtins_dict___\d+")
 
 
 #: values whose description cannot change while the object lives (by value, immutable; or by qualified name)
@@ -205,6 +209,9 @@ class Values:
     def _global(self, name: str) -> Any:
         if name in self.globals:
             return self.globals[name]
+        if _BUILTINS_DICT.fullmatch(name):  # as torch's get_builtins_dict: a module's, or the dict itself
+            found = self.globals.get("__builtins__", builtins)
+            return found if isinstance(found, dict) else found.__dict__
         module = self.aliases[name]
         return sys.modules.get(module) or importlib.import_module(module)
 
