@@ -145,8 +145,9 @@ class Integration:
         #: torch's FX key -> the rank binding that shares it across ranks (:mod:`.rank_binding`), for the graphs
         #: that use this rank's process groups; torch's keys of these graphs name this rank's groups
         self._bindings: dict[str, rank_binding.Binding] = {}
-        #: torch's FX keys of graphs that use this rank's groups and stay keyed per rank
-        self._rank_bound: set[str] = set()
+        #: torch's FX keys of graphs that use this rank's groups and stay keyed per rank -> their identity
+        #: across ranks (:attr:`.rank_binding.RankBound.identity`), for the key records
+        self._rank_bound: dict[str, str | None] = {}
         #: the CPU-feature probe libraries, shared as artifacts of kind ``isa``
         self.probes = IsaProbes(store, metrics, wait_timeout, cpu_key=self.cpu_key, fetch=self.fetch,
                                 take=self._take, put=self._put, guarded=self.guarded)
@@ -474,7 +475,7 @@ class Integration:
         try:
             binding = rank_binding.bind(gm, example_inputs, fx_kwargs, inputs_to_check)
         except rank_binding.RankBound as exc:
-            self._rank_bound.add(fx_key)
+            self._rank_bound[fx_key] = exc.identity
             self.metrics.fallback(Reason.RANK_BOUND, f"graph {fx_key[:10]}: {exc}; keyed per rank")
             return
         if binding is not None:
@@ -484,8 +485,7 @@ class Integration:
     def _forget_binding(self, torch_key: str) -> None:
         with self._lock:
             for fx_key in [k for k in self._bindings if k in torch_key]:
-                del self._bindings[fx_key]
-                self._rank_bound.add(fx_key)
+                self._rank_bound[fx_key] = self._bindings.pop(fx_key).key
 
     def record_key(self, torch_key: str) -> None:
         """The store is asked for ``torch_key``: record what it is made of (for ``recipecache explain``).
@@ -500,7 +500,8 @@ class Integration:
         self.attempt.what = (name, shapes)
         if self.keys.enabled:  # parsing torch's hash details costs a few ms per lookup: only for a key log
             key, binding = self.graph_key(torch_key)
-            self.keys.record(key, details, name=name, shapes=shapes, identity=None if binding is None else binding.key,
+            identity = binding.key if binding is not None else self._rank_bound.get(_fx_key)
+            self.keys.record(key, details, name=name, shapes=shapes, identity=identity,
                              context={**describe.process_context(), "cpu_key": self.cpu})
 
     def compiled(self, seconds: float) -> None:

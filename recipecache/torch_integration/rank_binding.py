@@ -54,7 +54,14 @@ _RUNNABLE = "source_code"
 
 
 class RankBound(Exception):
-    """This graph cannot share a key with other ranks' graphs; the message says why (for the counted reason)."""
+    """This graph cannot share a key with other ranks' graphs; the message says why (for the counted reason).
+
+    ``identity``: where :func:`bind` raised it, the graph's key with every group named by its
+    role even where that is ambiguous: not safe to share artifacts under, but equal on every
+    rank tracing the same code, so reports can tell that the ranks compiled one graph.
+    """
+
+    identity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,9 +79,10 @@ class Groups:
             seen[role] = seen.get(role, 0) + 1
         return frozenset(name for name, role in self.roles.items() if seen[role] > 1)
 
-    def placeholder(self, name: str) -> str:
-        """The placeholder of this rank's group ``name`` (:class:`RankBound` if its role is not unique)."""
-        if name in self.ambiguous:
+    def placeholder(self, name: str, *, strict: bool = True) -> str:
+        """The placeholder of this rank's group ``name`` (:class:`RankBound` if its role is not unique, unless not
+        ``strict``: then only for identities, never for stored code)."""
+        if strict and name in self.ambiguous:
             raise RankBound(f"process group {name!r}: another group of this rank has the same ranks pattern "
                             f"({self.roles[name]})")
         return PLACEHOLDER_PREFIX + self.roles[name]
@@ -118,14 +126,14 @@ def process_groups() -> Groups:
     return Groups(roles)
 
 
-def canonical_code(code: str, groups: Groups, names: dict[str, str] | None = None) -> str:
+def canonical_code(code: str, groups: Groups, names: dict[str, str] | None = None, *, strict: bool = True) -> str:
     """``code`` with this rank's group names replaced by placeholders where collectives take them (recorded in
     ``names``, name -> placeholder).
 
     A group name is replaced where it is quoted on a line that calls a c10d op. Quoted on a
     line that calls another op, it may be a group that op uses: :class:`RankBound` rather
     than a guess. Elsewhere (an environment value ``'1'`` in inductor's repro script) it is
-    a string that only looks like one, and stays.
+    a string that only looks like one, and stays. Not ``strict``: never raises (an identity).
     """
     out = []
     for line in code.splitlines(keepends=True):
@@ -136,10 +144,10 @@ def canonical_code(code: str, groups: Groups, names: dict[str, str] | None = Non
             if name not in groups.roles:
                 return match.group(0)
             if not collective:
-                if "torch.ops." in line:
+                if strict and "torch.ops." in line:
                     raise RankBound(f"process group name {name!r} passed to an op other than a c10d collective")
                 return match.group(0)
-            placeholder = groups.placeholder(name)
+            placeholder = groups.placeholder(name, strict=strict)
             if names is not None:
                 names[name] = placeholder
             return repr(placeholder)
@@ -157,14 +165,17 @@ def local_code(code: str, groups: Groups) -> str:
     return _LITERAL.sub(replace, code)
 
 
-def _mesh_description(mesh: Any, groups: Groups) -> tuple[Any, ...]:
+def _mesh_description(mesh: Any, groups: Groups, strict: bool) -> tuple[Any, ...]:
     """What every rank of ``mesh`` shares: device type, shape, dimension names, its dimension groups' roles."""
     dims = []
     for dim in range(mesh.ndim):
         name = str(mesh.get_group(dim).group_name)
         if name not in groups.roles:
-            raise RankBound(f"mesh dimension {dim}'s group {name!r} is not a group of this rank")
-        dims.append(groups.placeholder(name))
+            if strict:
+                raise RankBound(f"mesh dimension {dim}'s group {name!r} is not a group of this rank")
+            dims.append("?")
+            continue
+        dims.append(groups.placeholder(name, strict=strict))
     return ("DeviceMesh", str(mesh.device_type), tuple(mesh.mesh.shape), tuple(mesh.mesh_dim_names or ()),
             tuple(dims))
 
@@ -219,36 +230,49 @@ def _rewrite(graph: Any, rewrite: Any) -> None:
 def bind(gm: Any, example_inputs: Sequence[Any], fx_kwargs: Any, inputs_to_check: Sequence[int],
          groups: Groups | None = None) -> Binding | None:
     """The rank-independent key of a graph that uses this rank's process groups or a device mesh; None for a
-    graph that uses neither (torch's own key is rank-independent then). :class:`RankBound` if it cannot have one."""
-    from torch._inductor.codecache import FxGraphCachePickler, FxGraphHashDetails
+    graph that uses neither (torch's own key is rank-independent then). :class:`RankBound` if it cannot have one
+    (with the graph's :attr:`RankBound.identity`)."""
     from torch._library.fake_class_registry import FakeScriptObject
 
     meshes = [x for x in example_inputs if isinstance(x, FakeScriptObject) and _is_mesh(x.real_obj)]
-    code = gm.code
     groups = process_groups() if groups is None else groups
-    names: dict[str, str] = {}
-    canonical = canonical_code(code, groups, names)
-    if not names and not meshes:
-        return None
+    try:
+        names: dict[str, str] = {}
+        canonical = canonical_code(gm.code, groups, names)
+        if not names and not meshes:
+            return None
+        return Binding(_key(gm, canonical, example_inputs, fx_kwargs, inputs_to_check, groups, True), names, groups)
+    except RankBound as exc:
+        loose = canonical_code(gm.code, groups, strict=False)
+        exc.identity = _key(gm, loose, example_inputs, fx_kwargs, inputs_to_check, groups, False)
+        raise
+
+
+def _key(gm: Any, code: str, example_inputs: Sequence[Any], fx_kwargs: Any, inputs_to_check: Sequence[int],
+         groups: Groups, strict: bool) -> str:
+    """torch's FX key of the graph, computed from the same hash details with ``code`` for its code and every
+    device mesh reduced to what its ranks share (:class:`RankBound` from a mesh, if ``strict``)."""
+    from torch._inductor.codecache import FxGraphCachePickler, FxGraphHashDetails
+    from torch._library.fake_class_registry import FakeScriptObject
+
     details = FxGraphHashDetails(gm, example_inputs, fx_kwargs, inputs_to_check)
     pickler = FxGraphCachePickler(gm, len(details.user_defined_triton_source) != 0)
 
     def reduce_graph_module(module: Any) -> tuple[Any, tuple[Any, ...]]:
         fn, (data, imports) = module.__reduce__()
-        data["_code"] = canonical if module is gm else canonical_code(data["_code"], groups)
+        data["_code"] = code if module is gm else canonical_code(data["_code"], groups, strict=strict)
         return fn, (data, imports)
 
     original_reduce_fake = pickler.dispatch_table[FakeScriptObject]
 
     def reduce_fake_script_object(obj: Any) -> tuple[Any, tuple[Any, ...]]:
-        if _is_mesh(obj.real_obj):
-            return _ident_reducer(obj.script_class_name, _mesh_description(obj.real_obj, groups))
+        if _is_mesh(obj.real_obj):  # not torch's reducer: it pickles the rank's mesh and turns memoising on
+            return _ident_reducer(obj.script_class_name, _mesh_description(obj.real_obj, groups, strict))
         return original_reduce_fake(obj)
 
     pickler.dispatch_table[gm.__class__] = reduce_graph_module
     pickler.dispatch_table[FakeScriptObject] = reduce_fake_script_object
-    key = pickler.get_key(details)
-    return Binding(key, names, groups)
+    return pickler.get_key(details)
 
 
 def _ident_reducer(*values: Any) -> tuple[Any, tuple[Any, ...]]:
