@@ -237,6 +237,10 @@ def bind(gm: Any, example_inputs: Sequence[Any], fx_kwargs: Any, inputs_to_check
     meshes = [x for x in example_inputs if isinstance(x, FakeScriptObject) and _is_mesh(x.real_obj)]
     groups = process_groups() if groups is None else groups
     try:
+        if any(_is_mesh(v) for v in vars(gm).values()):
+            # torch 2.14's compile_on_one_rank: the graph reads its groups from a mesh constant at run time, and
+            # a graph loaded from a cache (torch's or ours) finds that constant None (measured: 2.14.1, TP)
+            raise RankBound("the graph holds a device mesh as a constant (compile_on_one_rank)")
         names: dict[str, str] = {}
         canonical = canonical_code(gm.code, groups, names)
         if not names and not meshes:
@@ -272,6 +276,9 @@ def _key(gm: Any, code: str, example_inputs: Sequence[Any], fx_kwargs: Any, inpu
 
     pickler.dispatch_table[gm.__class__] = reduce_graph_module
     pickler.dispatch_table[FakeScriptObject] = reduce_fake_script_object
+    mesh_type = _mesh_type()
+    if mesh_type is not None:  # a mesh the graph holds as a constant (2.14's compile_on_one_rank reads its groups)
+        pickler.dispatch_table[mesh_type] = lambda mesh: _ident_reducer(_mesh_description(mesh, groups, strict))
     return pickler.get_key(details)
 
 
@@ -281,16 +288,17 @@ def _ident_reducer(*values: Any) -> tuple[Any, tuple[Any, ...]]:
     return _ident, (values,)
 
 
-def _is_mesh(obj: Any) -> bool:
+def _mesh_type() -> type | None:
     try:
         from torch.distributed.device_mesh import DeviceMesh
     except ImportError:  # torch built without distributed
-        return False
-    return isinstance(obj, DeviceMesh)
+        return None
+    return DeviceMesh
 
 
-__all__ = ["Binding", "Groups", "RankBound", "bind", "canonical_code", "describe_groups", "local_code", "process_groups",
-           "rebind_graph", "role_of", "PLACEHOLDER_PREFIX"]
+def _is_mesh(obj: Any) -> bool:
+    mesh_type = _mesh_type()
+    return mesh_type is not None and isinstance(obj, mesh_type)
 
 
 def describe_groups(gm: Any, example_inputs: Sequence[Any]) -> list[str]:
@@ -305,15 +313,18 @@ def describe_groups(gm: Any, example_inputs: Sequence[Any]) -> list[str]:
     lines = []
     used = sorted({m.group(2) for m in _LITERAL.finditer(gm.code) if m.group(2) in groups.roles})
     values = [("process_group", groups.describe(name)) for name in used]
-    for x in example_inputs:
-        if isinstance(x, FakeScriptObject) and _is_mesh(x.real_obj):
-            mesh = x.real_obj
-            names = " ".join(repr(str(mesh.get_group(d).group_name)) for d in range(mesh.ndim))
-            values.append(("device_mesh", f"rank {mesh.get_rank()}, coordinate {tuple(mesh.get_coordinate() or ())}, "
-                                          f"groups {names}"))
+    meshes = [x.real_obj for x in example_inputs if isinstance(x, FakeScriptObject) and _is_mesh(x.real_obj)]
+    for mesh in [*meshes, *(v for v in vars(gm).values() if _is_mesh(v))]:
+        names = " ".join(repr(str(mesh.get_group(d).group_name)) for d in range(mesh.ndim))
+        values.append(("device_mesh", f"rank {mesh.get_rank()}, coordinate {tuple(mesh.get_coordinate() or ())}, "
+                                      f"groups {names}"))
     counts: dict[str, int] = {}
     for kind, value in values:
         index = counts.get(kind, 0)
         counts[kind] = index + 1
         lines.append(f"[{hashlib.sha256(value.encode()).hexdigest()[:52]}] {kind}[{index}]: {value}")
     return lines
+
+
+__all__ = ["Binding", "Groups", "RankBound", "bind", "canonical_code", "describe_groups", "local_code", "process_groups",
+           "rebind_graph", "role_of", "PLACEHOLDER_PREFIX"]
