@@ -86,3 +86,18 @@ def test_explain_names_the_group_the_mesh_and_the_device_ordinal() -> None:
     assert named[:4] == ["process group '3' vs '4'", "device mesh coordinate (0,) vs (1,)", "rank 0 vs 1",
                          "device ordinal"]
     assert named_differences([("cpp_runtime_thread_count", ("1", "2"))]) == []
+
+
+def test_a_graph_with_collectives_is_recorded_under_its_identity_across_ranks(tmp_path) -> None:
+    """The key records of two ranks' per-rank keys of one graph share the identity the integration computed
+    (their torch components name each rank's own groups), so the report's duplicate list catches them."""
+    from recipecache.runs.keyinfo import KeyLog, load_keys
+
+    for rank, group in ((0, "'3'"), (2, "'4'")):
+        log = KeyLog(tmp_path / "events" / "keys", rank=rank)
+        code = f"GraphModule() all_reduce.default(x, 'sum', {group})"
+        assert log.record(f"key{rank}", [f"[h{rank}] gm: {code}", f"[p{rank}] process_group[0]: {group} (2@0,1)"],
+                          name="MLP.forward", identity="shared") == "shared"
+        log.close()
+    keys = load_keys(tmp_path)
+    assert {k: [i.graph for i in v] for k, v in keys.items()} == {"key0": ["shared"], "key2": ["shared"]}
