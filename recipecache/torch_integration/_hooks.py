@@ -172,7 +172,9 @@ class Integration:
         A graph that uses this rank's process groups is stored under its rank-independent
         key (:func:`.rank_binding.bind`), so every rank with a group of the same role shares it.
         """
-        for fx_key, binding in self._bindings.items():
+        with self._lock:
+            bindings = list(self._bindings.items())
+        for fx_key, binding in bindings:
             if fx_key in torch_key:
                 return self.cpu_key(torch_key.replace(fx_key, binding.key)), binding
         return self.cpu_key(torch_key), None
@@ -415,7 +417,9 @@ class Integration:
         rank traces again instead, and finds the graphs under their shared keys)."""
         if self._bindings or self._rank_bound:
             content = torch_pickle(data)
-            if any(fx_key.encode() in content for fx_key in (*self._bindings, *self._rank_bound)):
+            with self._lock:
+                per_rank = (*self._bindings, *self._rank_bound)
+            if any(fx_key.encode() in content for fx_key in per_rank):
                 return
         self._put("aot", self.cpu_key(torch_key), Artifact.single("aot", data).pack())
 
@@ -475,7 +479,8 @@ class Integration:
         try:
             binding = rank_binding.bind(gm, example_inputs, fx_kwargs, inputs_to_check)
         except rank_binding.RankBound as exc:
-            self._rank_bound[fx_key] = exc.identity
+            with self._lock:
+                self._rank_bound[fx_key] = exc.identity
             self.metrics.fallback(Reason.RANK_BOUND, f"graph {fx_key[:10]}: {exc}; keyed per rank")
             return
         if binding is not None:
