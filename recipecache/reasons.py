@@ -64,6 +64,10 @@ class Reason(StrEnum):
     TORCH_INTERNALS = "torch_internals"
     #: the stored PGO state could not be merged with this rank's
     PGO_MERGE_FAILED = "pgo_merge_failed"
+    #: a graph uses this rank's process groups in a way that cannot be bound to another rank's groups (two
+    #: groups of the same role, a group name outside a collective, a stored graph this rank has no group for):
+    #: keyed, compiled and stored per rank
+    RANK_BOUND = "rank_bound"
     #: torch's guards rejected an entry the store served, so it compiled
     GUARD_REJECTED = "guard_rejected"
     #: the precompiled tier could not serve a call (graph break, guards, load error, other toolchain...):

@@ -20,6 +20,7 @@ built).
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .events import Skipped, read_events
-from .keyinfo import KeyInfo, differing, graph_label, load_keys, short_key, torch_hash
+from .keyinfo import _DEVICE_INDEX, KeyInfo, differing, graph_label, load_keys, short_key, torch_hash
 from ..reasons import REFUSED, Reason
 
 #: why a rank compiled a graph it could have loaded, by the reason its events name
@@ -142,7 +143,11 @@ class _Graphs:
         mine, theirs = self.keys.get(key), self.keys.get(other)
         if not mine or not theirs:
             return f"different key ({short_key(key)} vs {short_key(other)})"
-        names = [name for name, _values in differing([mine[0], theirs[0]])]
+        differences = differing([mine[0], theirs[0]])
+        named = named_differences(differences)
+        if named:
+            return "different key: " + "; ".join(named)
+        names = [name for name, _values in differences]
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         return f"different key: {shown or 'components not recorded'}"
 
@@ -299,6 +304,38 @@ def format_explanation(found: Explanation) -> str:
     return "\n".join([*notes, format_groups(found.groups)])
 
 
+_GROUP_NAME = re.compile(r"^('[^']*')")
+_MESH = re.compile(r"^rank (\d+), coordinate (\([^)]*\))")
+
+
+def named_differences(differences: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
+    """What differs between the keys, in the words of a distributed job: ``process group '3' vs '4'``,
+    ``device mesh coordinate (0,) vs (1,)``, ``device ordinal``; empty if none of these.
+
+    The components come from the key records: ``process_group[i]`` and ``device_mesh[i]``
+    are what the integration records of a graph that uses the rank's process groups; a
+    device ordinal is a value that is equal once ``cuda:N`` / ``index=N`` are blanked.
+    """
+    out: list[str] = []
+    for name, values in differences:
+        kind = name.split("[", 1)[0]
+        if kind == "process_group":
+            shown = [m.group(1) if (m := _GROUP_NAME.match(v)) else v for v in values]
+            out.append("process group " + " vs ".join(dict.fromkeys(shown)))
+        elif kind == "device_mesh":
+            found = [m for v in values if (m := _MESH.match(v))]
+            if len(found) == len(values):
+                coordinates = dict.fromkeys(m.group(2) for m in found)
+                if len(coordinates) > 1:
+                    out.append("device mesh coordinate " + " vs ".join(coordinates))
+                out.append("rank " + " vs ".join(dict.fromkeys(m.group(1) for m in found)))
+        elif len({_DEVICE_INDEX.sub(r"\1N", v) for v in values}) == 1 and len(set(values)) > 1:
+            out.append("device ordinal")
+    if any(n.startswith("device_mesh[") for n, _v in differences):
+        out.append("torch pickles the rank's device mesh into the key (with its group names, rank and coordinate)")
+    return list(dict.fromkeys(out))
+
+
 def format_groups(groups: Sequence[KeyGroup], *, width: int = 38) -> str:
     """The groups side by side, one column per key, for people."""
     if not groups:
@@ -313,12 +350,15 @@ def format_groups(groups: Sequence[KeyGroup], *, width: int = 38) -> str:
             return "  " + f"{name:<{name_width}}  " + "  ".join(f"{c:<{width}}" for c in cells).rstrip()
 
         lines.append(row("key", (f"{short_key(k)} (rank {', '.join(map(str, r))})" for k, r in group.keys)))
+        named = named_differences(group.differences)
+        if named:
+            lines.append("  differs in: " + "; ".join(named))
         for name, values in group.differences:
             lines.append(row(name, values))
         context_names = sorted({n for c in group.context for n in c if len({str(x.get(n)) for x in group.context}) > 1})
         for name in context_names:
             lines.append(row(f"({name})", (str(c.get(name, "?")) for c in group.context)))
-        if not group.differences:
+        if not group.differences and not named:
             lines.append("  (the recorded components are equal; the keys differ in something torch does not list)")
         lines.append("")
     return "\n".join(lines).rstrip()

@@ -51,7 +51,8 @@ KEYS_DIR = "keys"
 #: a component's value is cut to this many characters (its hash is kept whole)
 MAX_VALUE_CHARS = 240
 #: ``FxGraphHashDetails`` attributes that describe the graph rather than the process compiling it
-GRAPH_ATTRIBUTES = frozenset({"gm", "example_inputs", "fx_kwargs", "inputs_to_check", "user_defined_triton_source"})
+GRAPH_ATTRIBUTES = frozenset({"gm", "example_inputs", "fx_kwargs", "inputs_to_check", "user_defined_triton_source",
+                              "process_group", "device_mesh"})
 
 _LINE = re.compile(r"\[([A-Za-z0-9]+)\] ([^:\n]+?): (.*)\Z", re.DOTALL)
 #: device indices differ between ranks on purpose (each rank its own GPU); they do not make another graph
@@ -157,16 +158,18 @@ class KeyLog:
         return self._log.enabled
 
     def record(self, key: str, details: Sequence[str], *, name: str = "", shapes: str = "",
-               context: Mapping[str, Any] | None = None) -> str:
+               context: Mapping[str, Any] | None = None, identity: str | None = None) -> str:
         """Record what ``key`` is made of (torch's hash-detail lines) and what it compiles; returns the graph identity.
 
         ``name`` is the compiled function, ``shapes`` its inputs, ``context`` facts about this
-        process that are not in the key (recorded once per environment).
+        process that are not in the key (recorded once per environment). ``identity``: the
+        graph's rank-independent key where the integration computed one (a graph that uses
+        this rank's process groups), since its components name this rank's groups.
         """
         components = parse_details(details)
         graph = {n: c for n, c in components.items() if is_graph_component(n)}
         environment = {n: c for n, c in components.items() if not is_graph_component(n)}
-        identity = graph_identity(graph)
+        identity = identity or graph_identity(graph)
         if not self.enabled or key in self._keys:
             return identity
         self._keys.add(key)

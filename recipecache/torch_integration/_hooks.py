@@ -59,7 +59,7 @@ from ..errors import ConfigError
 from ..runs.keyinfo import KeyLog
 from ..reasons import Reason
 from ..store import Flight, Store
-from . import describe, host_cpu, pgo
+from . import describe, host_cpu, pgo, rank_binding
 from .artifact import Artifact, ArtifactError, Entry, collect, install, torch_pickle
 from .isa_probes import IsaProbes
 from .metrics import Metrics
@@ -104,6 +104,8 @@ class _Attempt(threading.local):
         #: input shapes; outlives end_attempt(), which runs between the key's computation
         #: and its lookup (fx_get takes it)
         self.described: tuple[str, list[str], str, str] | None = None
+        #: the rank binding of the graph ``key`` names (:mod:`.rank_binding`), if its key is shared across ranks
+        self.binding: rank_binding.Binding | None = None
         #: what ``key`` is (function name, input shapes), for the meta of its artifact
         self.what: tuple[str, str] = ("graph", "")
 
@@ -140,6 +142,12 @@ class Integration:
         #: the hooks installed (:data:`.compat.HOOKS` whose interface this torch has)
         self.on: frozenset[str] = frozenset()
         self.keys = KeyLog.beside(store.events)
+        #: torch's FX key -> the rank binding that shares it across ranks (:mod:`.rank_binding`), for the graphs
+        #: that use this rank's process groups; torch's keys of these graphs name this rank's groups
+        self._bindings: dict[str, rank_binding.Binding] = {}
+        #: torch's FX keys of graphs that use this rank's groups and stay keyed per rank -> their identity
+        #: across ranks (:attr:`.rank_binding.RankBound.identity`), for the key records
+        self._rank_bound: dict[str, str | None] = {}
         #: the CPU-feature probe libraries, shared as artifacts of kind ``isa``
         self.probes = IsaProbes(store, metrics, wait_timeout, cpu_key=self.cpu_key, fetch=self.fetch,
                                 take=self._take, put=self._put, guarded=self.guarded)
@@ -157,6 +165,19 @@ class Integration:
     def cpu_key(self, torch_key: str) -> str:
         """Store key of an artifact that holds or names compiled CPU code: it carries the host-CPU fingerprint."""
         return f"{KEY_PREFIX}cpu-{self.cpu}:{torch_key}"
+
+    def graph_key(self, torch_key: str) -> tuple[str, rank_binding.Binding | None]:
+        """Store key of the graph torch names ``torch_key`` (``pt2:fx-graph-v1::<FX key>:c1``), and its rank binding.
+
+        A graph that uses this rank's process groups is stored under its rank-independent
+        key (:func:`.rank_binding.bind`), so every rank with a group of the same role shares it.
+        """
+        with self._lock:
+            bindings = list(self._bindings.items())
+        for fx_key, binding in bindings:
+            if fx_key in torch_key:
+                return self.cpu_key(torch_key.replace(fx_key, binding.key)), binding
+        return self.cpu_key(torch_key), None
 
     # -- lookups ---------------------------------------------------------------------
     def fetch(self, kind: str, key: str) -> Artifact | None:
@@ -231,6 +252,7 @@ class Integration:
             flight, attempt.flight = attempt.flight, None
             self._close_flight(flight)
         attempt.key = None
+        attempt.binding = None
         attempt.what = ("graph", "")
         attempt.served_s = None
         attempt.hit_counted = False
@@ -260,9 +282,10 @@ class Integration:
         :attr:`attempt` until :meth:`fx_put` merges the new variant in.
         """
         self.end_attempt()
-        key = self.cpu_key(torch_key)
+        key, binding = self.graph_key(torch_key)
         attempt = self.attempt
         attempt.key = self.last_key = key
+        attempt.binding = binding
         self.guarded(self.record_key, torch_key)
         try:
             yield from self._offer_variants(key)
@@ -312,6 +335,13 @@ class Integration:
                 except Exception:  # noqa: BLE001 - torch skips an entry it cannot load, and so do we
                     log.warning("recipecache: cannot load a stored variant of %s; skipping it", key, exc_info=True)
                     continue
+                if attempt.binding is not None:
+                    try:  # the stored code names placeholders: this rank's own groups take their place
+                        content = rank_binding.rebind_graph(graph, attempt.binding.groups)
+                    except rank_binding.RankBound as exc:
+                        self.metrics.fallback(Reason.RANK_BOUND, f"{key}: {exc}; compiling locally")
+                        install_failed = True  # compile it here, unleased, as for a variant we cannot use
+                        continue
                 attempt.served_s = entry.compile_s
                 yield graph, content, False
                 attempt.served_s = None  # resumed: its guards rejected these inputs
@@ -341,7 +371,14 @@ class Integration:
 
     def fx_put(self, torch_key: str, data: bytes) -> None:
         """Merge the graph torch compiled here into its key's variants (compare-and-set), then free the lease."""
-        key = self.cpu_key(torch_key)
+        key, binding = self.graph_key(torch_key)
+        if binding is not None:
+            try:  # stored with placeholders: the bytes name no real group
+                data = binding.canonical_graph(data)
+            except rank_binding.RankBound as exc:
+                self.metrics.fallback(Reason.RANK_BOUND, f"{key}: {exc}; published under this rank's own key")
+                self._forget_binding(torch_key)
+                key = self.cpu_key(torch_key)
         attempt = self.attempt
         files, missing = collect(attempt.kernels, Path(cache_dir()))
         if missing:
@@ -375,6 +412,15 @@ class Integration:
         return None if artifact is None else artifact.entry
 
     def aot_put(self, torch_key: str, data: bytes) -> None:
+        """Not for an entry naming graphs that use this rank's process groups: its key and the FX keys inside it
+        are this rank's, and a later hit would look those graphs up under keys no rank shares (a fresh
+        rank traces again instead, and finds the graphs under their shared keys)."""
+        if self._bindings or self._rank_bound:
+            content = torch_pickle(data)
+            with self._lock:
+                per_rank = (*self._bindings, *self._rank_bound)
+            if any(fx_key.encode() in content for fx_key in per_rank):
+                return
         self._put("aot", self.cpu_key(torch_key), Artifact.single("aot", data).pack())
 
     def autotune_get(self, torch_key: str) -> bytes | None:
@@ -416,9 +462,35 @@ class Integration:
     def describe_key(self, fx_key: str, details: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """torch computed an FX key (``compiled_fx_graph_hash(gm, example_inputs, fx_kwargs, ...)``): keep its
         components and what the graph is until its lookup."""
+        gm = args[0] if args else kwargs["gm"]
         example_inputs = args[1] if len(args) > 1 else kwargs["example_inputs"]
         fx_kwargs = args[2] if len(args) > 2 else kwargs["fx_kwargs"]
+        inputs_to_check = args[3] if len(args) > 3 else kwargs["inputs_to_check"]
+        groups = self.guarded(rank_binding.describe_groups, gm, example_inputs)
+        if groups:  # what of this rank's groups the key holds, for explain (torch's lines cut the code short)
+            details = [*details, *groups]
         self.attempt.described = (fx_key, details, describe.function_name(fx_kwargs), describe.input_shapes(example_inputs))
+        if fx_key not in self._bindings and fx_key not in self._rank_bound:
+            self.guarded(self._bind, fx_key, gm, example_inputs, fx_kwargs, inputs_to_check)
+
+    def _bind(self, fx_key: str, gm: Any, example_inputs: Any, fx_kwargs: Any, inputs_to_check: Any) -> None:
+        """Share the key of a graph that uses this rank's process groups across ranks, if it can be bound to
+        every rank's own groups (:mod:`.rank_binding`); else it stays keyed per rank, counted."""
+        try:
+            binding = rank_binding.bind(gm, example_inputs, fx_kwargs, inputs_to_check)
+        except rank_binding.RankBound as exc:
+            with self._lock:
+                self._rank_bound[fx_key] = exc.identity
+            self.metrics.fallback(Reason.RANK_BOUND, f"graph {fx_key[:10]}: {exc}; keyed per rank")
+            return
+        if binding is not None:
+            with self._lock:
+                self._bindings[fx_key] = binding
+
+    def _forget_binding(self, torch_key: str) -> None:
+        with self._lock:
+            for fx_key in [k for k in self._bindings if k in torch_key]:
+                self._rank_bound[fx_key] = self._bindings.pop(fx_key).key
 
     def record_key(self, torch_key: str) -> None:
         """The store is asked for ``torch_key``: record what it is made of (for ``recipecache explain``).
@@ -432,7 +504,9 @@ class Integration:
         _fx_key, details, name, shapes = described
         self.attempt.what = (name, shapes)
         if self.keys.enabled:  # parsing torch's hash details costs a few ms per lookup: only for a key log
-            self.keys.record(self.cpu_key(torch_key), details, name=name, shapes=shapes,
+            key, binding = self.graph_key(torch_key)
+            identity = binding.key if binding is not None else self._rank_bound.get(_fx_key)
+            self.keys.record(key, details, name=name, shapes=shapes, identity=identity,
                              context={**describe.process_context(), "cpu_key": self.cpu})
 
     def compiled(self, seconds: float) -> None:

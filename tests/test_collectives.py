@@ -1,0 +1,119 @@
+"""Graphs that carry collectives, compiled once per job (issue 27): 4 ranks, gloo, CPU, a dp=2 x tp=2 mesh.
+
+``tests/workers/tp_ranks.py`` compiles tensor parallel (all_reduce), sequence parallel
+(all_gather / reduce_scatter), an expert-parallel all_to_all and a graph that all-reduces
+over both the tp and the dp group. torch bakes each rank's group names into these graphs
+and pickles the rank's device mesh into their keys, so before recipecache bound them per
+rank every rank compiled every graph. Three jobs, run once for the module:
+
+1. cold: an empty store, every rank in its own empty local dirs (as on separate nodes);
+2. fresh: the same store, fresh empty dirs again: nothing may be compiled;
+3. plain: the same script under plain torchrun (one shared local cache), for the losses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recipecache.runs.events import read_events
+from recipecache.runs.explain import analyse_run
+
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1500)]
+
+WORKER = Path(__file__).resolve().parent / "workers" / "tp_ranks.py"
+RANKS = 4
+#: each rank's (tp sum, dp sum) of ``rank + 1``: tp groups {0,1} {2,3} (x2), dp groups {0,2} {1,3} (x3)
+GROUP_SUMS = [[6.0, 12.0], [6.0, 18.0], [14.0, 12.0], [14.0, 18.0]]
+
+
+def _env_without_recipecache() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
+
+
+def _run(tmp: Path, name: str, store: str | None) -> dict[str, Any]:
+    out = tmp / f"{name}.json"
+    env = _env_without_recipecache() | {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    if store is None:
+        local = tmp / "plain-local"
+        (local / "tmp").mkdir(parents=True)
+        env |= {"TMPDIR": str(local / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(local / "inductor"), "OMP_NUM_THREADS": "1"}
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), str(WORKER), str(out)]
+    else:
+        command = [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store, "--namespace",
+                   "collectives", "--run-dir", str(tmp / name), "--rank-dirs", str(tmp / f"{name}-dirs"), "--quiet",
+                   str(WORKER), str(out)]
+    proc = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    job = json.loads(out.read_text())
+    if store is not None:
+        job["events"] = list(read_events(tmp / name / "events"))
+        job["report"] = json.loads((tmp / name / "report.json").read_text())
+        job["run_dir"] = tmp / name
+    return job
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
+    tmp = tmp_path_factory.mktemp("collectives")
+    store = f"file://{tmp / 'store'}"
+    cold = _run(tmp, "cold", store)
+    yield {"cold": cold, "fresh": _run(tmp, "fresh", store), "plain": _run(tmp, "plain", None)}
+
+
+def _keys(job: dict[str, Any], event: str, rank: int | None = None) -> set[str]:
+    return {e["key"] for e in job["events"] if e["event"] == event and (rank is None or e["rank"] == rank)}
+
+
+def test_every_rank_looks_up_the_same_graph_keys(jobs: dict[str, dict[str, Any]]) -> None:
+    """Ranks of both tp groups, on both tp positions, trace their graphs under one key each."""
+    cold = jobs["cold"]
+    looked_up = [_keys(cold, "miss", rank) | _keys(cold, "hit", rank) for rank in range(RANKS)]
+    assert looked_up[0], "no graph was looked up"
+    assert all(keys == looked_up[0] for keys in looked_up), looked_up
+
+
+def test_cold_job_compiles_each_distinct_graph_once(jobs: dict[str, dict[str, Any]]) -> None:
+    cold = jobs["cold"]
+    compiles = Counter(e["key"] for e in cold["events"] if e["event"] == "compile")
+    distinct = _keys(cold, "miss", 0) | _keys(cold, "hit", 0)
+    assert max(compiles.values()) == 1, f"graphs compiled more than once: {compiles}"
+    # forward and backward of tp, sp and the all_to_all, and the group sums: 7 graphs, not 4 x 7
+    assert set(compiles) == distinct and len(distinct) == 7, (compiles, distinct)
+    assert cold["report"]["total"]["compiles"] == len(distinct)
+    assert all(row["fallbacks"] == {} for row in cold["report"]["ranks"]), cold["report"]["ranks"]
+
+
+def test_fresh_job_compiles_nothing(jobs: dict[str, dict[str, Any]]) -> None:
+    fresh = jobs["fresh"]
+    assert _keys(fresh, "compile") == set()
+    assert [(row["compiles"], row["misses"]) for row in fresh["report"]["ranks"]] == [(0, 0)] * RANKS
+    assert _keys(fresh, "hit") == _keys(jobs["cold"], "compile")
+
+
+def test_each_rank_runs_its_own_groups_collectives(jobs: dict[str, dict[str, Any]]) -> None:
+    """The group-sum graph is compiled by one rank and loaded by the other three: each must all-reduce over its
+    own tp and dp group (a rank bound to another group's collective, or to its dp group in place of its tp
+    group, gets other sums or fails)."""
+    for name in ("plain", "cold", "fresh"):
+        assert jobs[name]["sums"] == GROUP_SUMS, name
+
+
+def test_losses_equal_plain_torchrun(jobs: dict[str, dict[str, Any]]) -> None:
+    plain = jobs["plain"]["losses"]
+    assert len(plain) == RANKS and all(len(steps) == 2 for steps in plain)
+    assert jobs["cold"]["losses"] == plain
+    assert jobs["fresh"]["losses"] == plain
+
+
+def test_report_lists_no_duplicate(jobs: dict[str, dict[str, Any]]) -> None:
+    analysis = analyse_run(jobs["cold"]["run_dir"])
+    assert analysis.duplicates == [], analysis.duplicates
