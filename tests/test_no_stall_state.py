@@ -29,6 +29,8 @@ from recipecache.reasons import Role
 from recipecache.settings import StoreSettings
 from recipecache.store import Store
 
+pytestmark = pytest.mark.internals
+
 WORKERS = Path(__file__).resolve().parent / "workers"
 STATE_KEY = WORKERS / "state_key.py"
 

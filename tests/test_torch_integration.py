@@ -52,7 +52,7 @@ from recipecache.torch_integration.artifact import (
 from recipecache.torch_integration.metrics import Metrics
 from torch_flags import compile_on_one_rank
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.internals]
 
 WORKER = Path(__file__).parent / "workers" / "torch_worker.py"
 NAMESPACE = "torchtest"
