@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# Install what the test suite needs on a fresh machine, then run it on both supported torch releases:
-#   1. the whole suite on CPU torch 2.13.0 (this python): CPU torch first (a bare `torch`
-#      requirement would pull several GB of CUDA wheels), the project with its test extra, and
-#      Debian's redis-server if it is missing (the tests start their own redis-server processes
-#      on 127.0.0.1);
-#   2. the tests marked torch or multirank (the ones that run torch's internals) again on
-#      torch 2.14.1, in a second environment ($RECIPECACHE_TEST_VENV, default
-#      ~/.cache/recipecache/venv-torch2.14): created on the first run and reused by later runs
-#      and fresh clones on the same machine (its ~5.5 GB install takes minutes), with this
-#      checkout installed into it (editable) each time.
-# Both runs must pass: any pytest failure, including exit 5 (nothing collected), fails the
-# command. Arguments go to both pytest runs.
+# Install what the test suite needs on a fresh machine, then run it on the three supported torch
+# releases, the newest (the one users move to) first:
+#   1. the whole suite on torch 2.15.0, in an environment of its own ($RECIPECACHE_TEST_VENV_2_15,
+#      default ~/.cache/recipecache/venv-torch2.15; a CUDA build of ~5.3 GB, which runs on CPU). Its
+#      one pip call (torch and this checkout together) reads no pip configuration
+#      (PIP_CONFIG_FILE=/dev/null): a machine's configuration may cap torch below 2.15 (these
+#      machines cap it at 2.14.1, the releases kept as local files), and a later call under the cap
+#      would replace torch;
+#   2. the tests marked `internals` (each of recipecache's hooks into torch's internals exercised
+#      once, in one process or the smallest job: what differs between releases) on torch 2.14.1, in
+#      a second environment ($RECIPECACHE_TEST_VENV_2_14, default ~/.cache/recipecache/venv-torch2.14);
+#   3. the same on CPU torch 2.13.0, this python: CPU torch first (a bare `torch` requirement would
+#      pull several GB of CUDA wheels).
+# Each environment is created on the first run and reused by later runs and fresh clones on the
+# same machine (each install takes minutes), with this checkout installed into it (editable) each
+# time; Debian's redis-server is installed if missing (the tests start their own redis-server
+# processes on 127.0.0.1). All runs must pass: any pytest failure, including exit 5 (nothing
+# collected), fails the command. Arguments go to every pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-second_torch=2.14.1
-venv=${RECIPECACHE_TEST_VENV:-$HOME/.cache/recipecache/venv-torch2.14}
+venv_2_15=${RECIPECACHE_TEST_VENV_2_15:-$HOME/.cache/recipecache/venv-torch2.15}
+venv_2_14=${RECIPECACHE_TEST_VENV_2_14:-$HOME/.cache/recipecache/venv-torch2.14}
+
+make_venv() {
+  if [ ! -x "$1/bin/python" ]; then
+    mkdir -p "$(dirname "$1")"
+    python3 -m venv "$1"
+  fi
+}
 
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e '.[test]'
@@ -23,19 +36,23 @@ if ! command -v redis-server >/dev/null 2>&1; then
   apt-get update -q
   apt-get install -y -q redis-server
 fi
-if [ ! -x "$venv/bin/python" ]; then
-  mkdir -p "$(dirname "$venv")"
-  python3 -m venv "$venv"
-fi
-"$venv/bin/python" -m pip install -q "torch==$second_torch"
-"$venv/bin/python" -m pip install -q -e '.[test]'
+make_venv "$venv_2_15"
+PIP_CONFIG_FILE=/dev/null "$venv_2_15/bin/python" -m pip install -q torch==2.15.0 -e '.[test]'
+make_venv "$venv_2_14"
+"$venv_2_14/bin/python" -m pip install -q torch==2.14.1 -e '.[test]'
 
-first=0
-python3 -m pytest "$@" || first=$?
-echo "== torch $second_torch ($venv): the tests marked torch or multirank"
-second=0
-"$venv/bin/python" -m pytest -m "torch or multirank" "$@" || second=$?
-echo "== pytest exit status: torch 2.13.0 (all tests) $first, torch $second_torch (torch or multirank) $second"
-if [ "$first" -ne 0 ] || [ "$second" -ne 0 ]; then
+# each venv's bin first on PATH, as if activated: a test that starts an installed console script gets that venv's
+status_2_15=0
+echo "== torch 2.15.0 ($venv_2_15): all tests"
+PATH="$venv_2_15/bin:$PATH" "$venv_2_15/bin/python" -m pytest "$@" || status_2_15=$?
+status_2_14=0
+echo "== torch 2.14.1 ($venv_2_14): the tests marked internals"
+PATH="$venv_2_14/bin:$PATH" "$venv_2_14/bin/python" -m pytest -m internals "$@" || status_2_14=$?
+status_2_13=0
+echo "== torch 2.13.0 (python3): the tests marked internals"
+python3 -m pytest -m internals "$@" || status_2_13=$?
+echo "== pytest exit status: torch 2.15.0 (all tests) $status_2_15, torch 2.14.1 (internals) $status_2_14," \
+     "torch 2.13.0 (internals) $status_2_13"
+if [ "$status_2_15" -ne 0 ] || [ "$status_2_14" -ne 0 ] || [ "$status_2_13" -ne 0 ]; then
   exit 1
 fi

@@ -52,6 +52,7 @@ def config_for(*argv: str) -> LaunchConfig:
 
 
 # -- torchrun's options ----------------------------------------------------------------
+@pytest.mark.internals
 def test_every_torchrun_option_is_passed_through_or_refused(script: Path) -> None:
     """The installed torchrun's parser against the launcher's: every option torchrun has reaches
     torchrun as given (its own parser reads back what torchrun alone would read), or is refused.
@@ -610,6 +611,7 @@ def run_launcher(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> su
 
 
 @pytest.mark.multirank
+@pytest.mark.internals
 def test_ranks_see_the_wiring(probe_script: Path, tmp_path: Path) -> None:
     launched = time.time()
     proc = run_launcher("--nproc", "2", "--no-enable", "--run-dir", str(tmp_path / "run"), "--rank-dirs",

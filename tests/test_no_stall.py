@@ -85,6 +85,7 @@ def test_bad_behind_timeout_is_one_line_and_status_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.torch
+@pytest.mark.internals
 @pytest.mark.timeout(600)
 def test_killed_worker_leaves_the_graph_eager_counted_then_retried(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
@@ -284,6 +285,7 @@ def _run_script(tmp_path: Path, script: str, *args: str, extra_env: dict[str, st
 
 
 @pytest.mark.torch
+@pytest.mark.internals
 @pytest.mark.timeout(600)
 def test_the_switched_graph_runs_only_for_inputs_inductors_guards_accept(tmp_path: Path) -> None:
     out = tmp_path / "out.json"

@@ -29,6 +29,8 @@ from recipecache.reasons import Role
 from recipecache.settings import StoreSettings
 from recipecache.store import Store
 
+pytestmark = pytest.mark.internals
+
 WORKERS = Path(__file__).resolve().parent / "workers"
 STATE_KEY = WORKERS / "state_key.py"
 
@@ -226,3 +228,45 @@ def test_a_key_mismatch_is_counted_and_the_graph_compiled_inline_then_switched(t
     rows = behind["graphs"].values()
     assert all(g["switched_at"] is not None for g in rows) and len(rows) == 2
     assert [g["name"] for g in rows if g.get("failed")] == ["inner backward"]
+
+
+@pytest.mark.torch
+def test_a_registered_backends_codegen_config_reaches_the_worker_and_its_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.15's wire format carries the codegen configs of the backends registered for a device
+    (``backend_configs``; the FX key covers them), and torch's own child compiles under them. No-stall's wire
+    input carries the rank's, and its worker's context applies them: under it, a process whose backend config
+    reads its defaults computes the rank's FX key. Before, on 2.15 no-stall was off: the wire input lacked the
+    field (building it raised)."""
+    import importlib
+
+    import torch
+    from torch._inductor.codecache import compiled_fx_graph_hash
+    from torch._inductor.codegen import common
+    from torch._inductor.compile_fx_ext import _WireProtocolInput, _WireProtocolPickledInput
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from recipecache.torch_integration.behind import wire_input
+    from recipecache.torch_integration.behind_worker import compile_context
+
+    if "backend_configs" not in _WireProtocolInput.__dataclass_fields__:
+        pytest.skip(f"torch {torch.__version__}'s wire format carries no backend configs (from 2.15)")
+    monkeypatch.syspath_prepend(str(WORKERS))
+    backend: Any = importlib.import_module("backend_codegen_config")
+    common.init_backend_registration()  # torch's own first, which registers the CPU without a codegen config
+    monkeypatch.setitem(common.custom_backend_codegen_configs, "cpu", backend)
+
+    inputs = [torch.randn(4, 3), torch.randn(3, 3)]
+    gm = make_fx(lambda x, w: (torch.relu(x @ w),))(*inputs)
+    default_key = compiled_fx_graph_hash(gm, inputs, {}, [])[0]
+    backend.vector_width = 16  # the rank's setting
+    rank_key = compiled_fx_graph_hash(gm, inputs, {}, [])[0]
+    assert rank_key != default_key, "the backend config does not change the key: the test proves nothing"
+    payload = wire_input(gm, inputs, [], {})
+    assert payload is not None
+    backend.vector_width = 8  # the worker's: a fresh process's defaults
+    wire = _WireProtocolPickledInput(payload).deserialize()
+    assert wire.backend_configs == {backend.__name__: backend.get_serializable_config_copy() | {"vector_width": 16}}
+    with compile_context(wire):
+        assert backend.vector_width == 16
+        assert compiled_fx_graph_hash(wire.gm, wire.example_inputs, {}, [])[0] == rank_key
+    assert backend.vector_width == 8

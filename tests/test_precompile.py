@@ -170,6 +170,7 @@ def followups(cold: Cold, base: Path) -> Followups:
 
 
 # -- the hit path ---------------------------------------------------------------------------
+@pytest.mark.internals
 def test_cold_process_precompiles_and_matches_the_normal_path(cold: Cold) -> None:
     run = cold.cold
     assert run.precompiled == {"hit": 0, "miss": 2, "put": 2}, "the model, and broken's graph-break verdict"
@@ -180,6 +181,7 @@ def test_cold_process_precompiles_and_matches_the_normal_path(cold: Cold) -> Non
     assert run.report["broken"] == cold.plain.report["broken"]
 
 
+@pytest.mark.internals
 def test_fresh_process_loads_without_tracing_or_compiling(cold: Cold, followups: Followups) -> None:
     hit = followups.hit
     assert hit.report["model_frames"] == 0, "dynamo traced nothing for the model"
@@ -190,12 +192,14 @@ def test_fresh_process_loads_without_tracing_or_compiling(cold: Cold, followups:
 
 
 # -- fallbacks ----------------------------------------------------------------------------------
+@pytest.mark.internals
 def test_a_shape_outside_the_guards_falls_back_to_the_normal_path(cold: Cold, followups: Followups) -> None:
     hit = followups.hit
     assert hit.metrics["precompile_fallbacks"]["guard_failed"] == 1
     assert hit.report["offset_digest"] == cold.plain.report["offset_digest"]
 
 
+@pytest.mark.internals
 def test_a_graph_break_falls_back_and_the_verdict_is_shared(cold: Cold, followups: Followups) -> None:
     hit = followups.hit
     assert hit.metrics["precompile_fallbacks"]["graph_break"] == 1
@@ -204,6 +208,7 @@ def test_a_graph_break_falls_back_and_the_verdict_is_shared(cold: Cold, followup
     assert hit.report["broken"] == cold.plain.report["broken"]
 
 
+@pytest.mark.internals
 def test_a_changed_source_file_is_a_miss_not_a_stale_load(followups: Followups) -> None:
     changed = followups.changed
     assert changed.metrics["stale_sources"] == 1
@@ -212,6 +217,7 @@ def test_a_changed_source_file_is_a_miss_not_a_stale_load(followups: Followups) 
     assert changed.report["max_diff_vs_eager"] < 1e-5
 
 
+@pytest.mark.internals
 def test_a_corrupted_artifact_is_refused_and_falls_back(cold: Cold, followups: Followups) -> None:
     corrupt = followups.corrupt
     assert corrupt.metrics["store"]["misses_by_reason"]["corrupt"] == 1 and corrupt.metrics["refused"] == 1
@@ -233,6 +239,7 @@ def helper(x):
 """
 
 
+@pytest.mark.internals
 def test_a_process_runs_the_code_it_imported_when_the_file_changed_since(base: Path) -> None:
     """Issue 18 item 5: a long job imported v1; the checkout then became v2 and another job published v2.
 
@@ -289,6 +296,7 @@ def make(cell):
 """
 
 
+@pytest.mark.internals
 def test_values_outside_the_code_object_are_checked_not_served_stale(base: Path) -> None:
     """Issue 34: a process whose own values differ from the producer's never runs the producer's.
 

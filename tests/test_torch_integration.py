@@ -52,7 +52,7 @@ from recipecache.torch_integration.artifact import (
 from recipecache.torch_integration.metrics import Metrics
 from torch_flags import compile_on_one_rank
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.internals]
 
 WORKER = Path(__file__).parent / "workers" / "torch_worker.py"
 NAMESPACE = "torchtest"
@@ -872,7 +872,7 @@ def test_compile_on_one_rank_gets_its_own_graph_keys_where_it_changes_the_code(
 
 
 def _unchecked_release_without_two_interfaces(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Play a torch 2.15 that dropped ``_precompile_header`` and changed ``check_build``'s parameters."""
+    """Play a torch 2.16 that dropped ``_precompile_header`` and changed ``check_build``'s parameters."""
     import torch
     from torch._inductor import codecache
     from torch._inductor.cpu_vec_isa import VecISA
@@ -880,7 +880,7 @@ def _unchecked_release_without_two_interfaces(monkeypatch: pytest.MonkeyPatch) -
     def check_build(self: Any, source: str, flags: str) -> bool:
         raise AssertionError("a hook whose interface changed must not be installed")
 
-    monkeypatch.setattr(torch, "__version__", "2.15.0")
+    monkeypatch.setattr(torch, "__version__", "2.16.0")
     monkeypatch.delattr(codecache, "_precompile_header")
     monkeypatch.setattr(VecISA, "check_build", check_build)
 
@@ -910,7 +910,7 @@ def test_autotune_results_travel_through_the_store_as_torch_reads_them() -> None
 
 def test_on_an_unchecked_release_the_hooks_that_fit_are_on_and_one_warning_names_the_rest(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Every hook was checked on 2.13 and 2.14; on another release (a newer one, or torch 2.11 on a
+    """Every hook was checked on 2.13, 2.14 and 2.15; on another release (a newer one, or torch 2.11 on a
     GPU machine) those whose interface is there are installed, the others left off, with one warning
     naming them; nothing is counted as hook_error. Before, one missing attribute left torch unhooked."""
     import torch._inductor.config as inductor_config
@@ -927,7 +927,7 @@ def test_on_an_unchecked_release_the_hooks_that_fit_are_on_and_one_warning_names
     try:
         warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len(warned) == 1, warned
-        assert "torch 2.15.0 is not a release these hooks were checked on (2.13, 2.14)" in warned[0]
+        assert "torch 2.16.0 is not a release these hooks were checked on (2.13, 2.14, 2.15)" in warned[0]
         assert "precompiled_header (torch._inductor.codecache._precompile_header does not exist)" in warned[0]
         assert "cpu_probes (torch._inductor.cpu_vec_isa.VecISA.check_build takes (source, flags), the hook needs (code))" \
             in warned[0]
@@ -967,7 +967,30 @@ def test_doctor_lists_each_hook_on_or_off_with_the_reason(monkeypatch: pytest.Mo
     off = {name for name, c in listed.items() if c.status == "warn"}
     assert off == {"precompiled_header", "cpu_probes"}
     assert "_precompile_header does not exist" in listed["precompiled_header"].detail and listed["cpu_probes"].fix
-    assert "interface matches; not checked on torch 2.15" in listed["graphs"].detail
+    assert "interface matches; not checked on torch 2.16" in listed["graphs"].detail
+
+
+def test_a_call_the_hook_makes_by_name_may_gain_only_the_parameters_it_fills(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.15 added ``backend_configs`` in the middle of its wire-format input's fields, which no-stall
+    fills by name: that interface matches with it or without it (2.13, 2.14), in any order; a field the
+    hook does not know, or one it needs gone, leaves the hook off. Before, 2.15 left no-stall off."""
+    from dataclasses import make_dataclass
+    from types import ModuleType
+
+    from recipecache.torch_integration.compat import Interface
+
+    module = ModuleType("recipecache_test_wire")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    interface = Interface(module.__name__, "Wire", ("gm", "config", "lowering"), optional=("backend_configs",))
+    problems = {}
+    for fields in (["gm", "config", "lowering"], ["gm", "config", "backend_configs", "lowering"],
+                   ["gm", "config", "backend_configs", "lowering", "device_mesh"], ["gm", "lowering"]):
+        module.Wire = make_dataclass("Wire", fields)  # type: ignore[attr-defined]
+        problems[len(fields)] = interface.problem()
+    assert problems[3] is None and problems[4] is None
+    assert problems[5] == ("recipecache_test_wire.Wire takes (gm, config, backend_configs, lowering, device_mesh), "
+                           "the hook fills (gm, config, lowering, [backend_configs])")
+    assert problems[2] is not None and "takes (gm, lowering)" in problems[2]
 
 
 def test_torch_integration_layers_import_downwards_only() -> None:

@@ -53,6 +53,7 @@ may differ in the last bits, as any eager run and its compiled twin do.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import pickle
@@ -146,14 +147,28 @@ def wire_input(gm: torch.fx.GraphModule, example_inputs: Any, inputs_to_check: A
         FxGraphCache._check_for_hop(gm)
         if ext._graph_contains_triton_kernel_wrappers(gm):
             return None
-        wire = ext._WireProtocolInput(
-            gm, example_inputs, inputs_to_check, graph_kwargs, torch._guards.TracingContext.try_get(),
-            inductor_config.save_config_portable(), ext._VirtualizedSerializer.serialize(), None, ext._LoggerState(),
-            ext._LoweringSerializer(), ext._FakeTensorModeSerializer(ext._current_fake_mode()))
-        return GraphPickler.dumps(wire, Options(ops_filter=_worker_op))
+        fields = {
+            "gm": gm, "example_inputs": example_inputs, "inputs_to_check": inputs_to_check,
+            "graph_kwargs": graph_kwargs, "tracing_context": torch._guards.TracingContext.try_get(),
+            "config": inductor_config.save_config_portable(), "virtualized": ext._VirtualizedSerializer.serialize(),
+            "deterministic_guard_for_testing": None, "logger_state": ext._LoggerState(),
+            "lowering": ext._LoweringSerializer(), "fake_tensor_mode": ext._FakeTensorModeSerializer(ext._current_fake_mode())}
+        if "backend_configs" in {f.name for f in dataclasses.fields(ext._WireProtocolInput)}:  # torch >= 2.15
+            fields["backend_configs"] = backend_configs()
+        return GraphPickler.dumps(ext._WireProtocolInput(**fields), Options(ops_filter=_worker_op))
     except (AttributeError, BypassFxGraphCache, PicklingError, NotImplementedError) as exc:
         log.debug("recipecache: cannot send graph to a worker: %r", exc)
         return None
+
+
+def backend_configs() -> dict[str, dict[str, Any]]:
+    """The codegen configs of the out-of-tree backends registered here (``register_backend_for_device``'s
+    ``device_custom_config``), by module, as torch 2.15's wire format carries them: the FX key covers them, and
+    the worker compiles under them (``patch`` of each module, as torch's own child does)."""
+    from torch._inductor.codegen.common import custom_backend_codegen_configs
+
+    return {module.__name__: module.get_serializable_config_copy()
+            for module in custom_backend_codegen_configs.values() if module is not None}
 
 
 @dataclass

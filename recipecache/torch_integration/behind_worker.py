@@ -8,10 +8,11 @@ of it is on disk, where the store's secret would outlive a killed rank. It enabl
 the same store, applies the parent's state (every config value, flag and environment variable
 that torch's FX key or inductor's lowering reads: the worker compiles under exactly the rank's),
 and runs torch's whole ``_compile_fx_inner`` on the graph in the context torch's own
-out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor config,
-virtualized state, tracing context, fake mode). The FX cache lookup misses (the parent holds the
-key's lease, so this process does not wait for it), inductor compiles, and torch's put publishes
-the entry with its kernels through the normal path. It answers one frame on its stdout (the
+out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor config, from
+torch 2.15 the registered backends' codegen configs, virtualized state, tracing context, fake
+mode). The FX cache lookup misses (the parent holds the key's lease, so this process does not
+wait for it), inductor compiles, and torch's put publishes the entry with its kernels through
+the normal path. It answers one frame on its stdout (the
 compile's seconds, or the error: with ``inline`` when no worker can compile this graph under the
 rank's key, a value it could not reproduce or another key; with ``stale_worker`` when what stuck
 of an earlier job's state may be why), which carries nothing else: whatever the compile prints
@@ -21,6 +22,7 @@ goes to stderr, the parent's log of the worker. It exits at the end of its input
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import pickle
@@ -28,18 +30,39 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from ..parent_death import die_with_parent
 
 
+@contextlib.contextmanager
+def compile_context(wire: Any) -> Iterator[None]:
+    """The context of the rank's compile of one graph, from torch's wire-format input ``wire``, as torch's own
+    child sets it up (``_SerializedFxCompile._run_in_child``): inductor's config, from torch 2.15 the codegen
+    configs of the backends registered in the rank (the FX key covers them), virtualized and lowering state,
+    tracing context, fake mode."""
+    import torch
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx_ext import _current_fake_mode
+    from torch._inductor.debug import DebugContext
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(wire.virtualized.patch())
+        stack.enter_context(wire.lowering.patch())
+        stack.enter_context(inductor_config.patch(wire.config))
+        for name, values in getattr(wire, "backend_configs", {}).items():  # torch >= 2.15
+            stack.enter_context(importlib.import_module(name).patch(values))
+        stack.enter_context(torch._guards.tracing(wire.tracing_context))
+        stack.enter_context(DebugContext())
+        stack.enter_context(wire.fake_tensor_mode.patch(_current_fake_mode()))
+        yield
+
+
 def compile_job(job: dict[str, Any], first: bool = True) -> dict[str, Any]:
     """Compile and publish the graph of ``job`` (``first``: this process's first job); what the parent reads back."""
-    import torch
     from torch._inductor import compile_fx
-    from torch._inductor import config as inductor_config
-    from torch._inductor.compile_fx_ext import _current_fake_mode, _WireProtocolPickledInput
-    from torch._inductor.debug import DebugContext
+    from torch._inductor.compile_fx_ext import _WireProtocolPickledInput
 
     from ..store import Store
     from . import compat, global_state, patches
@@ -63,13 +86,7 @@ def compile_job(job: dict[str, Any], first: bool = True) -> dict[str, Any]:
             why = f"the worker cannot reproduce the rank's {', '.join(unreproduced[:3])}"
             return {"error": why, "inline": True} if first else {"error": why, "stale_worker": True}
         wire = _WireProtocolPickledInput(job["wire"]).deserialize()
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(wire.virtualized.patch())
-            stack.enter_context(wire.lowering.patch())
-            stack.enter_context(inductor_config.patch(wire.config))
-            stack.enter_context(torch._guards.tracing(wire.tracing_context))
-            stack.enter_context(DebugContext())
-            stack.enter_context(wire.fake_tensor_mode.patch(_current_fake_mode()))
+        with compile_context(wire):
             start = time.perf_counter()
             compile_fx._compile_fx_inner(wire.gm, wire.example_inputs, **wire.graph_kwargs)
             seconds = time.perf_counter() - start

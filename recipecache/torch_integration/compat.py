@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: torch releases (major.minor) every hook below was checked on
-CHECKED_RELEASES = ("2.13", "2.14")
+CHECKED_RELEASES = ("2.13", "2.14", "2.15")
 #: stands for "accepts any keyword arguments" among an interface's parameters
 KEYWORDS = "**"
 
@@ -41,6 +41,11 @@ class Interface:
     attribute: str
     #: leading parameter names (``self``/``cls`` left out), :data:`KEYWORDS` for ``**kwargs``; None: any
     parameters: tuple[str, ...] | None = None
+    #: for a call the hook makes by name, filling every parameter (torch's wire-format dataclass): the
+    #: parameters it fills where a release has them (torch 2.15 added ``backend_configs``). Set (even
+    #: empty), ``parameters`` and these must name all the parameters, in any order: one the hook does not
+    #: know, or a required one gone, leaves the hook off
+    optional: tuple[str, ...] | None = None
 
     def __str__(self) -> str:
         return f"{self.module}.{self.attribute}"
@@ -63,6 +68,11 @@ class Interface:
             return f"{self} has no readable signature"
         params = [p for p in signature.parameters.values() if p.name not in ("self", "cls")]
         names = [KEYWORDS if p.kind is p.VAR_KEYWORD else p.name for p in params]
+        if self.optional is not None:
+            if set(self.parameters) <= set(names) <= {*self.parameters, *self.optional}:
+                return None
+            filled = ", ".join(self.parameters) + "".join(f", [{n}]" for n in self.optional)
+            return f"{self} takes ({', '.join(names)}), the hook fills ({filled})"
         wanted = [n for n in self.parameters if n != KEYWORDS]
         if names[: len(wanted)] != wanted or (KEYWORDS in self.parameters and KEYWORDS not in names):
             return f"{self} takes ({', '.join(names)}), the hook needs ({', '.join(self.parameters)})"
@@ -140,9 +150,11 @@ HOOKS: tuple[Hook, ...] = (
          requires=("graphs",)),
     Hook("no_stall", "no-stall (enable(no_stall=True)): a graph that missed runs without inductor while one process "
                      "compiles it in a worker",
-         (_i("_inductor.compile_fx_ext", "_WireProtocolInput",
-             "gm", "example_inputs", "inputs_to_check", "graph_kwargs", "tracing_context", "config", "virtualized",
-             "deterministic_guard_for_testing", "logger_state", "lowering", "fake_tensor_mode"),
+         (Interface("torch._inductor.compile_fx_ext", "_WireProtocolInput",
+                    ("gm", "example_inputs", "inputs_to_check", "graph_kwargs", "tracing_context", "config",
+                     "virtualized", "deterministic_guard_for_testing", "logger_state", "lowering", "fake_tensor_mode"),
+                    optional=("backend_configs",)),
+          _i("_inductor.codegen.common", "custom_backend_codegen_configs"),
           _i("_inductor.compile_fx_ext", "_graph_contains_triton_kernel_wrappers"),
           _i("_inductor.compile_fx_ext", "_VirtualizedSerializer.serialize"),
           _i("_inductor.compile_fx_ext", "_LoweringSerializer"),
