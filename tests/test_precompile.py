@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -676,7 +677,9 @@ def test_a_builtin_the_trace_read_is_this_processs_builtin_in_a_fresh_process(tm
     recorder = Recorder()
     fn = aot_compile_fullgraph(pvb_model.f, ((torch.ones(3),), {}), hooks=Hooks(guard_filter_fn=recorder),
                                backend=torch._dynamo.lookup_backend("aot_eager"))
-    assert [pin.source for pin in recorder.pins] == ["G['__builtins_dict___0']['iter']"], "the case is still there"
+    sources = [pin.source for pin in recorder.pins]  # N counts this process's traces so far
+    assert len(sources) == 1 and re.fullmatch(r"G\['__builtins_dict___\d+'\]\['iter'\]", sources[0]), \
+        f"the case is still there: {sources}"
     published = tmp_path / "published.pkl"
     published.write_bytes(pickle.dumps((AOTCompiledFunction.serialize(fn).serialized_data, recorder.pins)))
     (tmp_path / "loader.py").write_text(BUILTIN_LOADER)
@@ -689,7 +692,7 @@ def test_a_builtin_the_trace_read_is_this_processs_builtin_in_a_fresh_process(tm
     (tmp_path / "loader.py").write_text(changed)  # a builtin replaced in that process still differs
     loaded = subprocess.run([sys.executable, str(tmp_path / "loader.py"), str(published)], env=env,
                             capture_output=True, text=True, check=True)
-    assert loaded.stdout.strip().startswith("G['__builtins_dict___0']['iter'] is function:")
+    assert loaded.stdout.strip().startswith(f"{sources[0]} is function:")
 
 
 def test_keys_leave_dynamic_sizes_to_the_guards() -> None:
@@ -837,12 +840,17 @@ def test_a_load_failure_is_listed_with_its_exception_in_the_metrics() -> None:
     from recipecache.torch_integration.metrics import MAX_DETAIL_CHARS, MAX_FALLBACK_DETAILS, Metrics
     from recipecache.torch_integration.precompile import Fallback, Tier
 
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    garbage = b"not torch's pickle" * 100
+    with pytest.raises(Exception) as raised:  # what this torch raises for it (2.15 checks a header before unpickling)
+        AOTCompiledFunction.deserialize(garbage, {})
     store = recipecache.open_store("memory://", namespace=NAMESPACE)
     metrics = Metrics(store, None, flush=False)
     tier = Tier(store, metrics, 0.5, lambda key: key)  # not installed: torch.compile stays as it is
     target = SimpleNamespace(name="f", globals={}, prefix=())
     for n in range(MAX_FALLBACK_DETAILS + 2):
-        stored = Precompiled(b"not torch's pickle" * 100, (), 1.0)
+        stored = Precompiled(garbage, (), 1.0)
         fallback = tier._load(target, f"k{n}", stored, (), {})  # type: ignore[arg-type]
         assert isinstance(fallback, Fallback) and fallback.detail == "load_failed"
     snapshot = metrics.snapshot()
@@ -851,7 +859,10 @@ def test_a_load_failure_is_listed_with_its_exception_in_the_metrics() -> None:
     assert len(details) == MAX_FALLBACK_DETAILS, "bounded; the count goes on"
     first = details[0]
     assert first["detail"] == "load_failed" and "k0 does not load here" in first["message"]
-    assert first["error"].startswith("_pickle.UnpicklingError: "), first
+    error_type = type(raised.value)
+    named = error_type.__qualname__ if error_type.__module__ == "builtins" else \
+        f"{error_type.__module__}.{error_type.__qualname__}"
+    assert first["error"].startswith(f"{named}: {str(raised.value)[:40]}"), first
     assert all(len(d["message"]) <= MAX_DETAIL_CHARS and len(d["error"]) <= MAX_DETAIL_CHARS for d in details)
 
 
