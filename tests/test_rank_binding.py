@@ -10,6 +10,9 @@ from recipecache.runs.explain import named_differences
 from recipecache.torch_integration.rank_binding import (PLACEHOLDER_PREFIX, Groups, RankBound, canonical_code,
                                                         local_code, rebind_graph, role_of)
 
+#: what torch writes into the FX key and the generated code differs between releases: checked on each
+pytestmark = pytest.mark.internals
+
 #: the groups of ranks 0 and 3 of a dp=2 x tp=2 mesh, as torch names them (world '0', dp '1'/'2', tp '3'/'4')
 RANK0 = Groups({"0": role_of([0, 1, 2, 3]), "1": role_of([0, 2]), "3": role_of([0, 1])})
 RANK3 = Groups({"0": role_of([0, 1, 2, 3]), "2": role_of([1, 3]), "4": role_of([2, 3])})
