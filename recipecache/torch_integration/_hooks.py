@@ -466,18 +466,20 @@ class Integration:
         example_inputs = args[1] if len(args) > 1 else kwargs["example_inputs"]
         fx_kwargs = args[2] if len(args) > 2 else kwargs["fx_kwargs"]
         inputs_to_check = args[3] if len(args) > 3 else kwargs["inputs_to_check"]
-        groups = self.guarded(rank_binding.describe_groups, gm, example_inputs)
-        if groups:  # what of this rank's groups the key holds, for explain (torch's lines cut the code short)
-            details = [*details, *groups]
+        groups = self.guarded(rank_binding.process_groups)  # once: the key records and the binding both read them
+        described = None if groups is None else self.guarded(rank_binding.describe_groups, gm, example_inputs, groups)
+        if described:  # what of this rank's groups the key holds, for explain (torch's lines cut the code short)
+            details = [*details, *described]
         self.attempt.described = (fx_key, details, describe.function_name(fx_kwargs), describe.input_shapes(example_inputs))
-        if fx_key not in self._bindings and fx_key not in self._rank_bound:
-            self.guarded(self._bind, fx_key, gm, example_inputs, fx_kwargs, inputs_to_check)
+        if groups is not None and fx_key not in self._bindings and fx_key not in self._rank_bound:
+            self.guarded(self._bind, fx_key, gm, example_inputs, fx_kwargs, inputs_to_check, groups)
 
-    def _bind(self, fx_key: str, gm: Any, example_inputs: Any, fx_kwargs: Any, inputs_to_check: Any) -> None:
+    def _bind(self, fx_key: str, gm: Any, example_inputs: Any, fx_kwargs: Any, inputs_to_check: Any,
+              groups: rank_binding.Groups) -> None:
         """Share the key of a graph that uses this rank's process groups across ranks, if it can be bound to
         every rank's own groups (:mod:`.rank_binding`); else it stays keyed per rank, counted."""
         try:
-            binding = rank_binding.bind(gm, example_inputs, fx_kwargs, inputs_to_check)
+            binding = rank_binding.bind(gm, example_inputs, fx_kwargs, inputs_to_check, groups)
         except rank_binding.RankBound as exc:
             with self._lock:
                 self._rank_bound[fx_key] = exc.identity
@@ -496,17 +498,18 @@ class Integration:
         """The store is asked for ``torch_key``: record what it is made of (for ``recipecache explain``).
 
         torch's remote cache wraps the FX key (``pt2:fx-graph-v1::<key>:c1``), so the key
-        the hash hook saw is matched by containment.
+        the hash hook saw is matched by containment. It is recorded under the store key
+        :meth:`fx_get` made of ``torch_key`` (``attempt.key``, shared across ranks where bound).
         """
         described, self.attempt.described = self.attempt.described, None
         if described is None or described[0] not in torch_key:
             return
-        _fx_key, details, name, shapes = described
-        self.attempt.what = (name, shapes)
-        if self.keys.enabled:  # parsing torch's hash details costs a few ms per lookup: only for a key log
-            key, binding = self.graph_key(torch_key)
-            identity = binding.key if binding is not None else self._rank_bound.get(_fx_key)
-            self.keys.record(key, details, name=name, shapes=shapes, identity=identity,
+        fx_key, details, name, shapes = described
+        attempt = self.attempt
+        attempt.what = (name, shapes)
+        if self.keys.enabled and attempt.key is not None:  # parsing torch's hash details costs a few ms per lookup
+            identity = attempt.binding.key if attempt.binding is not None else self._rank_bound.get(fx_key)
+            self.keys.record(attempt.key, details, name=name, shapes=shapes, identity=identity,
                              context={**describe.process_context(), "cpu_key": self.cpu})
 
     def compiled(self, seconds: float) -> None:

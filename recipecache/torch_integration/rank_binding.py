@@ -232,9 +232,7 @@ def bind(gm: Any, example_inputs: Sequence[Any], fx_kwargs: Any, inputs_to_check
     """The rank-independent key of a graph that uses this rank's process groups or a device mesh; None for a
     graph that uses neither (torch's own key is rank-independent then). :class:`RankBound` if it cannot have one
     (with the graph's :attr:`RankBound.identity`)."""
-    from torch._library.fake_class_registry import FakeScriptObject
-
-    meshes = [x for x in example_inputs if isinstance(x, FakeScriptObject) and _is_mesh(x.real_obj)]
+    meshes = _input_meshes(example_inputs)
     groups = process_groups() if groups is None else groups
     try:
         if any(_is_mesh(v) for v in vars(gm).values()):
@@ -301,20 +299,25 @@ def _is_mesh(obj: Any) -> bool:
     return mesh_type is not None and isinstance(obj, mesh_type)
 
 
-def describe_groups(gm: Any, example_inputs: Sequence[Any]) -> list[str]:
-    """Hash-detail lines (``[<hash>] <name>: <value>``, as torch writes its own) for what of this rank's process
-    groups and meshes a graph holds: ``process_group[0]: '3' (2@0,1)``, ``device_mesh[0]: rank 0, coordinate
-    (0, 0), groups '1' '3'``. ``recipecache explain`` names these when two ranks' keys differ in them."""
-    import hashlib
-
+def _input_meshes(example_inputs: Sequence[Any]) -> list[Any]:
+    """The device meshes dynamo passes to a graph as inputs (wrapped in opaque ``FakeScriptObject`` inputs)."""
     from torch._library.fake_class_registry import FakeScriptObject
 
-    groups = process_groups()
+    return [x.real_obj for x in example_inputs if isinstance(x, FakeScriptObject) and _is_mesh(x.real_obj)]
+
+
+def describe_groups(gm: Any, example_inputs: Sequence[Any], groups: Groups | None = None) -> list[str]:
+    """Hash-detail lines (``[<hash>] <name>: <value>``, as torch writes its own) for what of this rank's process
+    groups (``groups``, default :func:`process_groups`) and meshes a graph holds: ``process_group[0]: '3'
+    (2@0,1)``, ``device_mesh[0]: rank 0, coordinate (0, 0), groups '1' '3'``. ``recipecache explain`` names
+    these when two ranks' keys differ in them."""
+    import hashlib
+
+    groups = process_groups() if groups is None else groups
     lines = []
     used = sorted({m.group(2) for m in _LITERAL.finditer(gm.code) if m.group(2) in groups.roles})
     values = [("process_group", groups.describe(name)) for name in used]
-    meshes = [x.real_obj for x in example_inputs if isinstance(x, FakeScriptObject) and _is_mesh(x.real_obj)]
-    for mesh in [*meshes, *(v for v in vars(gm).values() if _is_mesh(v))]:
+    for mesh in [*_input_meshes(example_inputs), *(v for v in vars(gm).values() if _is_mesh(v))]:
         names = " ".join(repr(str(mesh.get_group(d).group_name)) for d in range(mesh.ndim))
         values.append(("device_mesh", f"rank {mesh.get_rank()}, coordinate {tuple(mesh.get_coordinate() or ())}, "
                                       f"groups {names}"))
