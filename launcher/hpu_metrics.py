@@ -113,9 +113,9 @@ def load(base: Path, *, since: float | None = None) -> dict[int, dict[str, float
         if not metrics:
             log.warning("%s is not a JSON metrics file of the Gaudi bridge; left out of the report", path)
             continue
-        figures = {}
+        figures: dict[str, float] = {}
         for name, (metric, statistic) in FIELDS.items():
-            value = metrics.get(metric, {}).get(statistic)
+            value: Any = metrics.get(metric, {}).get(statistic)
             if type(value) in (int, float) and abs(value) < _MAX_FIGURE:  # not a bool, NaN, infinite or absurd
                 figures[name] = value
         out[rank] = figures

@@ -21,11 +21,10 @@ from pathlib import Path
 
 from recipecache import env
 from recipecache.backends import StoreURL, backend_class, open_backend
-from recipecache.settings import (check_rank_environment, read_secret, read_secret_file, resolve_namespace,
-                                  resolve_url)
 from recipecache.errors import BackendError, ConfigError
 from recipecache.fsutil import check_output_file, private_directory
 from recipecache.node_tier import default_node_dir
+from recipecache.settings import check_rank_environment, read_secret, read_secret_file, resolve_namespace, resolve_url
 
 from . import hpu_metrics
 from .torchrun_options import NPROC_PER_NODE, pass_through

@@ -18,6 +18,7 @@ so; :func:`launcher.exit_watch.status_after_exit`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
@@ -165,8 +166,8 @@ def run_torchrun(
     # outright (a scheduler, a test's timeout): SIGTERM then, which torchrun handles by stopping its
     # ranks, who also die with it (launcher.bootstrap.end_with_agent). The launcher runs no threads
     # yet, so a preexec_fn is safe here.
-    proc = subprocess.Popen(cmd, env=job_env, start_new_session=True,  # noqa: PLW1509
-                            preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()))
+    dies_with_launcher = functools.partial(die_with_parent, signal.SIGTERM, os.getpid())
+    proc = subprocess.Popen(cmd, env=job_env, start_new_session=True, preexec_fn=dies_with_launcher)  # noqa: PLW1509 - no threads yet
     started()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -214,10 +215,8 @@ def end_hung_ranks(proc: subprocess.Popen[bytes], hung: list[FinishedRank], grac
         pass
     for rank in hung:
         if running_child(rank.pid, proc.pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(rank.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     try:
         proc.wait(timeout=KILL_AFTER_S)
     except subprocess.TimeoutExpired:

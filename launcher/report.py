@@ -43,9 +43,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from recipecache.fsutil import write_output_file
 from recipecache.runs.events import Skipped, is_seconds, open_regular
 from recipecache.runs.explain import analyse_run
-from recipecache.fsutil import write_output_file
 
 log = logging.getLogger(__name__)
 

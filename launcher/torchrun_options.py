@@ -86,7 +86,7 @@ def cache_file() -> Path | None:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return None
-    package = Path(list(spec.submodule_search_locations)[0])
+    package = Path(next(iter(spec.submodule_search_locations)))
     digest = hashlib.sha256(str(package).encode())
     try:
         for name in PARSER_SOURCES:

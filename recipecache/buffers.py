@@ -8,9 +8,7 @@ must work with any of these (``len``, slicing, ``memoryview(...)``, ``==`` with 
 
 from __future__ import annotations
 
-from typing import Union
-
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 
 def byte_view(data: Buffer) -> Buffer:

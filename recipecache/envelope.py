@@ -204,11 +204,11 @@ def _check(ok: bool, field: str) -> None:
 
 
 def _is_int(value: object, low: int, high: int) -> bool:
-    return type(value) is int and low <= value <= high  # noqa: E721 - bool is an int subclass, and not a count
+    return type(value) is int and low <= value <= high  # bool is an int subclass, and not a count
 
 
 def _is_str(value: object, low: int, high: int) -> bool:
-    return type(value) is str and low <= len(value) <= high  # noqa: E721
+    return type(value) is str and low <= len(value) <= high
 
 
 def _checked_fields(fields: object) -> dict[str, Any]:

@@ -6,6 +6,7 @@ alone, and a file in it must appear whole or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -14,8 +15,8 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import BinaryIO
 from pathlib import Path
+from typing import BinaryIO
 
 from .buffers import Buffer
 from .errors import ConfigError
@@ -183,10 +184,8 @@ def write_atomic_at(dir_fd: int, name: str, *parts: Buffer, prefix: str = TEMP_P
             os.close(fd)
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
         raise
 
 

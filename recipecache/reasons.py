@@ -22,7 +22,7 @@ else:  # pragma: no cover - Python 3.10
         def __str__(self) -> str:
             return str(self.value)
 
-        __format__ = str.__format__
+        __format__ = str.__format__  # type: ignore[assignment]  # str's formatting, as enum.StrEnum's on 3.11
 
 
 class Reason(StrEnum):

@@ -46,17 +46,17 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import envelope
-from .backends.base import Backend, EntryInfo
 from .backends import open_backend
+from .backends.base import Backend, EntryInfo
 from .buffers import Buffer, byte_view
-from .settings import StoreSettings
 from .errors import BackendError, BackendKeyError, VerificationError
-from .runs.events import EventLog
 from .health import HealthCheck
 from .keys import storage_key
 from .lease import HeldLease, SingleFlight
 from .node_tier import NodeTier
 from .reasons import ABSENT, FAILED, REFUSED, Reason, Role
+from .runs.events import EventLog
+from .settings import StoreSettings
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -510,6 +510,7 @@ class Store:
                 return Flight(self, key, Role.HIT, data=first.data, trace=trace, kind=kind)
             miss = first.reason
             if first.failed:  # the backend failed: no lease to take
+                assert first.reason is not None  # a failed lookup names its failure
                 self._stats.outcome(kind, miss)
                 return self._fallback(key, first.reason, miss_reason=miss, trace=trace, kind=kind)
         else:

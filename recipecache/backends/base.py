@@ -198,12 +198,12 @@ class Backend(ABC):
         """
         return 0
 
-    def discover(self) -> None:
+    def discover(self) -> None:  # noqa: B027 - optional: a backend with one server has nothing to discover
         """Raise ConfigError if the URL names no usable service at all: a cluster none of whose seed
         nodes answers, sentinels that know no primary for the service. A URL that names one
         server does nothing here: that server being down is a backend failure, not bad input."""
 
-    def ping(self) -> None:
+    def ping(self) -> None:  # noqa: B027 - optional: a local backend always answers
         """Raise BackendError unless the service answers; a local backend always does."""
 
     def failure_domain(self, key: str) -> str | None:
@@ -224,5 +224,5 @@ class Backend(ABC):
         """
         return []
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a backend holding nothing open closes nothing
         """Release connections or handles; the backend is not used afterwards."""

@@ -41,6 +41,7 @@ is a new file renamed into place, and a removed file lives on while mapped.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -180,7 +181,7 @@ class FilesystemBackend(Backend):
         if fd is None:
             return None
         try:
-            data = _map_fd(fd) if self._map_large_files else None
+            data: memoryview | bytes | None = _map_fd(fd) if self._map_large_files else None
             if data is None:
                 data = _read_fd(fd)
             self._touch(fd)
@@ -259,10 +260,8 @@ class FilesystemBackend(Backend):
                 try:
                     if value_matches(_read_path(aside), expected):
                         return True
-                    try:
+                    with contextlib.suppress(FileExistsError):  # a newer value was published meanwhile; it stays
                         os.link(aside, target, follow_symlinks=False)
-                    except FileExistsError:
-                        pass  # a newer value was published meanwhile; it stays
                     return False
                 finally:
                     aside.unlink(missing_ok=True)
@@ -297,10 +296,8 @@ class FilesystemBackend(Backend):
             return
         self._written_since_check = 0
         self._last_check = now
-        try:
+        with contextlib.suppress(filelock.Timeout):  # another process is evicting right now
             self._evict(self.max_size, lock_timeout=0)
-        except filelock.Timeout:
-            pass  # another process is evicting right now
 
     def evict(self, max_bytes: int) -> int:
         """Evict down to ``max_bytes`` once an eviction under way in another process has finished.

@@ -150,8 +150,8 @@ class Manifest:
         if raw.startswith(b"RCM1"):
             if len(raw) == _MANIFEST_V1.size + 16:
                 _magic, count, total = _MANIFEST_V1.unpack_from(raw)
-                gen = raw[_MANIFEST_V1.size :]
-                if re.fullmatch(rb"[0-9a-f]{16}", gen) and 1 <= count <= MAX_CHUNKS and count <= total <= MAX_VALUE:
+                v1_gen = raw[_MANIFEST_V1.size :]
+                if re.fullmatch(rb"[0-9a-f]{16}", v1_gen) and 1 <= count <= MAX_CHUNKS and count <= total <= MAX_VALUE:
                     raise VerificationError(Reason.OLD_FORMAT, "chunk manifest of an older recipecache (RCM1)")
             raise VerificationError(Reason.CORRUPT, "damaged RCM1 chunk manifest")
         match = _MANIFEST_V2.match(raw)
@@ -302,7 +302,7 @@ _KEY_ERRORS = (redis.exceptions.TryAgainError, redis.exceptions.AskError, redis.
 _PIPELINE_ERROR = re.compile(r"\ACommand # \d+ \(.*?\) of pipeline caused error: ", re.DOTALL)
 
 
-def _concerns_keys(exc: redis.exceptions.RedisError) -> bool:
+def _concerns_keys(exc: Exception) -> bool:
     """Whether ``exc`` is a failure of the keys of one call, which the service answered.
 
     redis-py's cluster client follows MOVED/ASK/TRYAGAIN replies itself and raises a plain
@@ -317,7 +317,7 @@ def _concerns_keys(exc: redis.exceptions.RedisError) -> bool:
     return code in _KEY_ERROR_CODES
 
 
-def _error(exc: redis.exceptions.RedisError, what: str) -> BackendError:
+def _error(exc: Exception, what: str) -> BackendError:
     reason: Reason
     if isinstance(exc, redis.exceptions.TimeoutError):
         reason = Reason.BACKEND_SLOW
@@ -516,7 +516,7 @@ class RedisBackend(Backend):
         self.chunk_size = chunk_size
         self._timeout = timeout
         self._connect = connect or functools.partial(redis.Redis.from_url, url, **client_options(timeout))
-        self._client = self._connect(socket_timeout=timeout)
+        self._client: Any = self._connect(socket_timeout=timeout)  # redis.Redis, or the cluster backend's lazy client
         self._blocking_client: Any = None
         self._blocking_lock = threading.Lock()
         self._swap = self._client.register_script(_SWAP)
@@ -561,9 +561,9 @@ class RedisBackend(Backend):
     def _load(self, key: str) -> _Loaded:
         entry = self._name("e", key)
 
-        def read() -> bytes | None | _Loaded:
+        def read() -> bytes | _Loaded | None:
             try:
-                return self._client.get(entry)  # type: ignore[no-any-return]
+                return self._client.get(entry)
             except redis.exceptions.ResponseError as exc:
                 if str(exc).startswith("WRONGTYPE"):
                     return _Loaded("wrongtype", problem=VerificationError(Reason.CORRUPT, f"{entry} is not a string"))
@@ -613,7 +613,7 @@ class RedisBackend(Backend):
             if len(chunk) != manifest.chunk_len(i):
                 raise VerificationError(Reason.CORRUPT, f"chunk {i} of {key} is {len(chunk)} B, its manifest says "
                                                         f"{manifest.chunk_len(i)}")
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # type: ignore[arg-type]
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # type: ignore[arg-type]  # no None: checked above
 
     def _stored_form(self, key: str, parts: tuple[Buffer, ...]) -> tuple[bytes, list[str]]:
         """What goes under the entry key for ``parts``: the value inline, or a manifest of chunks written here.
@@ -782,7 +782,7 @@ class RedisBackend(Backend):
 
     def _chunk_owner(self, name: bytes) -> tuple[str, str] | None:
         """The key and generation of a chunk's name (the inverse of ``_chunk_key``); None for another name."""
-        prefix, gen, index = (name.decode(errors="replace").rsplit(":", 2) + ["", ""])[:3]
+        prefix, gen, index = [*name.decode(errors="replace").rsplit(":", 2), "", ""][:3]
         key = self._key_of(prefix, "c") if index.isdigit() else None
         return None if key is None else (key, gen)
 
@@ -835,7 +835,7 @@ class RedisBackend(Backend):
 
     def _connection_kwargs(self) -> dict[str, Any]:
         """The settings the client's connections are made with."""
-        return self._client.connection_pool.connection_kwargs  # type: ignore[no-any-return]
+        return self._client.connection_pool.connection_kwargs
 
     def _run_keyless(self, *args: Any) -> Any:
         """Send a command that names no key (``PING``, ``TIME``...): a cluster sends it to one node."""

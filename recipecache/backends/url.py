@@ -116,7 +116,7 @@ class StoreURL:
                 port = rest.removeprefix(":") if rest.startswith(":") or not rest else "x"
             else:
                 host, _, port = item.partition(":")
-            if not host or not (port.isdigit() and 0 < int(port) < 65536 or not port):
+            if not host or not ((port.isdigit() and 0 < int(port) < 65536) or not port):
                 raise self.error(f"bad host {item!r}: use host:port")
             out.append((self.check_host(host), int(port) if port else default_port))
         return out

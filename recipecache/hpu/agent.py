@@ -47,6 +47,7 @@ from ..argparsing import OneLineArgumentParser
 from ..errors import ConfigError
 from ..reasons import Reason
 from ..store import Store, open_store
+from .index import INDEX_CAP, INDEX_KEY, Index, IndexEntry, fingerprint_id, recipe_key
 from .recipe_cache_config import (
     DEFAULT_MAX_SIZE_MB,
     ENV_VAR,
@@ -55,7 +56,6 @@ from .recipe_cache_config import (
     parse_config,
     prepare_node_directory,
 )
-from .index import INDEX_CAP, INDEX_KEY, Index, IndexEntry, fingerprint_id, recipe_key
 from .recipes import Install, RecipeDir, RecipeFiles
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ class HpuSyncAgent:
             last = stop.is_set()
             try:
                 self.sync_once()
-            except Exception as exc:  # noqa: BLE001 - one bad cycle must not stop the node's sync
+            except Exception as exc:  # one bad cycle must not stop the node's sync
                 self._counts["cycle_errors"] += 1
                 log.warning("recipecache: HPU sync of %s failed (%s); retrying next cycle", self.dir.path, exc,
                             exc_info=not isinstance(exc, OSError))
@@ -351,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def work() -> None:
         try:
             agent.run(stop)
-        except BaseException as exc:  # noqa: BLE001 - whatever ends the thread early ends the agent, loudly
+        except BaseException as exc:  # whatever ends the thread early ends the agent, loudly
             died.append(exc)
             log.critical("recipecache: HPU sync thread died; the agent stops", exc_info=True)
 

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..reasons import REFUSED, Reason
 from .events import Skipped, read_events
 from .keyinfo import _DEVICE_INDEX, KeyInfo, differing, graph_label, load_keys, short_key, torch_hash
-from ..reasons import REFUSED, Reason
 
 #: why a rank compiled a graph it could have loaded, by the reason its events name
 _REASON_TEXT = {
@@ -347,7 +347,7 @@ def format_groups(groups: Sequence[KeyGroup], *, width: int = 38) -> str:
 
         def row(name: str, values: Iterable[str]) -> str:
             cells = [v if len(v) <= width else v[: width - 3] + "..." for v in values]
-            return "  " + f"{name:<{name_width}}  " + "  ".join(f"{c:<{width}}" for c in cells).rstrip()
+            return "  " + f"{name:<{name_width}}  " + "  ".join(f"{c:<{width}}" for c in cells).rstrip()  # noqa: B023 - called within this iteration only
 
         lines.append(row("key", (f"{short_key(k)} (rank {', '.join(map(str, r))})" for k, r in group.keys)))
         named = named_differences(group.differences)

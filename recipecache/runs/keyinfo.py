@@ -35,9 +35,9 @@ import math
 import os
 import platform
 import re
-from functools import cache
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ def cpu_summary() -> dict[str, str]:
     what the compiler and torch make of the CPU, or the operator's override); reports show
     this beside the key so a reader sees which CPU a key was built on.
     """
-    model, flags = platform.processor() or "unknown", set()
+    model, flags = platform.processor() or "unknown", set[str]()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -251,7 +251,7 @@ def load_keys(run_or_events_dir: str | os.PathLike[str], *, since: float | None 
     envs: dict[tuple[int, str], tuple[dict[str, list[str]], dict[str, Any]]] = {}
     keys: list[dict[str, Any]] = []
     for rec in read_events(directory, skipped=skipped):
-        if since is not None and rec["time"] < since or rec["event"] not in ("key_env", "key"):
+        if (since is not None and rec["time"] < since) or rec["event"] not in ("key_env", "key"):
             continue
         if not _key_record(rec):
             skipped.records += 1

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..fsutil import write_output_file
 from .events import Skipped
 from .explain import load_events, with_follower_hits
-from ..fsutil import write_output_file
 from .keyinfo import KeyInfo, graph_label, load_keys
 
 #: event kind -> the verb of its duration event (hits are fetches: the store read and verify)
@@ -199,10 +199,10 @@ def draw(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
                     ha="center", va="center", fontsize=7, color="white", clip_on=True)
     hits = [(float(r["time"]) - origin, row[r["rank"]] + 0.38) for r in records if r["event"] == "hit"]
     if hits:
-        ax.scatter(*zip(*hits), marker="v", s=28, color=COLOURS["hit"], zorder=3)
+        ax.scatter([x for x, _ in hits], [y for _, y in hits], marker="v", s=28, color=COLOURS["hit"], zorder=3)
     steps = [(float(r["time"]) - origin, row[r["rank"]]) for r in records if r["event"] == "step"]
     if steps:
-        ax.scatter(*zip(*steps), marker="|", s=260, color="black", linewidths=1.2, zorder=3)
+        ax.scatter([x for x, _ in steps], [y for _, y in steps], marker="|", s=260, color="black", linewidths=1.2, zorder=3)
     ax.set_yticks([row[r] for r in ranks], [f"rank {r}" for r in ranks])
     ax.set_ylim(-0.7, len(ranks) - 0.3)
     ax.set_xlim(0, end * 1.02 if end > 0 else 1)

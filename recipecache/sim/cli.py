@@ -134,10 +134,7 @@ def table(reports: dict[str, Report]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     scenario = scenario_from_args(args)
-    if args.compare:
-        reports = compare(scenario=scenario)
-    else:
-        reports = {args.policy: simulate(args.policy, scenario)}
+    reports = compare(scenario=scenario) if args.compare else {args.policy: simulate(args.policy, scenario)}
     if args.plot:
         from .plot import plot_sweeps
 

@@ -163,9 +163,9 @@ def run_policy(w: Workload, policy: str) -> Report:
     head = new_step.copy()  # the first key of its rank in its step
     head[1:] |= rank[1:] != rank[:-1]
     heads = np.flatnonzero(head)
-    bounds = np.flatnonzero(new_step[heads]).tolist() + [len(heads)]
+    bounds = [*np.flatnonzero(new_step[heads]).tolist(), len(heads)]
     compute_before = np.concatenate(([0.0], np.cumsum(w.compute_s))).tolist()
-    heads_l, head_l = heads.tolist(), head.tolist() + [True]
+    heads_l, head_l = heads.tolist(), [*head.tolist(), True]
     rank_l, shape_l, step_l = rank.tolist(), shape.tolist(), step.tolist()
     compile_cost = w.compile_s.tolist()
     t_compiles, t_compile_s = tally.compiles, tally.compile_s
@@ -177,7 +177,7 @@ def run_policy(w: Workload, policy: str) -> Report:
     extra = 0.0  # seconds the cache added to the steps played so far
     delays = 0
     worst_step = float(w.compute_s.max()) if w.steps else 0.0
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         start = prewarm_s + compute_before[step_l[heads_l[a]]] + extra
         # every rank's first key is met at the step's start, in rank order; a rank's
         # further keys, fetches after a wait and copy reads go on a heap at their time
@@ -191,9 +191,9 @@ def run_policy(w: Workload, policy: str) -> Report:
         def done(i: int, end: float) -> None:
             nonlocal longest
             if not head_l[i + 1]:
-                heapq.heappush(later, (end, i + 1, MEET))
-            elif end - start > longest:
-                longest = end - start
+                heapq.heappush(later, (end, i + 1, MEET))  # noqa: B023 - called within this iteration only
+            elif end - start > longest:  # noqa: B023 - called within this iteration only
+                longest = end - start  # noqa: B023 - called within this iteration only
 
         def fetched(i: int, end: float) -> None:
             r = rank_l[i]
@@ -400,7 +400,7 @@ def _run_behind(w: Workload) -> Report:
                     took[link.pop(end)] += end - now
             fetches += count
             fetch_s += took
-            cache += took
+            cache += took  # type: ignore[arg-type]  # numpy's stubs type bincount as integers, even with float weights
         ran_eager = np.bincount(rank[eager], minlength=ranks) > 0
         work = np.where(ran_eager, compute * slowdown, compute)
         if in_flight and rate < 1.0:

@@ -215,7 +215,7 @@ class Workload:
 def calls_by_step(step: np.ndarray, rank: np.ndarray, shape: np.ndarray) -> Iterator[Calls]:
     """(step, rank, shape) arrays sorted by step, rank and order, as ``Workload.calls`` yields them."""
     bounds = np.flatnonzero(np.diff(step)) + 1
-    for first, ranks, shapes in zip([0, *bounds.tolist()], np.split(rank, bounds), np.split(shape, bounds)):
+    for first, ranks, shapes in zip([0, *bounds.tolist()], np.split(rank, bounds), np.split(shape, bounds), strict=True):
         if len(ranks):
             yield int(step[first]), ranks, shapes
 

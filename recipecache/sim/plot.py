@@ -30,7 +30,7 @@ def sweep(limit: int) -> list[int]:
     values = [1]
     while values[-1] * 2 < limit:
         values.append(values[-1] * 2)
-    return values + [limit] if limit > 1 else values
+    return [*values, limit] if limit > 1 else values
 
 
 def plot_sweeps(path: str | Path, scenario: Scenario, policies: Sequence[str] = POLICIES) -> None:
@@ -50,7 +50,7 @@ def plot_sweeps(path: str | Path, scenario: Scenario, policies: Sequence[str] = 
     ranks, shapes = scenario.ranks or DEFAULT_RANKS, scenario.shapes or DEFAULT_SHAPES
     axes_spec = (("ranks", sweep(ranks), f"{shapes} shapes"), ("shapes", sweep(shapes), f"{ranks} ranks"))
     fig, axes = plt.subplots(1, len(axes_spec) + 1, figsize=(16.5, 5))
-    for ax, (name, values, fixed) in zip(axes, axes_spec):
+    for ax, (name, values, fixed) in zip(axes, axes_spec, strict=False):  # the last axis is drawn below
         stalls: dict[str, list[float]] = {p: [] for p in policies}
         for value in values:
             for policy, report in compare(policies, scenario.replace(**{name: value})).items():

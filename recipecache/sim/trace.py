@@ -111,7 +111,7 @@ def _by_meetings(records: list[Record]) -> list[Segment]:
         else:
             runs.append([rec])
     ends = [_start(run[0]) for run in runs[1:]] + [max(float(r["time"]) for r in runs[-1])]
-    return [(k, _start(run[0]), end, run) for k, (run, end) in enumerate(zip(runs, ends))]
+    return [(k, _start(run[0]), end, run) for k, (run, end) in enumerate(zip(runs, ends, strict=True))]
 
 
 def _background(rec: Record) -> bool:
@@ -207,12 +207,12 @@ def trace_workload(scenario: Scenario) -> Workload:
     called: list[tuple[int, int, int, str]] = []  # the same for every call the trace shows
     for pos, rank_steps in enumerate(steps_of):
         seen: set[str] = set()
-        for step in rank_steps:
-            d = dense[step.index]
-            compute[d] = min(compute[d], step.compute_s / slowdown if step.eager else step.compute_s)
-            called += [(d, pos, order, key) for order, key in enumerate(step.keys)]
-            met += [(d, pos, order, key) for order, key in enumerate(step.keys) if key not in seen]
-            seen.update(step.keys)
+        for rank_step in rank_steps:
+            d = dense[rank_step.index]
+            compute[d] = min(compute[d], rank_step.compute_s / slowdown if rank_step.eager else rank_step.compute_s)
+            called += [(d, pos, order, key) for order, key in enumerate(rank_step.keys)]
+            met += [(d, pos, order, key) for order, key in enumerate(rank_step.keys) if key not in seen]
+            seen.update(rank_step.keys)
     steps = len(indices) if scenario.steps is None else min(scenario.steps, len(indices))
     met = sorted(m for m in met if m[0] < steps)
     shape_of = {key: s for s, key in enumerate(dict.fromkeys(key for *_, key in met))}

@@ -159,7 +159,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog="recipecache", description="Inspect and manage a recipecache store.")
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineArgumentParser(add_help=False)
     common.add_argument("--url", help="store URL (default: $RECIPECACHE_URL or the filesystem default)")
     common.add_argument("--namespace", help="namespace (default: $RECIPECACHE_NAMESPACE or 'default')")
     common.add_argument("--json", action="store_true", help="print JSON")

@@ -48,7 +48,7 @@ import logging
 import pickle
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,8 +56,8 @@ import torch._functorch.config as functorch_config
 from torch._inductor.runtime.runtime_utils import cache_dir
 
 from ..errors import ConfigError
-from ..runs.keyinfo import KeyLog
 from ..reasons import Reason
+from ..runs.keyinfo import KeyLog
 from ..store import Flight, Store
 from . import describe, host_cpu, pgo, rank_binding
 from .artifact import Artifact, ArtifactError, Entry, collect, install, torch_pickle
@@ -187,6 +187,7 @@ class Integration:
         """
         found = self.store.lookup(key, trace=False, node=kind != "pgo", kind=kind)
         if found.failed:
+            assert found.reason is not None  # a failed lookup names its failure
             self.metrics.fallback(found.reason, f"store {self.store.url} did not answer; compiling locally")
         return self._take(kind, key, found.data)
 
@@ -292,7 +293,7 @@ class Integration:
         except GeneratorExit:  # torch's guards accepted the variant it was evaluating: the store counted the hit
             self.metrics.saved(attempt.served_s or 0.0)
             raise
-        except Exception as exc:  # noqa: BLE001 - our failure: torch compiles as on a miss
+        except Exception as exc:  # our failure: torch compiles as on a miss
             log.debug("recipecache: offering variants of %s failed", key, exc_info=True)
             self.metrics.fallback(Reason.HOOK_ERROR, f"fx_candidates: {exc!r}; torch goes on without it")
             self._unused_hit(key, Reason.HOOK_ERROR)
@@ -326,13 +327,13 @@ class Integration:
                 if entry.data in offered:
                     continue
                 offered.add(entry.data)
-                if not self._install(key, artifact, entry):
+                if not self._install(key, artifact, entry):  # type: ignore[arg-type]  # entries only when there is an artifact
                     install_failed = True
                     continue
                 try:
                     content = torch_pickle(entry.data)
-                    graph = pickle.loads(content)  # verified bytes, unpickled as torch's own remote branch does
-                except Exception:  # noqa: BLE001 - torch skips an entry it cannot load, and so do we
+                    graph = pickle.loads(content)  # noqa: S301 - verified bytes, unpickled as torch's own remote branch does
+                except Exception:  # torch skips an entry it cannot load, and so do we
                     log.warning("recipecache: cannot load a stored variant of %s; skipping it", key, exc_info=True)
                     continue
                 if attempt.binding is not None:
@@ -392,10 +393,8 @@ class Integration:
         def merged(current: memoryview | None) -> bytes:
             base = Artifact("fx", ())
             if current is not None:
-                try:
+                with suppress(ArtifactError):  # unreadable: replaced, the new variant is the only one we can vouch for
                     base = Artifact.unpack(current, "fx")
-                except ArtifactError:
-                    pass  # replaced: the new variant is the only one we can vouch for
             return base.with_variant(variant, files).pack()
 
         # node=True: a node copy missing this variant is safe, since begin(stale=...) reads past it
@@ -595,7 +594,7 @@ class Integration:
         def run() -> None:
             try:
                 build()
-            except Exception:  # noqa: BLE001 - torch builds it itself when a compile needs it
+            except Exception:  # torch builds it itself when a compile needs it
                 log.debug("recipecache: background header build failed", exc_info=True)
 
         threading.Thread(target=run, name="recipecache-header", daemon=True).start()
@@ -614,9 +613,9 @@ def _guards_of(entry: bytes) -> str | None:
     recompile of a stored variant (same guards) from a new variant.
     """
     try:
-        graph = pickle.loads(torch_pickle(entry))
+        graph = pickle.loads(torch_pickle(entry))  # noqa: S301 - this process's own bytes (above)
         guards = graph.guards_expr
-    except Exception:  # noqa: BLE001 - not knowing only costs a slot among the variants
+    except Exception:  # not knowing only costs a slot among the variants
         log.debug("recipecache: cannot read the guards of a graph being published", exc_info=True)
         return None
     return "" if guards is None else guards if isinstance(guards, str) else None

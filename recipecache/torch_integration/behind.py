@@ -486,7 +486,7 @@ class Behind:
 
             try:
                 cpu_vec_isa.pick_vec_isa()
-            except Exception:  # noqa: BLE001 - the switch picks it itself
+            except Exception:  # the switch picks it itself
                 log.debug("recipecache: background ISA pick failed", exc_info=True)
 
         threading.Thread(target=pick, name="recipecache-isa", daemon=True).start()
@@ -576,7 +576,7 @@ class Behind:
             worker = self._worker
         if started:
             self.metrics.behind(workers=1)  # not under our lock: a metrics flush reads our snapshot
-        return worker
+        return worker  # type: ignore[return-value]  # made above if there was none
 
     def _drop(self, job: _Job) -> None:
         """A job ended (or was cancelled before it began): free its lease, so another process may compile the graph."""

@@ -79,7 +79,7 @@ def stale(sources: Iterable[SourceFile]) -> list[str]:
     """The paths among ``sources`` whose code in this process differs from the recorded digest (or is absent)."""
     sources = list(sources)
     ours = current(sources)
-    return [s.path for s, mine in zip(sources, ours) if mine.digest == MISSING or mine.digest != s.digest]
+    return [s.path for s, mine in zip(sources, ours, strict=True) if mine.digest == MISSING or mine.digest != s.digest]
 
 
 def _namespaces(paths: Iterable[str]) -> dict[str, list[dict[str, Any]]]:

@@ -50,7 +50,7 @@ def _compile_id() -> str:
         from torch._guards import CompileContext
 
         return str(CompileContext.current_compile_id())
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - outside a compile, or another torch: the name goes without its id
         return ""
 
 

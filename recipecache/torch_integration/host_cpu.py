@@ -68,7 +68,7 @@ def describe() -> dict[str, Any]:
     from torch._inductor.cpp_builder import get_cpp_compiler
 
     compiler = get_cpp_compiler()
-    capabilities = getattr(torch.cpu, "get_capabilities", dict)()
+    capabilities: dict[str, Any] = getattr(torch.cpu, "get_capabilities", dict)()
     return {
         "machine": platform.machine(),
         "cpu_features": sorted(name for name, value in capabilities.items() if value is True),

@@ -159,7 +159,7 @@ class IsaProbes:
         finally:
             probing.in_probe = False
             if flight is not None:
-                built = [] if probing.library is None else [probing.library]
+                built: list[str] = [] if probing.library is None else [probing.library]
                 self._guarded(self.publish_probe, flight.key, built, flight)
                 flight.release()  # published (which released it) or not: its waiters go on
 

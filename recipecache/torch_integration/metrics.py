@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ..env import process_rank
+from ..fsutil import write_atomic
 from ..reasons import REFUSED, PrecompileDetail, PrecompileShapes, Reason
 from ..store import Store
-from ..fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Metrics:
         #: no-stall (:mod:`.behind`): calls run without inductor and their seconds, switches to the
         #: compiled graph, compiles run behind the steps and their seconds, those that failed, and calls
         #: after a switch whose inputs the compiled graph's guards rejected (run without inductor)
-        self._behind = dict.fromkeys(
+        self._behind: dict[str, float] = dict.fromkeys(
             ("eager_calls", "eager_s", "switches", "compiles", "compile_s", "failed", "workers", "retries",
              "key_mismatches", "guard_rejected"), 0)
         #: per graph key, what no-stall did with it here (set by the hooks: the report's rows)

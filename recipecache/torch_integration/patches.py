@@ -46,17 +46,17 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
     ``on``: names of :data:`.compat.HOOKS` whose interface this torch has. The originals
     of the others may be missing (None here); their wrappers are never installed.
     """
-    original_write = getattr(codecache, "write", None)
-    original_check_build = getattr(VecISA, "check_build", None)
-    original_codegen = getattr(compile_fx, "fx_codegen_and_compile", None)
-    original_inner = getattr(compile_fx, "_compile_fx_inner", None)
-    original_iterate = getattr(getattr(codecache.FxGraphCache, "iterate_over_candidates", None), "__func__", None)
+    original_write: Any = getattr(codecache, "write", None)
+    original_check_build: Any = getattr(VecISA, "check_build", None)
+    original_codegen: Any = getattr(compile_fx, "fx_codegen_and_compile", None)
+    original_inner: Any = getattr(compile_fx, "_compile_fx_inner", None)
+    original_iterate: Any = getattr(getattr(codecache.FxGraphCache, "iterate_over_candidates", None), "__func__", None)
     # how torch names a graph in a remote cache
-    remote_key = getattr(remote_cache.RemoteFxGraphCache, "_get_key", None)
-    original_hash = getattr(codecache, "compiled_fx_graph_hash", None)
-    original_precompile_header = getattr(codecache, "_precompile_header", None)
-    original_valid_isas = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
-    original_probe_load = getattr(VecISA, "_probe_load", None)
+    remote_key: Any = getattr(remote_cache.RemoteFxGraphCache, "_get_key", None)
+    original_hash: Any = getattr(codecache, "compiled_fx_graph_hash", None)
+    original_precompile_header: Any = getattr(codecache, "_precompile_header", None)
+    original_valid_isas: Any = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
+    original_probe_load: Any = getattr(VecISA, "_probe_load", None)
 
     def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
         result = original_write(content, extension, *args, **kwargs)

@@ -210,7 +210,7 @@ def share_shape_decisions() -> None:
 
     try:
         put_code_state()
-    except Exception:  # noqa: BLE001 - torch swallows its own upload failures; so do we
+    except Exception:  # torch swallows its own upload failures; so do we
         log.debug("recipecache: uploading the automatic-dynamic state failed", exc_info=True)
 
 
@@ -284,8 +284,8 @@ class Tier:
             return dispatcher(*args, **kwargs)
 
         # dynamo's innermost_fn follows this chain back to the user's function
-        precompiled._torchdynamo_orig_callable = compiled  # type: ignore[attr-defined]
-        precompiled._torchdynamo_wrapper_id = id(precompiled)  # type: ignore[attr-defined]
+        precompiled._torchdynamo_orig_callable = compiled  # type: ignore[attr-defined]  # dynamo's marks on a function
+        precompiled._torchdynamo_wrapper_id = id(precompiled)  # type: ignore[attr-defined]  # (the same)
         return precompiled
 
     # -- store round trips ------------------------------------------------------------------
@@ -544,7 +544,7 @@ class Dispatcher:
                 refused = decided.refusal(args, kwargs)
                 if refused is not None:
                     decided = self._reject(sig, *refused)
-        except Exception as exc:  # noqa: BLE001 - a bug of ours must not stop training
+        except Exception as exc:  # a bug of ours must not stop training
             log.debug("recipecache: precompiled dispatch failed", exc_info=True)
             self.tier.metrics.fallback(Reason.HOOK_ERROR, f"precompiled dispatch: {exc!r}; torch goes on without it")
             decided = Fallback(Reason.HOOK_ERROR)

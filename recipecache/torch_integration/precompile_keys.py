@@ -201,7 +201,7 @@ def traced_code(first: Any) -> Iterator[set[Any]]:
                     collecting.add(self.f_code)
                 return original(self)
 
-            InliningInstructionTranslator.inline_call_ = inline_call_  # type: ignore[method-assign]
+            InliningInstructionTranslator.inline_call_ = inline_call_
         _trace_users += 1
     previous = getattr(_tracing, "codes", None)
     _tracing.codes = codes
@@ -212,7 +212,7 @@ def traced_code(first: Any) -> Iterator[set[Any]]:
         with _trace_lock:
             _trace_users -= 1
             if _trace_users == 0:
-                InliningInstructionTranslator.inline_call_ = _trace_original  # type: ignore[method-assign]
+                InliningInstructionTranslator.inline_call_ = _trace_original
                 _trace_original = None
         codes.difference_update({c for c in codes
                                  if c.co_filename.startswith(_TORCH_DIR) or not os.path.isfile(c.co_filename)})

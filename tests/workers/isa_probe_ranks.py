@@ -8,7 +8,7 @@ rank of a cold job starts with that same probe, at the same time. Each rank here
 restricts torch's view of the CPU to AVX2 (the CPU has it; the ISAs it drops are never
 used, and nothing is compiled), meets the others at a barrier, asks torch for the valid
 ISAs, and writes what it found and its store lookups of probe libraries to
-``OUT_DIR/rank<R>.json`` (files, not an object collective: see README, "Traps").
+``OUT_DIR/rank<R>.json`` (files, not an object collective: see docs/torch-integration-notes.md, "Traps").
 """
 
 from __future__ import annotations
