@@ -27,6 +27,7 @@ from recipecache.node_tier import default_node_dir
 from recipecache.settings import check_rank_environment, read_secret, read_secret_file, resolve_namespace, resolve_url
 
 from . import hpu_metrics
+from .option_env import given_as
 from .torchrun_options import NPROC_PER_NODE, pass_through
 
 #: ``--nproc`` words torchrun resolves itself (anything else must be a positive count).
@@ -35,9 +36,8 @@ NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
 PROBE_TIMEOUT_S = 3.0
 #: ``{rank}`` is replaced by each rank (recipecache's metrics writer does this).
 METRICS_NAME = "metrics-rank{rank}.json"
-#: Seconds a node's ranks may take to exit once the script finished on all of them (``--exit-grace``):
-#: enough for atexit handlers that flush or upload, far less than a hang that would hold the job.
-DEFAULT_EXIT_GRACE_S = 120.0
+#: ``--hpu-max-size-mb`` unless given: the node's recipe directory cap
+DEFAULT_HPU_MAX_SIZE_MB = 1024
 #: ``--exit-grace`` accepted, in seconds: a rank's share of it becomes timeouts in every rank, and a grace
 #: over a day would hold a hung job that long
 EXIT_GRACE_RANGE_S = (1.0, 86400.0)
@@ -50,7 +50,8 @@ class LaunchConfig:
     script: Path
     script_args: tuple[str, ...]
     nproc: str
-    cache_url: str
+    #: the store URL every rank gets (``--url``, ``$RECIPECACHE_URL``, else the filesystem default)
+    url: str
     namespace: str
     run_dir: Path
     report_path: Path
@@ -68,12 +69,12 @@ class LaunchConfig:
     no_stall: bool = False
     #: Gaudi: the node-local recipe directory every rank's bridge uses, synced by an agent
     hpu_dir: Path | None = None
-    hpu_max_size_mb: int = 1024
+    hpu_max_size_mb: int = DEFAULT_HPU_MAX_SIZE_MB
     hpu_clear: bool = False
     #: no progress lines while the job runs (compile start and finish per rank)
     quiet: bool = False
     #: a rank still running this long after the script finished on every rank of the node is ended
-    exit_grace_s: float = DEFAULT_EXIT_GRACE_S
+    exit_grace_s: float = env.DEFAULT_EXIT_GRACE_S
     #: torchrun options as given, in torchrun's dash spelling: ``(("--nnodes", "2"), ("--standalone", None))``
     torchrun_options: tuple[tuple[str, str | None], ...] = ()
 
@@ -120,7 +121,7 @@ class LaunchConfig:
         """The environment torchrun (and so every rank) starts with: ``base`` plus the wiring."""
         environ = dict(base)
         environ.update({
-            env.URL: self.cache_url,
+            env.URL: self.url,
             env.NAMESPACE: self.namespace,
             env.METRICS_FILE: str(self.run_dir / METRICS_NAME),
             env.EVENT_LOG: str(self.events_dir),
@@ -175,13 +176,14 @@ class LaunchConfig:
     # -- construction --------------------------------------------------------------
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LaunchConfig:
-        """Check and resolve the parsed command line (and ``os.environ``); raises ConfigError with one line."""
+        """Check and resolve the parsed command line (each option not given already filled from its
+        ``RECIPECACHE_*`` variable, :mod:`launcher.option_env`); raises ConfigError with one line."""
         script = Path(args.script)
         if not script.is_file():
             raise ConfigError(f"script {args.script!r} not found")
         nproc = _nproc(args.nproc or os.environ.get("PET_NPROC_PER_NODE") or "1")
-        cache_url = resolve_url(args.cache)
-        parsed = StoreURL.parse(cache_url)
+        url = resolve_url(args.url)
+        parsed = StoreURL.parse(url)
         if not backend_class(parsed).SHARED:
             raise ConfigError(f"{parsed.scheme}:// lives inside one process and cannot be shared by ranks; "
                               "use file:// or redis://")
@@ -194,23 +196,26 @@ class LaunchConfig:
             script=script.absolute(),
             script_args=tuple(args.script_args),
             nproc=nproc,
-            cache_url=cache_url,
+            url=url,
             namespace=namespace,
             run_dir=run_dir,
             report_path=check_output_file(Path(args.report).absolute() if args.report else run_dir / "report.json",
-                                          "--report"),
+                                          given_as(args, "report")),
             enable=not args.no_enable,
-            threads=_threads(args.threads, nproc),
-            secret_file=_secret_file(args.secret_file),
-            exit_grace_s=(DEFAULT_EXIT_GRACE_S if args.exit_grace is None
-                          else env.positive_seconds("--exit-grace", args.exit_grace, EXIT_GRACE_RANGE_S)),
+            threads=_threads(args, nproc),
+            # from $RECIPECACHE_SECRET_FILE the ranks read it themselves, after $RECIPECACHE_SECRET
+            secret_file=_secret_file(args.secret_file if given_as(args, "secret_file") == "--secret-file" else None),
+            exit_grace_s=(env.DEFAULT_EXIT_GRACE_S if args.exit_grace is None
+                          else env.positive_seconds(given_as(args, "exit_grace"), args.exit_grace,
+                                                    EXIT_GRACE_RANGE_S)),
             rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
             node_dir=_node_dir(args),
-            prewarm=args.prewarm or env.switch(env.PREWARM),
-            precompile=args.precompile or env.switch(env.PRECOMPILE),
-            no_stall=args.no_stall or env.switch(env.NO_STALL),
+            prewarm=args.prewarm,
+            precompile=args.precompile,
+            no_stall=args.no_stall,
             hpu_dir=_hpu_dir(args, namespace),
-            hpu_max_size_mb=_positive("--hpu-max-size-mb", args.hpu_max_size_mb),
+            hpu_max_size_mb=(DEFAULT_HPU_MAX_SIZE_MB if args.hpu_max_size_mb is None
+                             else _whole_number(given_as(args, "hpu_max_size_mb"), args.hpu_max_size_mb)),
             hpu_clear=args.hpu_clear,
             quiet=args.quiet,
             torchrun_options=options,
@@ -229,36 +234,34 @@ def _nproc(text: str) -> str:
     return str(int(text))
 
 
-def _threads(given: int | None, nproc: str) -> int | None:
+def _threads(args: argparse.Namespace, nproc: str) -> int | None:
     """The per-rank thread count, pinned the way torchrun would pick it.
 
     torchrun keeps an existing ``OMP_NUM_THREADS`` and otherwise sets 1 when a node runs
     several processes; with one process it leaves torch's default (the core count), which
     can differ between nodes, so heterogeneous multi-node jobs should pass ``--threads``.
     """
-    if given is not None:
-        if given < 1:
-            raise ConfigError(f"--threads must be at least 1, got {given}")
-        return given
+    if args.threads is not None:
+        return _whole_number(given_as(args, "threads"), args.threads)
     text = os.environ.get("OMP_NUM_THREADS")
     if text:
-        if not text.isdigit() or int(text) < 1:
-            raise ConfigError(f"OMP_NUM_THREADS={text!r} is not a positive number")
-        return int(text)
+        return _whole_number("OMP_NUM_THREADS", text)
     return None if nproc == "1" else 1
 
 
-def _positive(option: str, value: int) -> int:
-    if value < 1:
-        raise ConfigError(f"{option} must be at least 1, got {value}")
-    return value
+def _whole_number(name: str, text: str) -> int:
+    """``text`` as a whole number >= 1; the one error for a bad count, named by the option or variable it came by."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(f"{name}={text!r} must be a whole number, at least 1")
+    return int(text)
 
 
 def _hpu_dir(args: argparse.Namespace, namespace: str) -> Path | None:
     """The node's recipe directory when ``--hpu`` is on, created and checked to be private."""
     if not args.hpu:
         if args.hpu_dir or args.hpu_clear:
-            raise ConfigError("--hpu-dir and --hpu-clear need --hpu")
+            raise ConfigError(f"{given_as(args, 'hpu_dir') if args.hpu_dir else given_as(args, 'hpu_clear')} "
+                              "needs --hpu")
         return None
     from recipecache.hpu import node_directory, prepare_node_directory
 
@@ -271,10 +274,12 @@ def _node_dir(args: argparse.Namespace) -> str | None:
     usable) so a bad one fails before any rank starts."""
     if args.no_node_tier:
         if args.node_dir:
-            raise ConfigError("--node-dir and --no-node-tier contradict each other")
+            raise ConfigError(f"{given_as(args, 'node_dir')} and {given_as(args, 'no_node_tier')} contradict each other")
         return None
     if args.rank_dirs and not args.node_dir:
         return str(Path(args.rank_dirs).absolute() / "rank{rank}" / "node")
+    if args.node_dir and "{rank}" in args.node_dir:
+        return str(Path(args.node_dir).absolute())  # one per rank: each rank makes and checks its own
     return str(private_directory(Path(args.node_dir).absolute() if args.node_dir else default_node_dir(), "node directory"))
 
 

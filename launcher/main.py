@@ -28,20 +28,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from recipecache import env
-from recipecache.argparsing import OneLineArgumentParser
 from recipecache.backends import command_line_password_warning, redact
 from recipecache.errors import ConfigError
 from recipecache.parent_death import die_with_parent
 
 from . import hpu_metrics
 from .exit_watch import ExitWatch, FinishedRank, job_status, running_child, status_after_exit
-from .launch_config import DEFAULT_EXIT_GRACE_S, LaunchConfig, probe_store
+from .launch_config import BEHIND_SHARE_OF_GRACE, DEFAULT_HPU_MAX_SIZE_MB, LaunchConfig, probe_store
+from .option_env import FallbackParser
 from .progress import Progress
 from .report import build_report, format_report, load_graphs, load_metrics, write_report
 from .torchrun_options import NPROC_PER_NODE, pass_through, refused
@@ -73,68 +73,87 @@ class _Refuse(argparse.Action):
         parser.error(f"{option_string} is not supported: {PROG} {self.reason}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineArgumentParser(
+class _DeprecatedSpelling(argparse.Action):
+    """An old spelling of an option: stores like it, and leaves a deprecation line for :func:`main` to print."""
+
+    def __init__(self, *args: Any, instead: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.instead = instead
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.deprecations = [*getattr(namespace, "deprecations", []),
+                                  f"{option_string} is deprecated; use {self.instead}"]
+
+
+def build_parser(environ: Mapping[str, str] | None = None) -> FallbackParser:
+    """The command line; each recipecache option not given falls back to its ``RECIPECACHE_*`` variable
+    (:mod:`launcher.option_env`), read from ``environ`` (default ``os.environ``) when parsing."""
+    parser = FallbackParser(
         prog=PROG,
         usage=f"{PROG} [options] [torchrun options] script [script args]",
         description="Run a training script under torchrun with every rank sharing one recipecache store, "
                     "then print one compile report for the whole job.",
-        epilog="The torchrun options are passed to torch.distributed.run unchanged (see torchrun --help); "
-               "everything after the script goes to the script.",
+        epilog="Each recipecache option --foo-bar not given is read from $RECIPECACHE_FOO_BAR (a switch: 1 on, "
+               "0 off). The torchrun options are passed to torch.distributed.run unchanged (see torchrun --help; "
+               "torchrun reads its own from $PET_*); everything after the script goes to the script.",
         allow_abbrev=False,
+        environ=environ,
     )
     ours = parser.add_argument_group("recipecache options")
     ours.add_argument("--nproc", NPROC_PER_NODE.name, *NPROC_PER_NODE.names[1:], dest="nproc", metavar="N",
-                      help="processes per node (torchrun's --nproc-per-node; also auto, cpu, gpu, xpu); default 1")
-    ours.add_argument("--cache", metavar="URL",
-                      help="store URL: file:///shared/dir or redis://host:port/db (default: $RECIPECACHE_URL, "
-                           "else the filesystem store in $RECIPECACHE_DIR or ~/.cache/recipecache); a password "
-                           "in it is visible to every user of the machine (ps), so pass such a URL in "
-                           "$RECIPECACHE_URL, never here")
-    ours.add_argument("--namespace", help="namespace in the store (default: $RECIPECACHE_NAMESPACE, else the "
-                                          "script's file name without .py, so reruns of a script share)")
-    ours.add_argument("--secret-file", metavar="PATH",
-                      help="signing key file, keyed BLAKE3 (default: $RECIPECACHE_SECRET or $RECIPECACHE_SECRET_FILE)")
-    ours.add_argument("--run-dir", metavar="DIR",
-                      help="where metrics, event logs and the report go (default ./recipecache-runs/<timestamp>)")
-    ours.add_argument("--report", metavar="FILE", help="JSON report path (default <run-dir>/report.json)")
-    ours.add_argument("--no-enable", action="store_true",
-                      help="do not enable recipecache in each rank; the script calls recipecache.enable() itself")
-    ours.add_argument("--threads", type=int, metavar="N",
-                      help="OMP/torch threads per rank, the same on every rank since it enters torch's cache keys "
-                           "(default: $OMP_NUM_THREADS, else 1 when a node runs several processes, as torchrun)")
-    ours.add_argument("--rank-dirs", metavar="DIR",
-                      help="give rank N its own TORCHINDUCTOR_CACHE_DIR and TMPDIR under DIR/rankN, as if every "
-                           "rank ran on its own node (tests, benchmarks); use a fresh DIR for empty local caches")
-    ours.add_argument("--node-dir", metavar="DIR",
-                      help="node-local directory in front of the store, shared by this node's ranks: one rank per "
-                           "node fetches each artifact (default $TMPDIR/recipecache-node-<uid>; with --rank-dirs, "
-                           "one per rank under it, as if each rank were a node)")
-    ours.add_argument("--no-node-tier", action="store_true", help="no node directory: every rank reads the store")
-    ours.add_argument("--quiet", action="store_true",
-                      help="print no progress lines (each rank's compile start and finish) while the job runs")
-    ours.add_argument("--exit-grace", metavar="SECONDS",
-                      help="seconds the ranks of a node may take to exit once the script finished on all of them; "
-                           "a rank still running then is reported and ended (atexit handlers and non-daemon "
-                           f"threads must finish within it; default {DEFAULT_EXIT_GRACE_S:g})")
-    ours.add_argument("--prewarm", action="store_true",
-                      help="compile the shapes the script declares (recipecache.declare_shapes) before training, "
-                           "spread over the ranks")
-    ours.add_argument("--precompile", action="store_true",
-                      help="precompiled tier: ranks load whole compiled functions (bytecode, guards, AOTInductor "
-                           "libraries) from the store instead of tracing; one rank precompiles each, the others load")
-    ours.add_argument("--no-stall", action="store_true",
-                      help="no rank stops for a compile: a graph that missed runs without inductor (as aot_eager) "
-                           "while one rank compiles it in a worker process; every rank switches to the compiled "
-                           "graph at its next call once it is published. Compiles still running when the script "
-                           "ends are finished within 80%% of --exit-grace")
+                      help="processes per node (torchrun's --nproc-per-node, $PET_NPROC_PER_NODE; also auto, cpu, "
+                           "gpu, xpu); default 1")
+    parser.add_own(ours, "--url",
+                   help="store URL: file:///shared/dir or redis://host:port/db (default: the filesystem store in "
+                        "$RECIPECACHE_DIR or ~/.cache/recipecache); a password in it is visible to every user of "
+                        "the machine (ps), so pass such a URL in $RECIPECACHE_URL, never here")
+    ours.add_argument("--cache", dest="url", action=_DeprecatedSpelling, instead="--url", help=argparse.SUPPRESS)
+    parser.add_own(ours, "--namespace", help="namespace in the store (default: the script's file name without .py, "
+                                             "so reruns of a script share)")
+    parser.add_own(ours, "--secret-file",
+                   help="signing key file, keyed BLAKE3 (default: the key in $RECIPECACHE_SECRET, else this file)")
+    parser.add_own(ours, "--run-dir",
+                   help="where metrics, event logs and the report go (default ./recipecache-runs/<timestamp>)")
+    parser.add_own(ours, "--report", help="JSON report path (default <run-dir>/report.json)")
+    parser.add_own(ours, "--no-enable", switch=True,
+                   help="do not enable recipecache in each rank; the script calls recipecache.enable() itself")
+    parser.add_own(ours, "--threads",
+                   help="OMP/torch threads per rank, the same on every rank since it enters torch's cache keys "
+                        "(default: $OMP_NUM_THREADS, else 1 when a node runs several processes, as torchrun)")
+    parser.add_own(ours, "--rank-dirs",
+                   help="give rank N its own TORCHINDUCTOR_CACHE_DIR and TMPDIR under DIR/rankN, as if every "
+                        "rank ran on its own node (tests, benchmarks); use a fresh DIR for empty local caches")
+    parser.add_own(ours, "--node-dir",
+                   help="node-local directory in front of the store, shared by this node's ranks: one rank per "
+                        "node fetches each artifact (default $TMPDIR/recipecache-node-<uid>; with --rank-dirs, "
+                        "one per rank under it, as if each rank were a node)")
+    parser.add_own(ours, "--no-node-tier", switch=True, help="no node directory: every rank reads the store")
+    parser.add_own(ours, "--quiet", switch=True,
+                   help="print no progress lines (each rank's compile start and finish) while the job runs")
+    parser.add_own(ours, "--exit-grace",
+                   help="seconds the ranks of a node may take to exit once the script finished on all of them; "
+                        "a rank still running then is reported and ended (atexit handlers and non-daemon "
+                        f"threads must finish within it; default {env.DEFAULT_EXIT_GRACE_S:g})")
+    parser.add_own(ours, "--prewarm", switch=True,
+                   help="compile the shapes the script declares (recipecache.declare_shapes) before training, "
+                        "spread over the ranks")
+    parser.add_own(ours, "--precompile", switch=True,
+                   help="precompiled tier: ranks load whole compiled functions (bytecode, guards, AOTInductor "
+                        "libraries) from the store instead of tracing; one rank precompiles each, the others load")
+    parser.add_own(ours, "--no-stall", switch=True,
+                   help="no rank stops for a compile: a graph that missed runs without inductor (as aot_eager) "
+                        "while one rank compiles it in a worker process; every rank switches to the compiled "
+                        "graph at its next call once it is published. Compiles still running when the script "
+                        f"ends are finished within {BEHIND_SHARE_OF_GRACE * 100:.0f}%% of --exit-grace")
     hpu = parser.add_argument_group("Intel Gaudi recipes")
-    hpu.add_argument("--hpu", action="store_true",
-                     help="point every rank's PT_HPU_RECIPE_CACHE_CONFIG at a node-local directory and sync it "
-                          "with the store through one agent per node")
-    hpu.add_argument("--hpu-dir", metavar="DIR", help="the node-local recipe directory (default under $TMPDIR)")
-    hpu.add_argument("--hpu-max-size-mb", type=int, default=1024, metavar="MB", help="recipe directory cap (1024)")
-    hpu.add_argument("--hpu-clear", action="store_true", help="empty the node's recipe directory first")
+    parser.add_own(hpu, "--hpu", switch=True,
+                   help="point every rank's PT_HPU_RECIPE_CACHE_CONFIG at a node-local directory and sync it "
+                        "with the store through one agent per node")
+    parser.add_own(hpu, "--hpu-dir", help="the node-local recipe directory (default under $TMPDIR)")
+    parser.add_own(hpu, "--hpu-max-size-mb", help=f"recipe directory cap in MB (default {DEFAULT_HPU_MAX_SIZE_MB})")
+    parser.add_own(hpu, "--hpu-clear", switch=True, help="empty the node's recipe directory first")
     passed = parser.add_argument_group("torchrun options (passed through; those of the installed torchrun)")
     for opt in pass_through():
         if opt.takes_value:
@@ -231,7 +250,7 @@ def start_hpu_agent(config: LaunchConfig) -> subprocess.Popen[bytes] | None:
     from recipecache.hpu import start_agent
 
     environ = {**config.rank_env(os.environ), env.EVENT_LOG: str(config.run_dir / "hpu-events")}
-    return start_agent(directory=config.hpu_dir, url=config.cache_url, namespace=config.namespace,
+    return start_agent(directory=config.hpu_dir, url=config.url, namespace=config.namespace,
                        max_size_mb=config.hpu_max_size_mb, clear=config.hpu_clear, env=environ)
 
 
@@ -272,7 +291,7 @@ def launch(config: LaunchConfig) -> int:
         wall_s=round(wall, 3),
         started=round(start, 3),
         script=str(config.script),
-        cache=redact(config.cache_url),
+        cache=redact(config.url),
         namespace=config.namespace,
         enabled=config.enable,
         run_dir=str(config.run_dir),
@@ -300,12 +319,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2); argparse has printed it
         return int(exc.code or 0)
-    warning = command_line_password_warning(args.cache, "--cache")
+    for line in getattr(args, "deprecations", []):
+        print(f"{PROG}: warning: {line}", file=sys.stderr)
+    warning = command_line_password_warning(args.url, "--url") if args.given_as["url"] != env.URL else None
     if warning:
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     try:
         config = LaunchConfig.from_args(args)
-        probe_store(config.cache_url)
+        probe_store(config.url)
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

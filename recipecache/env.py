@@ -59,9 +59,13 @@ PRECOMPILE = "RECIPECACHE_PRECOMPILE"
 #: set by recipecache-run --no-stall (or by hand): a graph that missed runs without inductor while
 #: one process compiles it behind the steps (``1`` on, ``0`` or unset off)
 NO_STALL = "RECIPECACHE_NO_STALL"
-#: set by recipecache-run from --exit-grace: seconds a process may spend at exit finishing compiles
-#: it runs behind the steps
+#: seconds a process may take to exit once its work is done. recipecache-run's own (its --exit-grace):
+#: how long a node's ranks may take to exit once the script finished on all of them; it gives each
+#: rank a share of it, which the rank spends at most finishing the compiles it runs behind the steps
 EXIT_GRACE = "RECIPECACHE_EXIT_GRACE"
+#: the exit grace of a process not told otherwise: enough for atexit handlers that flush or upload,
+#: far less than a hang that would hold the job
+DEFAULT_EXIT_GRACE_S = 120.0
 #: seconds one compile behind the steps may take before its worker is ended and its lease
 #: released (a stuck worker would otherwise keep every rank running the graph without inductor)
 BEHIND_TIMEOUT = "RECIPECACHE_BEHIND_TIMEOUT"

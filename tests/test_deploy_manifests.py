@@ -189,7 +189,7 @@ def test_train_job_wires_rendezvous_cache_and_secrets() -> None:
         "train.py",
     ):
         assert part in command, part
-    assert "--cache" not in command and "RECIPECACHE_URL" not in command, "the URL holds the password: env only"
+    assert "--url" not in command and "--cache" not in command and "RECIPECACHE_URL" not in command, "the URL holds the password: env only"
     assert int(env["NPROC_PER_NODE"]["value"]) == container["resources"]["limits"]["nvidia.com/gpu"]
 
     # $(REDIS_PASSWORD) expands only when REDIS_PASSWORD is defined earlier in the list.

@@ -172,7 +172,7 @@ def test_local_ranks(script: Path, argv: list[str], ranks: tuple[int, ...] | Non
 
 # -- wiring ------------------------------------------------------------------------------
 def test_rank_env_wiring(script: Path, tmp_path: Path) -> None:
-    config = config_for("--nproc", "2", "--cache", f"file://{tmp_path}/s", "--run-dir", str(tmp_path / "run"),
+    config = config_for("--nproc", "2", "--url", f"file://{tmp_path}/s", "--run-dir", str(tmp_path / "run"),
                         "--rank-dirs", str(tmp_path / "dirs"), str(script))
     env = config.rank_env({"PATH": "/bin", "RECIPECACHE_AUTO_ENABLE": "0"})
     assert env == {
@@ -221,10 +221,10 @@ def test_node_tier_wiring(script: Path, tmp_path: Path, monkeypatch: pytest.Monk
 def test_default_cache_and_run_dir(script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     config = config_for(str(script))
-    assert config.cache_url == f"file://{tmp_path}/store"
+    assert config.url == f"file://{tmp_path}/store"
     assert config.run_dir.parent == tmp_path / "recipecache-runs"
     monkeypatch.setenv("RECIPECACHE_URL", "redis://cache:6379/0")
-    assert config_for(str(script)).cache_url == "redis://cache:6379/0"
+    assert config_for(str(script)).url == "redis://cache:6379/0"
 
 
 def test_no_enable_drops_auto_enable(script: Path) -> None:
@@ -284,11 +284,11 @@ def bad_inputs(tmp_path: Path, script: Path) -> dict[str, list[str]]:
         "nproc word": ["--nproc", "lots", str(script)],
         "threads 0": ["--threads", "0", str(script)],
         "threads not a number": ["--threads", "x", str(script)],
-        "unknown scheme": ["--cache", "foo://bar", str(script)],
-        "bad redis port": ["--cache", "redis://127.0.0.1:notaport/0", str(script)],
-        "unknown url option": ["--cache", "redis://127.0.0.1:6379/0?bogus=1", str(script)],
-        "memory store": ["--cache", "memory://", str(script)],
-        "unreachable redis": ["--cache", f"redis://127.0.0.1:{free_port()}/0", str(script)],
+        "unknown scheme": ["--url", "foo://bar", str(script)],
+        "bad redis port": ["--url", "redis://127.0.0.1:notaport/0", str(script)],
+        "unknown url option": ["--url", "redis://127.0.0.1:6379/0?bogus=1", str(script)],
+        "memory store": ["--url", "memory://", str(script)],
+        "unreachable redis": ["--url", f"redis://127.0.0.1:{free_port()}/0", str(script)],
         "bad namespace": ["--namespace", "no/slash", str(script)],
         "missing secret file": ["--secret-file", str(tmp_path / "none"), str(script)],
         "exit grace nan": ["--exit-grace", "nan", str(script)],
@@ -331,11 +331,11 @@ def test_a_report_path_swapped_for_a_symlink_during_the_job_is_left_alone(tmp_pa
 
 def test_password_in_cache_option_is_warned_about_and_redacted(script: Path, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    """--cache is visible to every user (ps): a password in it earns a warning; no output shows it."""
-    assert main(["--cache", f"redis://u:hunter2-secret@127.0.0.1:{free_port()}/0", str(script)]) == 2
+    """--url is visible to every user (ps): a password in it earns a warning; no output shows it."""
+    assert main(["--url", f"redis://u:hunter2-secret@127.0.0.1:{free_port()}/0", str(script)]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2, lines
-    assert lines[0].startswith("recipecache-run: warning: the password in --cache redis://u:***@")
+    assert lines[0].startswith("recipecache-run: warning: the password in --url redis://u:***@")
     assert lines[1].startswith("recipecache-run: error: ")
     assert not any("hunter2-secret" in line for line in lines)
 
@@ -413,7 +413,7 @@ def test_secret_in_the_environment_wins_over_a_missing_secret_file(script: Path,
 def test_help_lists_our_options_and_points_to_torchrun(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for option in ("--nproc", "--cache", "--namespace", "--secret-file", "--run-dir", "--report", "--no-enable",
+    for option in ("--nproc", "--url", "--namespace", "--secret-file", "--run-dir", "--report", "--no-enable",
                    "--threads", "--rank-dirs", "--exit-grace", "--rdzv-endpoint", "--master-port"):
         assert option in out
     assert "passed to torch.distributed.run unchanged" in " ".join(out.split())
@@ -725,8 +725,8 @@ def test_prewarm_and_hpu_wiring(script: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--hpu-dir", "/tmp/x"], "need --hpu"),
-    (["--hpu", "--hpu-max-size-mb", "0"], "--hpu-max-size-mb must be at least 1"),
+    (["--hpu-dir", "/tmp/x"], "needs --hpu"),
+    (["--hpu", "--hpu-max-size-mb", "0"], "--hpu-max-size-mb=.0. must be a whole number, at least 1"),
 ])
 def test_bad_hpu_options(script: Path, argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -875,7 +875,7 @@ def test_job_status_and_report_survive_an_agent_that_will_not_stop(tmp_path: Pat
 def test_hpu_agent_gets_the_store_url_in_its_environment_not_its_arguments(script: Path, tmp_path: Path) -> None:
     """Any user can read a process's arguments (ps); the password must not be among them."""
     password = "s3cret-" + os.urandom(4).hex()
-    config = config_for("--hpu", "--hpu-dir", str(tmp_path / "recipes"), "--cache",
+    config = config_for("--hpu", "--hpu-dir", str(tmp_path / "recipes"), "--url",
                         f"redis://recipecache:{password}@127.0.0.1:{free_port()}/0", str(script))
     config.run_dir.mkdir(parents=True)
     agent = launcher_main.start_hpu_agent(config)
@@ -891,7 +891,7 @@ def test_hpu_agent_gets_the_store_url_in_its_environment_not_its_arguments(scrip
         agent.wait()
     assert b"recipecache.hpu.agent" in cmdline
     assert password.encode() not in cmdline
-    assert f"RECIPECACHE_URL={config.cache_url}".encode() in environ
+    assert f"RECIPECACHE_URL={config.url}".encode() in environ
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
@@ -901,3 +901,69 @@ def test_die_with_parent_ends_a_process_whose_parent_is_not_the_one_that_started
     code = ("import os, signal\nfrom recipecache.parent_death import die_with_parent\n"
             f"assert die_with_parent(signal.SIGKILL, {parent})\n")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == status
+
+
+# -- one rule for every option's environment fallback (issue 30) ---------------------------
+def test_every_option_of_ours_falls_back_to_its_recipecache_variable() -> None:
+    """torchrun's model: ``--foo-bar`` not given reads ``RECIPECACHE_FOO_BAR``, for every option of our own."""
+    parser = build_parser(environ={})
+    assert {fallback.option: fallback.variable for fallback in parser.fallbacks} == {
+        option: "RECIPECACHE_" + option[2:].replace("-", "_").upper()
+        for option in ("--url", "--namespace", "--secret-file", "--run-dir", "--report", "--no-enable", "--threads",
+                       "--rank-dirs", "--node-dir", "--no-node-tier", "--quiet", "--exit-grace", "--prewarm",
+                       "--precompile", "--no-stall", "--hpu", "--hpu-dir", "--hpu-max-size-mb", "--hpu-clear")}
+
+
+def test_an_option_not_given_is_read_from_its_variable_and_the_command_line_wins(script: Path,
+                                                                                tmp_path: Path) -> None:
+    environ = {"RECIPECACHE_EXIT_GRACE": "30", "RECIPECACHE_NO_STALL": "1", "RECIPECACHE_THREADS": "3",
+               "RECIPECACHE_QUIET": "1", "RECIPECACHE_RUN_DIR": str(tmp_path / "runs"),
+               "RECIPECACHE_NODE_DIR": str(tmp_path / "node-{rank}")}
+    args = build_parser(environ=environ).parse_args(["--nproc", "2", str(script)])
+    config = LaunchConfig.from_args(args)
+    assert (config.exit_grace_s, config.no_stall, config.threads, config.quiet) == (30.0, True, 3, True)
+    assert config.run_dir == tmp_path / "runs"
+    assert config.rank_env({})["RECIPECACHE_NODE_DIR"] == str(tmp_path / "node-{rank}"), "each rank makes its own"
+    given = LaunchConfig.from_args(build_parser(environ=environ).parse_args(
+        ["--exit-grace", "50", "--threads", "2", str(script)]))
+    assert (given.exit_grace_s, given.threads) == (50.0, 2)
+
+
+@pytest.mark.parametrize(("variable", "value", "error"), [
+    ("RECIPECACHE_EXIT_GRACE", "nan", "RECIPECACHE_EXIT_GRACE='nan' must be a positive, finite number of seconds"),
+    ("RECIPECACHE_THREADS", "x", "RECIPECACHE_THREADS='x' must be a whole number, at least 1"),
+    ("RECIPECACHE_HPU_MAX_SIZE_MB", "0", "RECIPECACHE_HPU_MAX_SIZE_MB='0' must be a whole number, at least 1"),
+    ("RECIPECACHE_QUIET", "yes", "RECIPECACHE_QUIET='yes': use 1 (on) or 0 (off)"),
+    ("RECIPECACHE_NO_STALL", "true", "RECIPECACHE_NO_STALL='true': use 1 (on) or 0 (off)"),
+])
+def test_a_bad_value_is_one_line_under_the_name_it_came_by(script: Path, tmp_path: Path, variable: str, value: str,
+                                                          error: str) -> None:
+    """The same check and sentence for the option and its variable, from the real command."""
+    environ = {**os.environ, variable: value}
+    if variable.startswith("RECIPECACHE_HPU_"):
+        environ["RECIPECACHE_HPU"] = "1"
+        environ["RECIPECACHE_HPU_DIR"] = str(tmp_path / "recipes")
+    proc = subprocess.run([sys.executable, "-m", "launcher.main", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, env=environ, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert error in proc.stderr
+    option = "--" + variable.removeprefix("RECIPECACHE_").lower().replace("_", "-")
+    on_the_command_line = [option] if value in ("yes", "true") else [option, value]
+    if value not in ("yes", "true"):  # a switch on the command line takes no value
+        proc = subprocess.run([sys.executable, "-m", "launcher.main", *on_the_command_line, str(script)],
+                              capture_output=True, text=True, cwd=tmp_path,
+                              env={**environ, variable: ""}, timeout=120, check=False)
+        assert proc.returncode == 2
+        assert error.replace(variable, option) in proc.stderr
+
+
+def test_the_old_spelling_of_the_url_option_still_works_and_says_so(script: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser(environ={}).parse_args(["--cache", f"file://{tmp_path}/old", str(script)])
+    assert LaunchConfig.from_args(args).url == f"file://{tmp_path}/old"
+    assert args.deprecations == ["--cache is deprecated; use --url"]
+    assert main(["--cache", "foo://bar", str(script)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "recipecache-run: warning: --cache is deprecated; use --url"
+    assert lines[1].startswith("recipecache-run: error: ")

@@ -40,8 +40,6 @@ from ..reasons import Reason
 from ..store import Store, open_store
 from .metrics import Metrics, metrics_path
 
-#: seconds a process may spend at exit finishing no-stall compiles, unless told (recipecache-run's default)
-DEFAULT_EXIT_GRACE_S = 120.0
 #: seconds one no-stall compile behind the steps may take (``RECIPECACHE_BEHIND_TIMEOUT``): far above a
 #: large model's graph (minutes), far below a job
 DEFAULT_BEHIND_TIMEOUT_S = 1800.0
@@ -88,7 +86,7 @@ def enable(
     ``RECIPECACHE_PRECOMPILE=1``; ``no_stall`` (a graph that missed runs without inductor while
     one process compiles it behind the steps, :mod:`.behind`) to ``RECIPECACHE_NO_STALL=1``, and
     ``exit_grace`` (seconds the process may spend at exit finishing those compiles) to
-    ``RECIPECACHE_EXIT_GRACE``, else 120 (one such compile may take ``RECIPECACHE_BEHIND_TIMEOUT``
+    ``RECIPECACHE_EXIT_GRACE`` (recipecache-run sets 80% of its ``--exit-grace``), else 120 (one such compile may take ``RECIPECACHE_BEHIND_TIMEOUT``
     seconds, else 1800, before its worker is ended). A malformed URL raises ConfigError (bad input); an
     unreachable store does not (it degrades at use). Calling it again while enabled
     returns the current store.
@@ -104,7 +102,7 @@ def enable(
                           flush=env.switch(env.METRICS_FLUSH))
         want_tier = precompile if precompile is not None else env.switch(env.PRECOMPILE)
         want_behind = no_stall if no_stall is not None else env.switch(env.NO_STALL)
-        grace = (env.seconds(env.EXIT_GRACE, DEFAULT_EXIT_GRACE_S) if exit_grace is None
+        grace = (env.seconds(env.EXIT_GRACE, env.DEFAULT_EXIT_GRACE_S) if exit_grace is None
                  else env.positive_seconds("exit_grace", str(exit_grace)))
         behind_timeout = env.seconds(env.BEHIND_TIMEOUT, DEFAULT_BEHIND_TIMEOUT_S)
         try:
