@@ -58,7 +58,7 @@ class FallbackParser(OneLineArgumentParser):
         self.environ = environ
 
     def add_own(self, group: argparse._ActionsContainer, option: str, *names: str, switch: bool = False,
-                help: str) -> None:  # noqa: A002  # argparse's own keyword
+                help: str) -> None:  # named as argparse names it
         """Add ``option`` (a switch when ``switch``) with its environment fallback, named in its help."""
         variable = environment_name(option)
         if switch:
