@@ -128,9 +128,8 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         """torch's keys of graphs taking a device mesh: the mesh as what the code depends on, the same in every job
         (:func:`.rank_binding.rank_mesh_reduction`); AOTAutograd's entries of those graphs then hit in later jobs."""
         real = object.__getattribute__(fake, "real_obj")
-        if rank_binding.is_mesh(real):
-            return rank_binding.rank_mesh_reduction(real)
-        return original_reduce_fake(pickler, fake)
+        reduced = integration.guarded(rank_binding.rank_mesh_reduction, real) if rank_binding.is_mesh(real) else None
+        return original_reduce_fake(pickler, fake) if reduced is None else reduced
 
     def iterate_over_candidates(cls: type, local: bool, remote: Any, key: str) -> Iterator[tuple[Any, bytes, bool]]:
         ours = remote is not None and isinstance(remote.backend, FxBackend)

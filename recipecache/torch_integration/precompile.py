@@ -214,6 +214,18 @@ def share_shape_decisions() -> None:
         log.debug("recipecache: uploading the automatic-dynamic state failed", exc_info=True)
 
 
+def _groups_elsewhere(found: Precompiled) -> dict[str, str] | str | None:
+    """None where the code of ``found`` runs collectives on this rank's own groups only (or on none); else, for each
+    role its code names, this rank's group of that role (:func:`.rank_binding.local_groups`), or why this rank
+    has none."""
+    if not found.groups:
+        return None
+    try:
+        return rank_binding.local_groups(dict(found.groups), rank_binding.process_groups())
+    except rank_binding.RankBound as exc:
+        return str(exc)
+
+
 # -- the tier ------------------------------------------------------------------------------
 @dataclass
 class Tier:
@@ -316,28 +328,24 @@ class Tier:
         """Load ``found`` (the artifact under ``lookup``) if the process groups its code runs collectives on are
         this rank's; else the one under the key naming this rank's groups of the same roles (a miss there: this
         rank precompiles it). torch bakes group names into the code: another group's code runs its collectives."""
-        try:
-            local = rank_binding.local_groups(dict(found.groups), rank_binding.process_groups()) if found.groups else None
-        except rank_binding.RankBound as exc:
-            return self._unused(lookup, Reason.RANK_BOUND, f"{target.name}'s precompiled code: {exc}")
-        if local is None:
+        elsewhere = _groups_elsewhere(found)
+        if elsewhere is None:
             return self._load(target, lookup, found, args, kwargs)
-        grouped = grouped_key(key, local)
+        if isinstance(elsewhere, str):
+            return self._unused(lookup, Reason.RANK_BOUND, f"{target.name}'s precompiled code: {elsewhere}")
+        grouped = grouped_key(key, elsewhere)
         self.store.record_redirected_hit(kind=KIND_NAME)
         log.info("recipecache: %s was precompiled for other process groups; looking for this rank's (%s)", lookup,
-                 ", ".join(f"{name} {role}" for role, name in sorted(local.items())))
+                 ", ".join(f"{name} {role}" for role, name in sorted(elsewhere.items())))
         found = self._fetch(target, key, grouped, args, kwargs)
         if not isinstance(found, Precompiled):
             return found
         if code_digest.stale(found.sources):
             return self._unused(grouped, PrecompileDetail.SOURCE_CHANGED, f"{grouped} does not match the code this "
                                 "process runs")
-        try:
-            other = rank_binding.local_groups(dict(found.groups), rank_binding.process_groups())
-        except rank_binding.RankBound as exc:
-            other = str(exc)
-        if other is not None:
-            return self._unused(grouped, Reason.RANK_BOUND, f"{grouped} names other process groups ({other})")
+        elsewhere = _groups_elsewhere(found)
+        if elsewhere is not None:
+            return self._unused(grouped, Reason.RANK_BOUND, f"{grouped} names other process groups ({elsewhere})")
         return self._load(target, grouped, found, args, kwargs)
 
     def _fetch(self, target: Target, key: str, lookup: str, args: tuple[Any, ...],
