@@ -9,6 +9,11 @@ rank every rank compiled every graph. Three jobs, run once for the module:
 1. cold: an empty store, every rank in its own empty local dirs (as on separate nodes);
 2. fresh: the same store, fresh empty dirs again: nothing may be compiled;
 3. plain: the same script under plain torchrun (one shared local cache), for the losses.
+
+And a no-stall job on an empty store of its own (``nostall``): the graphs with collectives are compiled
+by a rank of their groups, never by a worker process (which has no process groups). And the precompiled
+tier (``tier``: cold, then fresh, on a store of its own) on a function all-reducing over the tp mesh it
+is passed: the same call on every rank, whose compiled code names the rank's tp group.
 """
 
 from __future__ import annotations
@@ -39,24 +44,26 @@ def _env_without_recipecache() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
 
 
-def _run(tmp: Path, name: str, store: str | None) -> dict[str, Any]:
+def _run(tmp: Path, name: str, store: str | None, *options: str, mode: str = "all") -> dict[str, Any]:
     out = tmp / f"{name}.json"
     env = _env_without_recipecache() | {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
     if store is None:
         local = tmp / "plain-local"
         (local / "tmp").mkdir(parents=True)
         env |= {"TMPDIR": str(local / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(local / "inductor"), "OMP_NUM_THREADS": "1"}
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), str(WORKER), str(out)]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), str(WORKER), str(out),
+                   "--mode", mode]
     else:
         command = [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store, "--namespace",
                    "collectives", "--run-dir", str(tmp / name), "--rank-dirs", str(tmp / f"{name}-dirs"), "--quiet",
-                   str(WORKER), str(out)]
+                   *options, str(WORKER), str(out), "--mode", mode]
     proc = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     job = json.loads(out.read_text())
     if store is not None:
         job["events"] = list(read_events(tmp / name / "events"))
         job["report"] = json.loads((tmp / name / "report.json").read_text())
+        job["metrics"] = [json.loads((tmp / name / f"metrics-rank{rank}.json").read_text()) for rank in range(RANKS)]
         job["run_dir"] = tmp / name
     return job
 
@@ -99,6 +106,13 @@ def test_fresh_job_compiles_nothing(jobs: dict[str, dict[str, Any]]) -> None:
     assert _keys(fresh, "hit") == _keys(jobs["cold"], "compile")
 
 
+def test_fresh_job_traces_no_autograd_graph(jobs: dict[str, dict[str, Any]]) -> None:
+    """Every rank's AOTAutograd entries are in the store: a fresh rank skips AOTAutograd's trace too. Their keys
+    and the FX keys they name are each rank's own; the entries say under which shared key each graph is."""
+    aot = [metrics["lookups"]["aot"] for metrics in jobs["fresh"]["metrics"]]
+    assert all(lookups["miss"] == 0 and lookups["hit"] > 0 for lookups in aot), aot
+
+
 def test_each_rank_runs_its_own_groups_collectives(jobs: dict[str, dict[str, Any]]) -> None:
     """The group-sum graph is compiled by one rank and loaded by the other three: each must all-reduce over its
     own tp and dp group (a rank bound to another group's collective, or to its dp group in place of its tp
@@ -117,3 +131,47 @@ def test_losses_equal_plain_torchrun(jobs: dict[str, dict[str, Any]]) -> None:
 def test_report_lists_no_duplicate(jobs: dict[str, dict[str, Any]]) -> None:
     analysis = analyse_run(jobs["cold"]["run_dir"])
     assert analysis.duplicates == [], analysis.duplicates
+
+
+@pytest.fixture(scope="module")
+def nostall(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("collectives-nostall")
+    return _run(tmp, "nostall", f"file://{tmp / 'store'}", "--no-stall")
+
+
+def test_no_stall_runs_each_ranks_own_collectives(nostall: dict[str, Any]) -> None:
+    """Eager while another rank compiles, then compiled: every rank all-reduces over its own groups."""
+    assert nostall["sums"] == GROUP_SUMS
+
+
+def test_no_stall_compiles_graphs_with_collectives_in_a_rank(nostall: dict[str, Any]) -> None:
+    """A worker process has no process groups: it can neither compile a graph with collectives nor compute the
+    FX key of one taking the mesh (torch's wire format sends it as None). A rank compiles each, once, and
+    publishes it under the key every rank shares."""
+    assert [metrics["behind"]["key_mismatches"] for metrics in nostall["metrics"]] == [0] * RANKS
+    distinct = _keys(nostall, "miss", 0) | _keys(nostall, "hit", 0)
+    published = nostall["report"]["total"]["lookups"]["fx"]["put"]
+    assert len(distinct) == 7 and published == len(distinct), (distinct, published)
+
+
+@pytest.fixture(scope="module")
+def tier(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("collectives-tier")
+    store = f"file://{tmp / 'store'}"
+    cold = _run(tmp, "tier-cold", store, "--precompile", mode="mesh")
+    return {"cold": cold, "fresh": _run(tmp, "tier-fresh", store, "--precompile", mode="mesh")}
+
+
+def test_precompiled_tier_serves_each_rank_its_own_groups_code(tier: dict[str, dict[str, Any]]) -> None:
+    """One key for every rank, but torch bakes the tp group's name into the code: built once per tp group (the
+    artifact names the groups it was built for; a rank of another group looks under the key naming its own), and a
+    fresh job loads them all, compiling nothing, each rank all-reducing over its own tp group (x2: 6 and 14)."""
+    for name in ("cold", "fresh"):
+        job = tier[name]
+        assert job["sums"] == [[6.0], [6.0], [14.0], [14.0]], name
+        assert [metrics["precompile_fallbacks"] for metrics in job["metrics"]] == [{}] * RANKS, name
+    assert tier["cold"]["report"]["total"]["lookups"]["precompiled"]["put"] == 2
+    fresh = [metrics["lookups"] for metrics in tier["fresh"]["metrics"]]
+    assert [(lookups["precompiled"]["miss"], lookups["fx"]["miss"] + lookups["fx"]["hit"]) for lookups in fresh] \
+        == [(0, 0)] * RANKS, fresh
+    assert [row["compiles"] for row in tier["fresh"]["report"]["ranks"]] == [0] * RANKS

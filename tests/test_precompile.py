@@ -457,7 +457,7 @@ def test_precompiled_artifact_round_trip_and_refusals() -> None:
 
     art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32, ("SHIFT",)),), 2.5,
                       files=(KernelFile("ab/cabc.main.so", b"\x7fELF"),), dynamic=True,
-                      pins=(Pin("G['cfg'].SCALE", "float:2.0", True),))
+                      pins=(Pin("G['cfg'].SCALE", "float:2.0", True),), groups=(("3", "2@0,1"),))
     assert Precompiled.unpack(art.pack()) == art
     verdict = Precompiled(b"", (), 1.0, "Unsupported: graph break")
     assert Precompiled.unpack(verdict.pack()).unsupported == "Unsupported: graph break"
@@ -467,7 +467,8 @@ def test_precompiled_artifact_round_trip_and_refusals() -> None:
                    {**good, "compile_s": -1.0}, {**good, "entry": "text"}, {**good, "unsupported": 3},
                    {**good, "files": [{"path": "../../etc/x.so", "data": b""}]}, {**good, "files": None},
                    {**good, "dynamic": 1}, {**good, "pins": None}, {**good, "pins": [["k", "float:2.0"]]},
-                   {**good, "pins": [["k", b"float:2.0", False]]}):
+                   {**good, "pins": [["k", b"float:2.0", False]]}, {**good, "groups": None},
+                   {**good, "groups": [["3"]]}, {**good, "groups": [["3", 2]]}, {**good, "groups": [["", "2@0,1"]]}):
         with pytest.raises(ArtifactError):
             Precompiled.unpack(msgpack.packb(broken))
     with pytest.raises(ArtifactError):

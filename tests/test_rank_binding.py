@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from recipecache.runs.explain import named_differences
+from recipecache.torch_integration.precompiled import grouped_key
 from recipecache.torch_integration.rank_binding import (PLACEHOLDER_PREFIX, Groups, RankBound, canonical_code,
-                                                        local_code, rebind_graph, role_of)
+                                                        groups_named, local_code, local_groups, rebind_graph, role_of)
 
 #: what torch writes into the FX key and the generated code differs between releases: checked on each
 pytestmark = pytest.mark.internals
@@ -42,6 +43,21 @@ def test_code_is_stored_with_roles_and_loaded_with_this_ranks_groups() -> None:
     assert "all_reduce.default(x, 'sum', '4')" in loaded  # rank 3's tp group, not rank 0's
     assert "all_reduce.default(x, 'avg', '2')" in loaded  # its dp group, not its tp group of the same size
     assert local_code(stored, RANK0) == CODE
+
+
+def test_precompiled_code_serves_only_ranks_of_the_groups_it_names() -> None:
+    """The precompiled tier reads the groups a whole compiled function names from its pickle (text among bytes); a
+    rank serves it only where those are its own groups, and else looks under the key naming its own."""
+    pickled = b"\x80\x05\x95" + CODE.encode() + b"\x94\x8c\x01" + b"'1' and '4' off a collective line"
+    named = groups_named(pickled.decode("latin-1"), RANK0)
+    assert named == {"3": "2@0,1", "1": "2@0,2"}
+    assert local_groups(named, RANK0) is None, "rank 0's own groups: it runs this code"
+    theirs = local_groups(named, RANK3)
+    assert theirs == {"2@0,1": "4", "2@0,2": "2"}
+    assert grouped_key("k", theirs) == grouped_key("k", {"2@0,2": "2", "2@0,1": "4"}) != grouped_key("k", {
+        "2@0,1": "3", "2@0,2": "1"})
+    with pytest.raises(RankBound):  # a rank with no group of the role the code names runs nothing of it
+        local_groups({"5": "3@0,1,2"}, RANK0)
 
 
 def test_a_group_that_cannot_be_bound_one_to_one_stays_keyed_per_rank() -> None:

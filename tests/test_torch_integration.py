@@ -399,6 +399,18 @@ def test_artifact_round_trip_refusals_and_install(tmp_path: Path) -> None:
     assert install(art.files, tmp_path) == 0, "a kernel already present is kept"
 
 
+def test_aot_artifact_carries_the_shared_keys_of_the_graphs_it_names() -> None:
+    """An AOTAutograd entry naming graphs stored under keys shared across ranks lists them (issue 27): a fresh
+    rank hitting it binds those FX keys before torch looks the graphs up. Absent in older artifacts."""
+    art = Artifact.single("aot", b'{"data": ""}', bound=[("fxkeyofrank0", "fsharedkey")])
+    assert Artifact.unpack(art.pack(), "aot").bound == (("fxkeyofrank0", "fsharedkey"),)
+    assert Artifact.unpack(_raw_artifact("aot", []), "aot").bound == ()
+    for bound in ({"fxkeyofrank0": "fsharedkey"}, [["fxkeyofrank0"]], [["fxkeyofrank0", 3]], [["", "fsharedkey"]]):
+        blob = msgpack.packb({**msgpack.unpackb(_raw_artifact("aot", [])), "bound": bound}, use_bin_type=True)
+        with pytest.raises(ArtifactError, match="bound"):
+            Artifact.unpack(blob, "aot")
+
+
 def test_variants_are_bounded_newest_first_and_a_recompile_replaces_its_twin() -> None:
     def variant(guards: str | None, kernel: str) -> tuple[Entry, KernelFile]:
         return Entry(guards.encode() if guards else b"none", 1.0, (kernel,), guards), KernelFile(kernel, kernel.encode())

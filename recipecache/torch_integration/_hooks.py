@@ -406,21 +406,36 @@ class Integration:
         self.probes.publish_isa_probe()
 
     def aot_get(self, torch_key: str) -> bytes | None:
-        """No lease: see docs/torch-integration-notes.md ("AOTAutograd entries are not leased")."""
+        """No lease: see docs/torch-integration-notes.md ("AOTAutograd entries are not leased").
+
+        An entry naming graphs stored under keys shared across ranks says so (:meth:`aot_put`): their FX keys,
+        which this process did not compute (a hit skips the trace), are bound to those keys and to this rank's
+        own process groups before torch looks the graphs up."""
         artifact = self.fetch("aot", self.cpu_key(torch_key))
-        return None if artifact is None else artifact.entry
+        if artifact is None:
+            return None
+        if artifact.bound:
+            groups = rank_binding.process_groups()
+            with self._lock:
+                for fx_key, shared in artifact.bound:
+                    if fx_key not in self._rank_bound:
+                        self._bindings.setdefault(fx_key, rank_binding.Binding(shared, {}, groups))
+        return artifact.entry
 
     def aot_put(self, torch_key: str, data: bytes) -> None:
-        """Not for an entry naming graphs that use this rank's process groups: its key and the FX keys inside it
-        are this rank's, and a later hit would look those graphs up under keys no rank shares (a fresh
-        rank traces again instead, and finds the graphs under their shared keys)."""
+        """An entry naming graphs that use this rank's process groups names them by this rank's FX keys: it
+        carries the shared key each is stored under (:meth:`aot_get`). Not for an entry naming a graph keyed per
+        rank (``rank_bound``): a hit would look it up under a key no rank shares, where tracing again finds it."""
+        bound: list[tuple[str, str]] = []
         if self._bindings or self._rank_bound:
             content = torch_pickle(data)
             with self._lock:
-                per_rank = (*self._bindings, *self._rank_bound)
-            if any(fx_key.encode() in content for fx_key in per_rank):
+                bindings = list(self._bindings.items())
+                rank_bound = list(self._rank_bound)
+            if any(fx_key.encode() in content for fx_key in rank_bound):
                 return
-        self._put("aot", self.cpu_key(torch_key), Artifact.single("aot", data).pack())
+            bound = [(fx_key, binding.key) for fx_key, binding in bindings if fx_key.encode() in content]
+        self._put("aot", self.cpu_key(torch_key), Artifact.single("aot", data, bound=bound).pack())
 
     def autotune_get(self, torch_key: str) -> bytes | None:
         """A Triton kernel's best config (JSON, never code); torch's key hashes the kernel's source, GPU included."""

@@ -16,7 +16,7 @@ Framing is one msgpack map (never pickle)::
 
     {"format": "recipecache-torch/3", "kind": "fx"|"aot"|"pgo"|"isa"|"autotune",
      "entries": [{"data": <bytes>, "compile_s": <float>, "kernels": [<path>], "guards": <str>|None}],
-     "files": [{"path": <str>, "data": <bytes>}]}
+     "files": [{"path": <str>, "data": <bytes>}], "bound": [[<FX key>, <shared FX key>], ...]}
 
 ``data`` is torch's own value (JSON with a base64 pickle inside) and stays opaque here:
 the store has verified the envelope's BLAKE3 digest (and signature) over the whole
@@ -110,12 +110,15 @@ class Artifact:
     #: FX: guard variants, newest first; other kinds: exactly one
     entries: tuple[Entry, ...]
     files: tuple[KernelFile, ...] = ()
+    #: AOTAutograd: (FX key the entry names, the shared key its graph is stored under), see the module docstring
+    bound: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def single(cls, kind: str, data: bytes, files: Iterable[KernelFile] = (), compile_s: float = 0.0) -> Artifact:
+    def single(cls, kind: str, data: bytes, files: Iterable[KernelFile] = (), compile_s: float = 0.0,
+               bound: Iterable[tuple[str, str]] = ()) -> Artifact:
         """An artifact of one entry that loads all of ``files``."""
         files = tuple(files)
-        return cls(kind, (Entry(data, compile_s, tuple(f.path for f in files)),), files)
+        return cls(kind, (Entry(data, compile_s, tuple(f.path for f in files)),), files, tuple(bound))
 
     @property
     def entry(self) -> bytes:
@@ -135,7 +138,7 @@ class Artifact:
         kept = (entry, *(e for e in self.entries if not entry.replaces(e)))[:limit]
         available = {f.path: f for f in self.files} | {f.path: f for f in files}
         needed = sorted({path for e in kept for path in e.kernels})
-        return Artifact(self.kind, kept, tuple(available[path] for path in needed))
+        return Artifact(self.kind, kept, tuple(available[path] for path in needed), self.bound)
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -147,6 +150,7 @@ class Artifact:
                     for e in self.entries
                 ],
                 "files": [{"path": f.path, "data": f.data} for f in self.files],
+                **({"bound": [list(pair) for pair in self.bound]} if self.bound else {}),
             },
             use_bin_type=True,
         )
@@ -167,7 +171,12 @@ class Artifact:
         limit = MAX_VARIANTS if kind == "fx" else 1
         if not isinstance(entries, list) or not 1 <= len(entries) <= limit:
             raise ArtifactError("artifact entry list malformed")
-        return cls(kind, tuple(_checked_entry(e, paths) for e in entries), checked_files)
+        bound = obj.get("bound", [])
+        if not isinstance(bound, list) or not all(
+                isinstance(pair, list) and len(pair) == 2 and all(isinstance(k, str) and k for k in pair) for pair in bound):
+            raise ArtifactError("artifact list of bound graph keys malformed")
+        return cls(kind, tuple(_checked_entry(e, paths) for e in entries), checked_files,
+                   tuple((fx_key, shared) for fx_key, shared in bound))
 
 
 def torch_pickle(value: bytes) -> bytes:

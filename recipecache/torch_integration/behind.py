@@ -133,6 +133,26 @@ def _worker_op(name: str) -> bool:
     return name.startswith(_WORKER_OPS)
 
 
+#: namespaces of the ops that run collectives on a process group of the process (the compile of a graph calling
+#: them asks the group, by name, for its size: only a process in the group can compile it)
+_COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "_c10d_functional_autograd", "c10d", "_dtensor"})
+
+
+def needs_process_groups(gm: torch.fx.GraphModule, example_inputs: Any) -> str | None:
+    """Why only this process can compile ``gm``, or None: a graph that runs collectives (inductor resolves their
+    process groups by name while compiling), or that takes a device mesh or another opaque object (torch's wire
+    format sends a mesh as None, so the worker's FX key would not be the rank's: measured on 2.13, a key mismatch
+    on every TP backward)."""
+    from torch._library.fake_class_registry import FakeScriptObject
+
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "namespace", None) in _COLLECTIVE_NAMESPACES:
+            return f"the graph runs collectives ({node.target}) on this process's groups"
+    if any(isinstance(x, FakeScriptObject) for x in example_inputs):
+        return "the graph takes an opaque object (a device mesh) that only this process holds"
+    return None
+
+
 def wire_input(gm: torch.fx.GraphModule, example_inputs: Any, inputs_to_check: Any, graph_kwargs: dict[str, Any]) -> bytes | None:
     """torch's wire-format input of one graph compile (what ``_SerializedFxCompile.serialize_compile``
     builds), pickled with :data:`_WORKER_OPS` allowed; None if the graph cannot travel (torch's reasons:
@@ -419,6 +439,11 @@ class Behind:
                 return None
             gm, example_inputs, inputs_to_check = args[:3]
             graph_kwargs = {k: v for k, v in kwargs.items() if k != "compile_region_name"}
+            local = needs_process_groups(gm, example_inputs)
+            if local is not None:
+                self._failed(flight.key, what, f"{local}, which a worker does not have; compiling it inline")
+                self.store.events.record("compile_start", flight.key)
+                return None
             sent = self._sendable(flight, what, wire_input(gm, example_inputs, inputs_to_check, graph_kwargs))
             if sent is None:
                 self.store.events.record("compile_start", flight.key)

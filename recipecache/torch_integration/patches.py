@@ -25,7 +25,7 @@ from torch._inductor import codecache, compile_fx, cpu_vec_isa, remote_cache
 from torch._inductor.cpu_vec_isa import VecISA
 
 from ..store import Store
-from . import describe
+from . import describe, rank_binding
 from ._hooks import Integration
 from .metrics import Metrics
 
@@ -57,6 +57,7 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
     original_precompile_header: Any = getattr(codecache, "_precompile_header", None)
     original_valid_isas: Any = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
     original_probe_load: Any = getattr(VecISA, "_probe_load", None)
+    original_reduce_fake: Any = getattr(codecache.FxGraphCachePickler, "_reduce_fake_script_object", None)
 
     def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
         result = original_write(content, extension, *args, **kwargs)
@@ -123,6 +124,13 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
             args = (args[0], list(args[1]), *args[2:])
             return behind.graph(deferred, functools.partial(run_inner, *args, **kwargs), args[0], args[1])
 
+    def reduce_fake_script_object(pickler: Any, fake: Any) -> Any:
+        """torch's keys of graphs taking a device mesh: the mesh as what the code depends on, the same in every job
+        (:func:`.rank_binding.rank_mesh_reduction`); AOTAutograd's entries of those graphs then hit in later jobs."""
+        real = object.__getattribute__(fake, "real_obj")
+        reduced = integration.guarded(rank_binding.rank_mesh_reduction, real) if rank_binding.is_mesh(real) else None
+        return original_reduce_fake(pickler, fake) if reduced is None else reduced
+
     def iterate_over_candidates(cls: type, local: bool, remote: Any, key: str) -> Iterator[tuple[Any, bytes, bool]]:
         ours = remote is not None and isinstance(remote.backend, FxBackend)
         yield from original_iterate(cls, local, None if ours else remote, key)  # local candidates first
@@ -140,6 +148,7 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         "autograd": [
             (functorch_config, "enable_remote_autograd_cache", True),
             (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
+            (codecache.FxGraphCachePickler, "_reduce_fake_script_object", reduce_fake_script_object),
         ],
         "pgo": [
             (dynamo_config, "automatic_dynamic_remote_pgo", True),

@@ -83,7 +83,7 @@ from torch.utils import _pytree as pytree
 from ..keys import make_key
 from ..reasons import REFUSED, VERDICTS, PrecompileDetail, PrecompileShapes, Reason
 from ..store import Flight, Store
-from . import code_digest, describe
+from . import code_digest, describe, rank_binding
 from .artifact import ArtifactError, collect, install
 from .metrics import Metrics
 from .precompile_keys import (
@@ -95,7 +95,7 @@ from .precompile_keys import (
     toolchain,
     traced_code,
 )
-from .precompiled import Precompiled, versioned_key
+from .precompiled import Precompiled, grouped_key, versioned_key
 from .traced_values import Recorder, Values, rebind, values_of
 
 log = logging.getLogger(__name__)
@@ -214,6 +214,18 @@ def share_shape_decisions() -> None:
         log.debug("recipecache: uploading the automatic-dynamic state failed", exc_info=True)
 
 
+def _groups_elsewhere(found: Precompiled) -> dict[str, str] | str | None:
+    """None where the code of ``found`` runs collectives on this rank's own groups only (or on none); else, for each
+    role its code names, this rank's group of that role (:func:`.rank_binding.local_groups`), or why this rank
+    has none."""
+    if not found.groups:
+        return None
+    try:
+        return rank_binding.local_groups(dict(found.groups), rank_binding.process_groups())
+    except rank_binding.RankBound as exc:
+        return str(exc)
+
+
 # -- the tier ------------------------------------------------------------------------------
 @dataclass
 class Tier:
@@ -296,7 +308,7 @@ class Tier:
             return found
         changed = code_digest.stale(found.sources)
         if not changed:
-            return self._load(target, key, found, args, kwargs)
+            return self._load_for_groups(target, key, key, found, args, kwargs)
         # another version of the code: look under the key naming this process's sources (that lookup counts)
         self.metrics.stale_sources()
         self.store.record_redirected_hit(kind=KIND_NAME)
@@ -309,7 +321,32 @@ class Tier:
         if code_digest.stale(found.sources):
             return self._unused(versioned, PrecompileDetail.SOURCE_CHANGED,
                                 f"{versioned} does not match the code this process runs")
-        return self._load(target, versioned, found, args, kwargs)
+        return self._load_for_groups(target, key, versioned, found, args, kwargs)
+
+    def _load_for_groups(self, target: Target, key: str, lookup: str, found: Precompiled, args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> Variant | Fallback:
+        """Load ``found`` (the artifact under ``lookup``) if the process groups its code runs collectives on are
+        this rank's; else the one under the key naming this rank's groups of the same roles (a miss there: this
+        rank precompiles it). torch bakes group names into the code: another group's code runs its collectives."""
+        elsewhere = _groups_elsewhere(found)
+        if elsewhere is None:
+            return self._load(target, lookup, found, args, kwargs)
+        if isinstance(elsewhere, str):
+            return self._unused(lookup, Reason.RANK_BOUND, f"{target.name}'s precompiled code: {elsewhere}")
+        grouped = grouped_key(key, elsewhere)
+        self.store.record_redirected_hit(kind=KIND_NAME)
+        log.info("recipecache: %s was precompiled for other process groups; looking for this rank's (%s)", lookup,
+                 ", ".join(f"{name} {role}" for role, name in sorted(elsewhere.items())))
+        for_groups = self._fetch(target, key, grouped, args, kwargs)
+        if not isinstance(for_groups, Precompiled):
+            return for_groups
+        if code_digest.stale(for_groups.sources):
+            return self._unused(grouped, PrecompileDetail.SOURCE_CHANGED, f"{grouped} does not match the code this "
+                                "process runs")
+        elsewhere = _groups_elsewhere(for_groups)
+        if elsewhere is not None:
+            return self._unused(grouped, Reason.RANK_BOUND, f"{grouped} names other process groups ({elsewhere})")
+        return self._load(target, grouped, for_groups, args, kwargs)
 
     def _fetch(self, target: Target, key: str, lookup: str, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Precompiled | Variant | Fallback:
@@ -405,8 +442,10 @@ class Tier:
             self._publish(flight, key, Precompiled(b"", sources, seconds, verdict), meta)
             return self.fallback(verdict, f"{target.name} cannot be precompiled: {why}")
         files, missing = collect(kernels, Path(cache_dir()))  # a kernel not read is rebuilt by its receivers
+        # torch pickles the compiled graphs' source as it is: the group names their collectives take are in it
+        groups = rank_binding.groups_named(entry.decode("latin-1"), rank_binding.process_groups())
         artifact = Precompiled(entry, sources, seconds, files=tuple(files), dynamic=backend.takes_sizes,
-                               pins=tuple(recorder.pins))
+                               pins=tuple(recorder.pins), groups=tuple(sorted(groups.items())))
         self._publish(flight, key, artifact, meta)
         self.metrics.kernels(shipped=len(files))
         fn.disable_guard_check()
@@ -418,11 +457,16 @@ class Tier:
             refused[0], f"{target.name}'s fresh precompile refuses its own call: {refused[1]}")
 
     def _publish(self, flight: Flight, key: str, artifact: Precompiled, meta: dict[str, Any]) -> None:
-        """Under ``key`` (the latest version) through the flight, and under the key naming its sources."""
+        """Under ``key`` (the latest version) through the flight, under the key naming its sources, and for code
+        with collectives under the key naming its process groups (where ranks of its groups look when ``key``
+        holds another group's)."""
         blob = artifact.pack()
         versioned = versioned_key(key, artifact.sources)
         if flight.key != versioned:
             self.store.put(versioned, blob, trace=False, meta=meta)
+        grouped = grouped_key(key, {role: name for name, role in artifact.groups}) if artifact.groups else None
+        if grouped is not None and flight.key != grouped:
+            self.store.put(grouped, blob, trace=False, meta=meta)
         if flight.key != key:
             self.store.put(key, blob, trace=False, meta=meta)
         # counted under the flight's kind: the copies above are no artifacts of their own

@@ -17,7 +17,8 @@ Framing is one msgpack map (never pickle)::
     {"format": "recipecache-precompiled/4", "entry": <bytes>, "compile_s": <float>,
      "sources": [[<path>, <code digest, 32 bytes>, [<global name>, ...]], ...],
      "files": [{"path": "<xx>/<name>.so", "data": <bytes>}, ...], "dynamic": <bool>,
-     "pins": [[<guard source>, <value as traced>, <per call>], ...], "unsupported": <detail> | None}
+     "pins": [[<guard source>, <value as traced>, <per call>], ...], "unsupported": <detail> | None,
+     "groups": [[<process group name>, <its role>], ...]}
 
 ``entry`` is torch's own serialization and stays opaque here; only torch unpickles it,
 and only after the store verified the envelope and :func:`.code_digest.stale` found
@@ -27,6 +28,9 @@ that read it go straight to the normal path instead of each tracing it again.
 ``dynamic``: the graph takes sizes as inputs (its guards serve many sizes), for the metrics.
 ``pins``: the values the traced code read besides its inputs, as the trace saw them
 (:mod:`.traced_values`), which a loader compares with its own before it serves a call.
+``groups``: the producer's process groups its compiled code runs collectives on, with their roles
+(:mod:`.rank_binding`): torch bakes group names into the code, so a rank serves it only where those
+are its own groups of those roles, and otherwise looks under the key naming its own.
 This module does not import torch.
 """
 
@@ -42,8 +46,10 @@ from .artifact import ArtifactError, KernelFile, checked_file, decode
 
 #: 4: torch's default inductor backend with the kernel libraries beside it, not AOTInductor (its
 #: artifacts, and the ``dynamic_shapes`` verdicts format 3 published, are retired with the key).
-#: 5: the values the trace read (``pins``); format 4 artifacts served them unchecked
-FORMAT = "recipecache-precompiled/5"
+#: 5: the values the trace read (``pins``); format 4 artifacts served them unchecked.
+#: 6: the process groups the code names (``groups``); format 5 had no functions with collectives (their
+#: operators were unchecked values: verdicts, which format 6 retires)
+FORMAT = "recipecache-precompiled/6"
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,8 @@ class Precompiled:
     dynamic: bool = False
     #: the values the traced code read besides its inputs, as the trace saw them
     pins: tuple[Pin, ...] = ()
+    #: (name, role) of each process group of the producer's that the compiled code runs collectives on
+    groups: tuple[tuple[str, str], ...] = ()
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -97,6 +105,7 @@ class Precompiled:
                 "files": [{"path": f.path, "data": f.data} for f in self.files],
                 "dynamic": self.dynamic,
                 "pins": [[p.source, p.value, p.per_call] for p in self.pins],
+                "groups": [list(g) for g in self.groups],
             },
             use_bin_type=True,
         )
@@ -105,8 +114,8 @@ class Precompiled:
     def unpack(cls, blob: bytes | bytearray | memoryview) -> Precompiled:
         """Decode and check ``blob``; raises :class:`ArtifactError` for anything unexpected."""
         obj = decode(blob, FORMAT, "recipecache precompiled artifact")
-        entry, compile_s, sources, unsupported, files, dynamic, pins = (
-            obj.get(k) for k in ("entry", "compile_s", "sources", "unsupported", "files", "dynamic", "pins"))
+        entry, compile_s, sources, unsupported, files, dynamic, pins, groups = (
+            obj.get(k) for k in ("entry", "compile_s", "sources", "unsupported", "files", "dynamic", "pins", "groups"))
         if not isinstance(entry, bytes) or not isinstance(compile_s, float) or compile_s < 0:
             raise ArtifactError("precompiled entry or compile time malformed")
         if unsupported is not None and not isinstance(unsupported, str):
@@ -123,14 +132,25 @@ class Precompiled:
             and isinstance(p[2], bool) for p in pins
         ):
             raise ArtifactError("precompiled value pins malformed")
+        if not isinstance(groups, list) or not all(
+            isinstance(g, list) and len(g) == 2 and all(isinstance(part, str) and part for part in g) for g in groups
+        ):
+            raise ArtifactError("precompiled process groups malformed")
         return cls(entry, tuple(SourceFile(path, digest, tuple(names)) for path, digest, names in sources),
                    compile_s, unsupported, tuple(checked_file(f) for f in files), dynamic,
-                   tuple(Pin(*p) for p in pins))
+                   tuple(Pin(*p) for p in pins), tuple((name, role) for name, role in groups))
 
 
 def versioned_key(key: str, sources: Iterable[SourceFile]) -> str:
     """``key`` for one set of source versions: where a precompile of those sources is also published."""
     return f"{key}:{sources_digest(sources)}"
+
+
+def grouped_key(key: str, local: dict[str, str]) -> str:
+    """``key`` for code naming, for each role, the group ``local`` gives (role -> group name): where a rank whose
+    groups the artifact under ``key`` does not name finds (or publishes) one naming its own."""
+    h = hashlib.sha256(repr(sorted(local.items())).encode())
+    return f"{key}:groups:{h.hexdigest()}"
 
 
 def sources_digest(sources: Iterable[SourceFile]) -> str:

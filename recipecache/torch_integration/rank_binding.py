@@ -165,6 +165,28 @@ def local_code(code: str, groups: Groups) -> str:
     return _LITERAL.sub(replace, code)
 
 
+def groups_named(text: str, groups: Groups) -> dict[str, str]:
+    """This rank's groups (name -> role) that collective calls in ``text`` name (:func:`canonical_code`'s lines).
+
+    ``text`` may be any text holding generated code, such as a pickle's bytes decoded as latin-1 (torch pickles a
+    compiled graph's source as it is): the precompiled tier reads which groups a whole compiled function names.
+    """
+    if not groups.roles:
+        return {}
+    names: dict[str, str] = {}
+    canonical_code(text, groups, names, strict=False)
+    return {name: groups.roles[name] for name in names}
+
+
+def local_groups(named: Mapping[str, str], groups: Groups) -> dict[str, str] | None:
+    """For code naming the groups ``named`` (name -> role): role -> this rank's group of that role, or None where
+    the code names exactly this rank's groups. :class:`RankBound` if this rank has no group, or several, of a role."""
+    local = {role: groups.local(PLACEHOLDER_PREFIX + role) for role in named.values()}
+    if all(local[role] == name for name, role in named.items()):
+        return None
+    return local
+
+
 def _mesh_description(mesh: Any, groups: Groups, strict: bool) -> tuple[Any, ...]:
     """What every rank of ``mesh`` shares: device type, shape, dimension names, its dimension groups' roles."""
     dims = []
@@ -235,7 +257,7 @@ def bind(gm: Any, example_inputs: Sequence[Any], fx_kwargs: Any, inputs_to_check
     meshes = _input_meshes(example_inputs)
     groups = process_groups() if groups is None else groups
     try:
-        if any(_is_mesh(v) for v in vars(gm).values()):
+        if any(is_mesh(v) for v in vars(gm).values()):
             # torch 2.14's compile_on_one_rank: the graph reads its groups from a mesh constant at run time, and
             # a graph loaded from a cache (torch's or ours) finds that constant None (measured: 2.14.1, TP)
             raise RankBound("the graph holds a device mesh as a constant (compile_on_one_rank)")
@@ -268,7 +290,7 @@ def _key(gm: Any, code: str, example_inputs: Sequence[Any], fx_kwargs: Any, inpu
     original_reduce_fake = pickler.dispatch_table[FakeScriptObject]
 
     def reduce_fake_script_object(obj: Any) -> tuple[Any, tuple[Any, ...]]:
-        if _is_mesh(obj.real_obj):  # not torch's reducer: it pickles the rank's mesh and turns memoising on
+        if is_mesh(obj.real_obj):  # not torch's reducer: it pickles the rank's mesh and turns memoising on
             return _ident_reducer(obj.script_class_name, _mesh_description(obj.real_obj, groups, strict))
         return original_reduce_fake(obj)
 
@@ -278,6 +300,17 @@ def _key(gm: Any, code: str, example_inputs: Sequence[Any], fx_kwargs: Any, inpu
     if mesh_type is not None:  # a mesh the graph holds as a constant (2.14's compile_on_one_rank reads its groups)
         pickler.dispatch_table[mesh_type] = lambda mesh: _ident_reducer(_mesh_description(mesh, groups, strict))
     return pickler.get_key(details)
+
+
+def rank_mesh_reduction(mesh: Any) -> tuple[Any, tuple[Any, ...]]:
+    """How torch's own keys (FX and AOTAutograd, each rank's) pickle a device mesh: what the compiled code depends
+    on (its ranks, dimension names and groups, this rank's place in it), not the object whole. Whole, its lazily
+    cached ``_hash`` (of a tuple of strings: random per process) entered the key of every graph traced after
+    something hashed the mesh, so AOTAutograd's entries of those graphs missed in every later job (measured:
+    2 of 4 per rank, 2.13)."""
+    return _ident_reducer("DeviceMesh", str(mesh.device_type), mesh.mesh.tolist(), tuple(mesh.mesh_dim_names or ()),
+                          tuple(str(mesh.get_group(d).group_name) for d in range(mesh.ndim)), mesh.get_rank(),
+                          tuple(mesh.get_coordinate() or ()))
 
 
 def _ident_reducer(*values: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -294,7 +327,7 @@ def _mesh_type() -> type | None:
     return DeviceMesh
 
 
-def _is_mesh(obj: Any) -> bool:
+def is_mesh(obj: Any) -> bool:
     mesh_type = _mesh_type()
     return mesh_type is not None and isinstance(obj, mesh_type)
 
@@ -303,7 +336,7 @@ def _input_meshes(example_inputs: Sequence[Any]) -> list[Any]:
     """The device meshes dynamo passes to a graph as inputs (wrapped in opaque ``FakeScriptObject`` inputs)."""
     from torch._library.fake_class_registry import FakeScriptObject
 
-    return [x.real_obj for x in example_inputs if isinstance(x, FakeScriptObject) and _is_mesh(x.real_obj)]
+    return [x.real_obj for x in example_inputs if isinstance(x, FakeScriptObject) and is_mesh(x.real_obj)]
 
 
 def describe_groups(gm: Any, example_inputs: Sequence[Any], groups: Groups | None = None) -> list[str]:
@@ -317,7 +350,7 @@ def describe_groups(gm: Any, example_inputs: Sequence[Any], groups: Groups | Non
     lines = []
     used = sorted({m.group(2) for m in _LITERAL.finditer(gm.code) if m.group(2) in groups.roles})
     values = [("process_group", groups.describe(name)) for name in used]
-    for mesh in [*_input_meshes(example_inputs), *(v for v in vars(gm).values() if _is_mesh(v))]:
+    for mesh in [*_input_meshes(example_inputs), *(v for v in vars(gm).values() if is_mesh(v))]:
         names = " ".join(repr(str(mesh.get_group(d).group_name)) for d in range(mesh.ndim))
         values.append(("device_mesh", f"rank {mesh.get_rank()}, coordinate {tuple(mesh.get_coordinate() or ())}, "
                                       f"groups {names}"))
@@ -330,4 +363,5 @@ def describe_groups(gm: Any, example_inputs: Sequence[Any], groups: Groups | Non
 
 
 __all__ = ["PLACEHOLDER_PREFIX", "Binding", "Groups", "RankBound", "bind", "canonical_code", "describe_groups",
-           "local_code", "process_groups", "rebind_graph", "role_of"]
+           "groups_named", "is_mesh", "local_code", "local_groups", "process_groups", "rank_mesh_reduction",
+           "rebind_graph", "role_of"]

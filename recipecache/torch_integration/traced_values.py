@@ -69,10 +69,16 @@ def _unchanged(value: Any) -> bool:
 
 
 def describe(value: Any) -> str:
-    """:func:`.code_digest.describe`, with tensors by what dynamo's tensor guard checks (not by type only)."""
+    """:func:`.code_digest.describe`, with tensors by what dynamo's tensor guard checks (not by type only), and
+    torch's operators by name (dynamo guards a function's ``funcol.torch.ops._c10d_functional.all_reduce`` by
+    identity)."""
     if isinstance(value, torch.Tensor):
         return (f"tensor:{type(value).__qualname__}:{value.dtype}:{value.device}:{tuple(value.shape)}:"
                 f"{value.stride()}:{value.requires_grad}")
+    if isinstance(value, torch._ops.OpOverloadPacket):  # one per name in a process (``torch.ops.ns.op``)
+        return f"op:{value._qualified_op_name}"
+    if isinstance(value, torch._ops.OpOverload):
+        return f"op:{value.name()}"
     return code_digest.describe(value)
 
 

@@ -1,6 +1,6 @@
 """A tiny 2-D mesh job (dp x tp) whose compiled graphs carry collectives: tensor, sequence or expert parallel.
 
-usage: tp_ranks.py OUT_JSON [--mode {all,tp,fsdp_tp}] [--steps N]
+usage: tp_ranks.py OUT_JSON [--mode {all,tp,fsdp_tp,mesh}] [--steps N]
 
 Every rank of a dp x tp mesh (4 ranks: dp=2 x tp=2, gloo, CPU) trains tiny MLPs whose
 compiled graphs carry their collectives, and rank 0 writes every rank's losses (hex
@@ -15,7 +15,9 @@ floats: compared bit for bit) and group sums to OUT_JSON. ``all`` (the default):
   on: a rank bound to another group's collective, or to its dp group where its tp group
   belongs, gets other sums (or fails).
 
-``tp`` trains the tensor-parallel MLP alone, ``fsdp_tp`` with ``fully_shard`` over dp on top.
+``tp`` trains the tensor-parallel MLP alone, ``fsdp_tp`` with ``fully_shard`` over dp on top. ``mesh``
+compiles only :func:`meshsum` (no training, no losses): an all-reduce over the tp mesh passed as an argument,
+the same call on every rank (one key for the precompiled tier), whose compiled code names the tp group.
 """
 from __future__ import annotations
 
@@ -55,6 +57,13 @@ def groupsum(x: torch.Tensor, tp: str, dp: str) -> tuple[torch.Tensor, torch.Ten
     return funcol.all_reduce(x * 2, "sum", tp), funcol.all_reduce(x * 3, "sum", dp)
 
 
+def meshsum(x: torch.Tensor, mesh: object) -> torch.Tensor:
+    """An all-reduce of ``x`` over ``mesh``'s group: each rank's sum tells which group it really used."""
+    from torch.distributed import _functional_collectives as funcol
+
+    return funcol.all_reduce(x * 2, "sum", mesh)
+
+
 def exchange(x: torch.Tensor, group: str) -> torch.Tensor:
     """Expert parallel's token exchange: half of each rank's rows go to the other rank of its group."""
     from torch.distributed import _functional_collectives as funcol
@@ -66,7 +75,7 @@ def exchange(x: torch.Tensor, group: str) -> torch.Tensor:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--mode", choices=("all", "tp", "fsdp_tp"), default="all")
+    parser.add_argument("--mode", choices=("all", "tp", "fsdp_tp", "mesh"), default="all")
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
 
@@ -79,6 +88,10 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
     tp_mesh = mesh["tp"]
     tp_group, dp_group = tp_mesh.get_group().group_name, mesh["dp"].get_group().group_name
+    if args.mode == "mesh":
+        tp_sum = torch.compile(meshsum)(torch.full((4,), float(rank + 1)), tp_mesh)
+        _write(args.out, rank, world, [], [float(tp_sum[0])])
+        return
     torch.manual_seed(0)
     tp_model, sp_model = MLP(), SequenceMLP()
     parallelize_module(tp_model, tp_mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
@@ -108,11 +121,16 @@ def main() -> None:
     if args.mode == "all":
         tp_sum, dp_sum = torch.compile(groupsum)(torch.full((4,), float(rank + 1)), tp_group, dp_group)
         sums = [float(tp_sum[0]), float(dp_sum[0])]
+    _write(args.out, rank, world, losses, sums)
+
+
+def _write(out: str, rank: int, world: int, losses: list[str], sums: list[float]) -> None:
+    """Rank 0 writes every rank's losses and sums to ``out``; the process group ends."""
     gathered: list[dict[str, list] | None] = [None] * world
     dist.all_gather_object(gathered, {"losses": losses, "sums": sums})
     if rank == 0:
-        Path(args.out).write_text(json.dumps({"losses": [g["losses"] for g in gathered],
-                                              "sums": [g["sums"] for g in gathered]}))
+        Path(out).write_text(json.dumps({"losses": [g["losses"] for g in gathered],
+                                         "sums": [g["sums"] for g in gathered]}))
     dist.destroy_process_group()
 
 
