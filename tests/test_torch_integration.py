@@ -15,6 +15,7 @@ backend's get/put split in this process, without compiling.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from recipecache.envelope import read_header
 from recipecache.runs.events import read_events
 from recipecache.torch_integration import pgo
 from recipecache.errors import ConfigError
+from recipecache.reasons import Reason
 from recipecache.torch_integration.artifact import (
     FORMAT,
     MAX_VARIANTS,
@@ -1008,3 +1010,44 @@ def test_torch_integration_layers_import_downwards_only() -> None:
     assert {"_hooks"} <= siblings("patches") and "patches" not in siblings("_hooks")
     assert "isa_probes" in siblings("_hooks") and not siblings("isa_probes") & {"_hooks", "patches", "precompile"}
     assert "precompile_keys" in siblings("precompile") and not siblings("precompile_keys") & {"_hooks", "precompile"}
+
+
+def test_enable_says_when_graphs_with_collectives_will_be_compiled_per_rank(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 27: with torch's compile_on_one_rank on, a DTensor graph holds its device mesh as a constant and stays
+    keyed per rank; enable() says so at startup, once, naming the flag (and says nothing with it off)."""
+    from recipecache import torch_integration
+
+    for flag_on in (False, True):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="recipecache"), \
+                (compile_on_one_rank() if flag_on else contextlib.nullcontext()):
+            torch_integration.enable("memory://", namespace=NAMESPACE)
+            torch_integration.disable()
+        said = [r.getMessage() for r in caplog.records if "compiled by every rank" in r.getMessage()]
+        assert len(said) == flag_on and all("compile_on_one_rank is on" in line for line in said), said
+
+
+def test_rank_binding_is_left_off_on_a_torch_without_the_internals_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose process-group registry changed: graphs with collectives are then keyed per rank, and the
+    startup warning names the hook and what it is missing (rather than a hook_error per graph)."""
+    from torch.distributed import distributed_c10d
+
+    from recipecache.torch_integration import compat
+
+    monkeypatch.delattr(distributed_c10d._World, "pg_group_ranks")
+    states = {state.hook.name: state for state in compat.states()}
+    assert not states["rank_binding"].on and states["graphs"].on
+    left_off, message = compat.warning(list(states.values()), "2.13.0")
+    assert left_off and "rank_binding (torch.distributed.distributed_c10d._World.pg_group_ranks does not exist)" in message
+
+
+def test_metrics_keep_what_each_fallback_reason_first_said() -> None:
+    """The report says why graphs were keyed per rank: the first rank_bound's detail travels in the metrics."""
+    store = recipecache.open_store("memory://", namespace=NAMESPACE)
+    metrics = Metrics(store, None, flush=False)
+    metrics.fallback(Reason.RANK_BOUND, "graph abc: the graph holds a device mesh as a constant")
+    metrics.fallback(Reason.RANK_BOUND, "graph def: another reason")
+    snapshot = metrics.snapshot()
+    assert snapshot["fallbacks"]["rank_bound"] == 2
+    assert snapshot["fallback_details"] == {"rank_bound": "graph abc: the graph holds a device mesh as a constant"}

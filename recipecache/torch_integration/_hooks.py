@@ -471,7 +471,8 @@ class Integration:
         if described:  # what of this rank's groups the key holds, for explain (torch's lines cut the code short)
             details = [*details, *described]
         self.attempt.described = (fx_key, details, describe.function_name(fx_kwargs), describe.input_shapes(example_inputs))
-        if groups is not None and fx_key not in self._bindings and fx_key not in self._rank_bound:
+        if "rank_binding" in self.on and groups is not None and fx_key not in self._bindings \
+                and fx_key not in self._rank_bound:
             self.guarded(self._bind, fx_key, gm, example_inputs, fx_kwargs, inputs_to_check, groups)
 
     def _bind(self, fx_key: str, gm: Any, example_inputs: Any, fx_kwargs: Any, inputs_to_check: Any,
@@ -483,7 +484,8 @@ class Integration:
         except rank_binding.RankBound as exc:
             with self._lock:
                 self._rank_bound[fx_key] = exc.identity
-            self.metrics.fallback(Reason.RANK_BOUND, f"graph {fx_key[:10]}: {exc}; keyed per rank")
+            self.metrics.fallback(Reason.RANK_BOUND, f"graph {fx_key[:10]} uses this rank's process groups and is "
+                                  f"compiled by every rank that traces it, not once per job: {exc}")
             return
         if binding is not None:
             with self._lock:
