@@ -1051,3 +1051,25 @@ def test_metrics_keep_what_each_fallback_reason_first_said() -> None:
     snapshot = metrics.snapshot()
     assert snapshot["fallbacks"]["rank_bound"] == 2
     assert snapshot["fallback_details"] == {"rank_bound": "graph abc: the graph holds a device mesh as a constant"}
+
+
+def test_a_rank_that_waits_for_another_ranks_graph_probes_the_cpu_meanwhile(
+        integration: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27's cold wall: the rank compiling a job's first graph probed the CPU alone (a g++ build per vector
+    ISA) while every other rank waited idle. A rank about to wait asks torch for the valid ISAs in the background
+    (our hook probes them in rank order, single-flighted per probe); the rank that compiles does not start one."""
+    from torch._inductor import cpu_vec_isa
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    asked = threading.Event()
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", asked.set)
+    compiling = _another(integration)
+    assert list(compiling.fx_candidates(FX_KEY)) == [] and compiling.attempt.flight is not None  # it leads
+    assert not asked.is_set()
+    waiter = threading.Thread(target=lambda: list(integration.fx_candidates(FX_KEY)))
+    waiter.start()
+    try:
+        assert asked.wait(timeout=60)
+    finally:
+        compiling.end_attempt()
+        waiter.join()

@@ -310,6 +310,8 @@ class Integration:
         attempt = self.attempt
         offered: set[bytes] = set()
         install_failed = False
+        if self.wait_for_lease:  # a cold job's waiting ranks probe the CPU beside the rank that compiles
+            self.guarded(self.probes.probe_while_waiting, lambda: self.store.compiling(key))
         flight = self.store.begin(key, wait_timeout=self.wait_timeout, kind="fx", wait=self.wait_for_lease)
         attempt.hit_counted = flight.data is not None
         for waits in itertools.count():
