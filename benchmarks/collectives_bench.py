@@ -7,20 +7,22 @@ compiled graphs), ``torch.compile(block)`` with torch's defaults. ``--modes``: `
 ``fsdp_tp`` (FSDP2 over dp on top). Per mode and repetition, in one run:
 
 (a) plain torchrun, the ranks sharing one fresh local inductor dir and TMPDIR (one node);
-(b) recipecache-run on an empty file store, laid out as (a) (one node, fresh shared local dirs), or with
-    ``--rank-dirs`` every rank in its own empty dirs, as on four nodes;
+(b) recipecache-run on an empty file store, laid out as (a) (one node, fresh shared local dirs); with
+    ``--rank-dirs`` every rank of (a), (b) and (c) in its own empty dirs, as on four nodes (one node's
+    ranks share torch's kernel builds through its local dirs: file locks, one g++ per kernel);
 (c) recipecache-run again on that store with fresh empty dirs: a job of fresh ranks.
 
 Printed per mode: the distinct graphs of the job (the keys rank 0 looked up), the graphs
 compiled in each job (inductor's FX cache entries for (a), recipecache's report for (b) and
-(c)), wall seconds and (b)/(a) (medians over ``--reps``, each rep's figures too), whether
+(c)), wall seconds (and the job's CPU seconds, g++ included) and (b)/(a) (medians over ``--reps``, each rep's figures too), whether
 every job's losses equal (a)'s bit for bit, and where the cold compile's time went: per
 rank its compile and wait seconds (event log), and the g++ work in
 the local dirs (CPU probes, precompiled header, kernels: count and the span from the first
 source written to the last library built). Targets: (b) compiles the distinct graphs only,
 (b)/(a) <= 0.6, (c) compiles nothing. The load average is printed before and after each job, and
-each job's phases in seconds after its launch: the slowest rank's script start and first step's end,
-the script's end (rank 0's output written) and the launcher's exit.
+each job's phases in seconds after its launch: for recipecache the slowest rank's enable() start and
+end, then the slowest rank's script start and first step's end, the script's end (rank 0's output
+written) and the launcher's exit.
 
     python benchmarks/collectives_bench.py [--modes tp,fsdp_tp] [--reps 1] [--steps 2] [--rank-dirs]
                                            [--compile-threads 1]
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -53,8 +56,14 @@ def _env(compile_threads: str) -> dict[str, str]:
 
 
 def _plain_compiles(local: Path) -> int:
-    """Graphs inductor compiled in the plain job: every rank's FX cache entries in the shared local dir."""
-    return sum(1 for p in (local / "inductor" / "fxgraph").glob("*/*/*") if p.is_file())
+    """Graphs inductor compiled in the plain job: every rank's FX cache entries in its local dirs."""
+    return sum(1 for p in local.rglob("fxgraph/*/*/*") if p.is_file())
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's waited-for descendants: a job's, g++ included."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def gxx_work(root: Path) -> dict[str, tuple[int, float]]:
@@ -85,10 +94,11 @@ def run(tmp: Path, name: str, mode: str, steps: int, store: str | None, rank_dir
     env = _env(compile_threads)
     local = tmp / f"{name}-local"
     (local / "tmp").mkdir(parents=True, exist_ok=True)
-    if store is None or not rank_dirs:
-        env |= {"TMPDIR": str(local / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(local / "inductor"), "OMP_NUM_THREADS": "1"}
+    env |= {"TMPDIR": str(local / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(local / "inductor"), "OMP_NUM_THREADS": "1"}
+    own_dirs: list[str] = []
     if store is None:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS)]
+        own_dirs = ["--own-dirs", str(local / "ranks")] if rank_dirs else []
     else:
         command = [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store, "--namespace",
                    "collectives-bench", "--run-dir", str(tmp / name), "--quiet",
@@ -96,12 +106,15 @@ def run(tmp: Path, name: str, mode: str, steps: int, store: str | None, rank_dir
     load = os.getloadavg()[0]
     launched = time.time()
     start = time.perf_counter()
-    proc = subprocess.run([*command, str(WORKER), str(out), "--mode", mode, "--steps", str(steps)], env=env,
-                          capture_output=True, text=True, check=False, timeout=1800)
+    cpu = _children_cpu_s()
+    proc = subprocess.run([*command, str(WORKER), str(out), "--mode", mode, "--steps", str(steps), *own_dirs],
+                          env=env, capture_output=True, text=True, check=False, timeout=1800)
     wall = time.perf_counter() - start
+    cpu = _children_cpu_s() - cpu
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    result = json.loads(out.read_text()) | {"wall_s": wall, "load": (load, os.getloadavg()[0]), "gxx": gxx_work(local)}
+    result = json.loads(out.read_text()) | {"wall_s": wall, "cpu_s": cpu, "load": (load, os.getloadavg()[0]),
+                                            "gxx": gxx_work(local)}
     # the job's phases, seconds after its launch: the slowest rank's script start and first step's end, rank 0's
     # output written (the script's end), the launcher's exit
     result["phases"] = {"script start": max(result["starts"]) - launched,
@@ -113,6 +126,10 @@ def run(tmp: Path, name: str, mode: str, steps: int, store: str | None, rank_dir
     from recipecache.runs.events import read_events
 
     events = list(read_events(tmp / name / "events"))
+    spans = [json.loads(path.read_text())["enable"] for path in sorted((tmp / name).glob("metrics-rank*.json"))]
+    result["phases"] = {"enable() start": max(span["start"] for span in spans) - launched,
+                        "enable() end": max(span["start"] + span["s"] for span in spans) - launched,
+                        **result["phases"]}
     result["compiles"] = json.loads((tmp / name / "report.json").read_text())["total"]["compiles"]
     result["distinct"] = len({e["key"] for e in events if e["rank"] == 0 and e["event"] in ("hit", "miss")})
     result["per_rank"] = [{"compile_s": sum(e["duration"] for e in events if e["rank"] == r and e["event"] == "compile"),
@@ -124,7 +141,8 @@ def run(tmp: Path, name: str, mode: str, steps: int, store: str | None, rank_dir
 def describe(name: str, job: dict[str, Any]) -> str:
     gxx = ", ".join(f"{kind} {n} in {s:.1f} s" for kind, (n, s) in job["gxx"].items())
     phases = ", ".join(f"{phase} {s:.1f}" for phase, s in job["phases"].items())
-    line = (f"    {name:6} {job['wall_s']:6.1f} s, {job['compiles']} compiles, load {job['load'][0]:.1f}->"
+    line = (f"    {name:6} {job['wall_s']:6.1f} s ({job['cpu_s']:.0f} CPU s), {job['compiles']} compiles, load "
+            f"{job['load'][0]:.1f}->"
             f"{job['load'][1]:.1f}; s after launch: {phases}; g++: {gxx}")
     if "per_rank" in job:
         line += "\n           per rank compile/wait s: " + " ".join(
@@ -137,7 +155,7 @@ def main() -> None:
     parser.add_argument("--modes", default="tp,fsdp_tp")
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--rank-dirs", action="store_true", help="recipecache's ranks each in their own dirs")
+    parser.add_argument("--rank-dirs", action="store_true", help="every rank in its own dirs, as on four nodes")
     parser.add_argument("--compile-threads", default="1",
                         help="TORCHINDUCTOR_COMPILE_THREADS for every job ('' leaves torch's default: the CPU count)")
     args = parser.parse_args()

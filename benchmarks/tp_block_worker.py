@@ -1,6 +1,6 @@
 """One rank of ``collectives_bench.py``: a small transformer block trained with tensor + sequence parallel.
 
-usage: tp_block_worker.py OUT_JSON [--mode {tp,fsdp_tp}] [--steps N]
+usage: tp_block_worker.py OUT_JSON [--mode {tp,fsdp_tp}] [--steps N] [--own-dirs DIR]
 
 A pre-norm block (RMSNorm, causal multi-head attention, RMSNorm, SwiGLU MLP, residuals) on a
 dp x tp mesh (4 ranks: dp=2 x tp=2, gloo, CPU), parallelised as TorchTitan parallelises its
@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
 START = time.time()
+if "--own-dirs" in sys.argv:  # before torch reads them: this rank's own TMPDIR and inductor dir, as on its own node
+    OWN = Path(sys.argv[sys.argv.index("--own-dirs") + 1]) / f"rank{os.environ['RANK']}"
+    (OWN / "tmp").mkdir(parents=True, exist_ok=True)
+    os.environ |= {"TMPDIR": str(OWN / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(OWN / "inductor")}
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -71,6 +77,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--mode", choices=("tp", "fsdp_tp"), default="tp")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--own-dirs", help="each rank in its own empty dirs under this one (read before torch)")
     args = parser.parse_args()
     marks = {"imported": time.time() - START}
 

@@ -839,6 +839,29 @@ def test_a_rank_that_waited_builds_the_skipped_header_once_in_the_background(int
     assert built == ["waited"]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+def test_a_background_header_build_runs_at_the_lowest_priority_beside_the_compiling_rank(
+        integration: Any) -> None:
+    """Issue 27's cold wall: every follower's speculative header build (g++ -E and a 150 MB .gch) ran at normal
+    priority beside the one rank compiling the job's next graph. It runs niced, and so does the g++ it starts;
+    the calling thread keeps its priority."""
+    lowest = 19
+    integration._followed = True
+    seen: list[int] = []
+    started = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True)
+    ours = int(started.stdout)
+
+    def build() -> None:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True)
+        seen.append(int(child.stdout))
+
+    integration.warm_header(build, ("cpp_prefix.h", "nice"))
+    _join_header_builds()
+    assert seen == [lowest, lowest] and ours < lowest
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
+
+
 def test_compile_on_one_rank_gets_its_own_graph_keys_where_it_changes_the_code(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch 2.14's compile-on-one-rank computes devices and process groups at run time instead of
