@@ -265,8 +265,31 @@ def stop_hpu_agent(agent: subprocess.Popen[bytes]) -> None:
         agent.wait()
 
 
+#: torch's compile-on-one-rank switches (2.14 on: the first, read as torch reads a flag; 2.13: the second, any value)
+COMPILE_ON_ONE_RANK_VARIABLES = ("TORCH_COMPILE_ON_ONE_RANK", "TORCH_DISTRIBUTED_COMPILE_ON_ONE_RANK")
+
+
+def per_rank_graphs_note(environ: Mapping[str, str]) -> str | None:
+    """What the launcher can tell before the job starts about graphs that will be compiled per rank, or None.
+
+    torch's compile-on-one-rank makes a DTensor graph read its process groups from a device mesh
+    it holds as a constant, which a graph loaded from any cache lacks: recipecache keys such graphs
+    per rank (fallback ``rank_bound``). Set in code rather than in the environment, only the ranks
+    know: each warns at enable() and at its first such graph, and the report sums them up.
+    """
+    on = [name for name in COMPILE_ON_ONE_RANK_VARIABLES
+          if environ.get(name, "") == "1" or (name.startswith("TORCH_DISTRIBUTED_") and environ.get(name))]
+    if not on:
+        return None
+    return (f"{on[0]}={environ[on[0]]}: torch's compile_on_one_rank is on, so graphs that hold a device mesh "
+            "(DTensor tensor/sequence parallel) are compiled by every rank, not once per job; unset it to share them")
+
+
 def launch(config: LaunchConfig) -> int:
     """Run the job and report on it; returns the job's exit status."""
+    note = per_rank_graphs_note(os.environ)
+    if note:
+        print(f"{PROG}: warning: {note}", file=sys.stderr)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     since = start - MTIME_SLACK_S  # files older than this job are another run's

@@ -44,11 +44,14 @@ from pathlib import Path
 from typing import Any
 
 from recipecache.fsutil import write_output_file
+from recipecache.reasons import Reason
 from recipecache.runs.events import Skipped, is_seconds, open_regular
 from recipecache.runs.explain import analyse_run
 
 log = logging.getLogger(__name__)
 
+#: the fallback of a graph that uses a rank's process groups and stays keyed per rank
+RANK_BOUND = str(Reason.RANK_BOUND)
 _METRICS_FILE = re.compile(r"^metrics-rank(\d+)\.json\Z")
 
 #: report field -> path in the metrics file
@@ -128,6 +131,9 @@ def _damage(data: Any) -> str | None:
     fallbacks = data.get("fallbacks")
     if fallbacks is not None and not (isinstance(fallbacks, dict) and all(map(_count, fallbacks.values()))):
         return "fallbacks is not a map of counts"
+    details = data.get("fallback_details")
+    if details is not None and not (isinstance(details, dict) and all(isinstance(v, str) for v in details.values())):
+        return "fallback_details is not a map of texts"
     lookups = data.get("lookups")
     if lookups is not None and not (isinstance(lookups, dict) and all(
             isinstance(counts, dict) and all(_count(counts.get(name, 0)) for name in OUTCOMES)
@@ -171,6 +177,8 @@ def rank_row(rank: int, data: Mapping[str, Any]) -> dict[str, Any]:
     # the integration's own count: the store's fallbacks plus lookups that failed and bad artifacts
     fallbacks = data.get("fallbacks")
     row["fallbacks"] = {str(k): int(v) for k, v in fallbacks.items()} if isinstance(fallbacks, Mapping) else {}
+    details = data.get("fallback_details")
+    row["fallback_details"] = {str(k): str(v) for k, v in details.items()} if isinstance(details, Mapping) else {}
     lookups = data.get("lookups")
     row["lookups"] = {str(kind): {name: int(counts.get(name, 0)) for name in OUTCOMES}
                       for kind, counts in lookups.items()} if isinstance(lookups, Mapping) else {}
@@ -213,6 +221,7 @@ def build_report(
         for kind, counts in r["lookups"].items():
             lookups.setdefault(kind, Counter()).update(counts)
     total["fallbacks"] = dict(fallbacks)
+    total["per_rank_graphs"] = per_rank_graphs(ok)
     total["lookups"] = {kind: {name: counts[name] for name in OUTCOMES} for kind, counts in lookups.items()}
     total["ranks_reported"] = len(ok)
     if hpu:
@@ -315,9 +324,23 @@ def format_report(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def per_rank_graphs(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Graphs that use a rank's process groups yet were keyed per rank (fallback ``rank_bound``): how many, on
+    which ranks, and why (the first such rank's own words), or None when every such graph was shared."""
+    bound = [r for r in rows if r["fallbacks"].get(RANK_BOUND)]
+    if not bound:
+        return None
+    return {"graphs": sum(r["fallbacks"][RANK_BOUND] for r in bound), "ranks": [r["rank"] for r in bound],
+            "why": bound[0].get("fallback_details", {}).get(RANK_BOUND, "")}
+
+
 def format_graphs(report: Mapping[str, Any]) -> list[str]:
     """The report's duplicate compiles and misses of graphs other ranks loaded, a line each."""
     lines = []
+    bound = report["total"].get("per_rank_graphs")
+    if bound:
+        lines.append(f"keyed per rank, not shared between ranks (rank_bound: {bound['graphs']} graph lookup(s) on "
+                     f"rank(s) {', '.join(map(str, bound['ranks']))}): {bound['why'] or 'no reason recorded'}")
     duplicates, missed = report.get("duplicates") or [], report.get("missed") or []
     if duplicates:
         lines.append(f"compiled by more than one rank ({len(duplicates)} graph(s); recipecache explain RUN_DIR "

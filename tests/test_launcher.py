@@ -467,6 +467,32 @@ def test_report_aggregates_ranks_and_lists_missing_ones(tmp_path: Path) -> None:
     assert "WARNING: no usable metrics from rank(s) 2, 3" in text
 
 
+def test_report_says_which_graphs_were_keyed_per_rank_and_why(tmp_path: Path) -> None:
+    """Issue 27: graphs that use the ranks' process groups but could not be shared (fallback rank_bound) are
+    summed up in one line naming the ranks and the first rank's reason; none when every such graph was shared."""
+    why = "graph 1a2b uses this rank's process groups and is compiled by every rank that traces it: compile_on_one_rank"
+    for rank in (0, 1):
+        write_metrics(tmp_path, rank, metrics(rank, fallbacks={"rank_bound": 2}, fallback_details={"rank_bound": why}))
+    write_metrics(tmp_path, 2, metrics(2))
+    write_metrics(tmp_path, 3, metrics(3, fallback_details={"rank_bound": ["not", "text"]}))
+    report = build_report(load_metrics(tmp_path), range(4), exit_code=0)
+    assert report["ranks"][3]["error"] == "metrics-rank3.json: fallback_details is not a map of texts"
+    assert report["total"]["per_rank_graphs"] == {"graphs": 4, "ranks": [0, 1], "why": why}
+    assert f"keyed per rank, not shared between ranks (rank_bound: 4 graph lookup(s) on rank(s) 0, 1): {why}" \
+        in format_report(report)
+    shared = build_report({0: metrics(0)}, range(1), exit_code=0)
+    assert shared["total"]["per_rank_graphs"] is None and "keyed per rank" not in format_report(shared)
+
+
+def test_launcher_warns_at_startup_when_torch_compiles_mesh_graphs_per_rank() -> None:
+    """Issue 27: torch's compile_on_one_rank set in the environment (2.14's name, read as torch reads it; 2.13's,
+    any value) is named before the job starts; unset or off, nothing is said."""
+    note = launcher_main.per_rank_graphs_note
+    assert "TORCH_COMPILE_ON_ONE_RANK=1: torch's compile_on_one_rank is on" in note({"TORCH_COMPILE_ON_ONE_RANK": "1"})
+    assert "compiled by every rank" in note({"TORCH_DISTRIBUTED_COMPILE_ON_ONE_RANK": "true"})
+    assert note({}) is None and note({"TORCH_COMPILE_ON_ONE_RANK": "0"}) is None
+
+
 def test_report_gives_hits_misses_and_puts_of_each_kind_side_by_side(tmp_path: Path) -> None:
     """Issue 19: hits and misses count graph lookups, puts every kind; the report says so and shows each kind's
     figures side by side (a rank whose lookups are no counts is unreadable)."""

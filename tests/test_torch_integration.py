@@ -15,6 +15,7 @@ backend's get/put split in this process, without compiling.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from recipecache.envelope import read_header
 from recipecache.runs.events import read_events
 from recipecache.torch_integration import pgo
 from recipecache.errors import ConfigError
+from recipecache.reasons import Reason
 from recipecache.torch_integration.artifact import (
     FORMAT,
     MAX_VARIANTS,
@@ -849,6 +851,29 @@ def test_a_rank_that_waited_builds_the_skipped_header_once_in_the_background(int
     assert built == ["waited"]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+def test_a_background_header_build_runs_at_the_lowest_priority_beside_the_compiling_rank(
+        integration: Any) -> None:
+    """Issue 27's cold wall: every follower's speculative header build (g++ -E and a 150 MB .gch) ran at normal
+    priority beside the one rank compiling the job's next graph. It runs niced, and so does the g++ it starts;
+    the calling thread keeps its priority."""
+    lowest = 19
+    integration._followed = True
+    seen: list[int] = []
+    started = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True)
+    ours = int(started.stdout)
+
+    def build() -> None:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True)
+        seen.append(int(child.stdout))
+
+    integration.warm_header(build, ("cpp_prefix.h", "nice"))
+    _join_header_builds()
+    assert seen == [lowest, lowest] and ours < lowest
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
+
+
 def test_compile_on_one_rank_gets_its_own_graph_keys_where_it_changes_the_code(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch 2.14's compile-on-one-rank computes devices and process groups at run time instead of
@@ -1020,3 +1045,66 @@ def test_torch_integration_layers_import_downwards_only() -> None:
     assert {"_hooks"} <= siblings("patches") and "patches" not in siblings("_hooks")
     assert "isa_probes" in siblings("_hooks") and not siblings("isa_probes") & {"_hooks", "patches", "precompile"}
     assert "precompile_keys" in siblings("precompile") and not siblings("precompile_keys") & {"_hooks", "precompile"}
+
+
+def test_enable_says_when_graphs_with_collectives_will_be_compiled_per_rank(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 27: with torch's compile_on_one_rank on, a DTensor graph holds its device mesh as a constant and stays
+    keyed per rank; enable() says so at startup, once, naming the flag (and says nothing with it off)."""
+    from recipecache import torch_integration
+
+    for flag_on in (False, True):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="recipecache"), \
+                (compile_on_one_rank() if flag_on else contextlib.nullcontext()):
+            torch_integration.enable("memory://", namespace=NAMESPACE)
+            torch_integration.disable()
+        said = [r.getMessage() for r in caplog.records if "compiled by every rank" in r.getMessage()]
+        assert len(said) == flag_on and all("compile_on_one_rank is on" in line for line in said), said
+
+
+def test_rank_binding_is_left_off_on_a_torch_without_the_internals_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose process-group registry changed: graphs with collectives are then keyed per rank, and the
+    startup warning names the hook and what it is missing (rather than a hook_error per graph)."""
+    from torch.distributed import distributed_c10d
+
+    from recipecache.torch_integration import compat
+
+    monkeypatch.delattr(distributed_c10d._World, "pg_group_ranks")
+    states = {state.hook.name: state for state in compat.states()}
+    assert not states["rank_binding"].on and states["graphs"].on
+    left_off, message = compat.warning(list(states.values()), "2.13.0")
+    assert left_off and "rank_binding (torch.distributed.distributed_c10d._World.pg_group_ranks does not exist)" in message
+
+
+def test_metrics_keep_what_each_fallback_reason_first_said() -> None:
+    """The report says why graphs were keyed per rank: the first rank_bound's detail travels in the metrics."""
+    store = recipecache.open_store("memory://", namespace=NAMESPACE)
+    metrics = Metrics(store, None, flush=False)
+    metrics.fallback(Reason.RANK_BOUND, "graph abc: the graph holds a device mesh as a constant")
+    metrics.fallback(Reason.RANK_BOUND, "graph def: another reason")
+    snapshot = metrics.snapshot()
+    assert snapshot["fallbacks"]["rank_bound"] == 2
+    assert snapshot["fallback_details"] == {"rank_bound": "graph abc: the graph holds a device mesh as a constant"}
+
+
+def test_a_rank_that_waits_for_another_ranks_graph_probes_the_cpu_meanwhile(
+        integration: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27's cold wall: the rank compiling a job's first graph probed the CPU alone (a g++ build per vector
+    ISA) while every other rank waited idle. A rank about to wait asks torch for the valid ISAs in the background
+    (our hook probes them in rank order, single-flighted per probe); the rank that compiles does not start one."""
+    from torch._inductor import cpu_vec_isa
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    asked = threading.Event()
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", asked.set)
+    compiling = _another(integration)
+    assert list(compiling.fx_candidates(FX_KEY)) == [] and compiling.attempt.flight is not None  # it leads
+    assert not asked.is_set()
+    waiter = threading.Thread(target=lambda: list(integration.fx_candidates(FX_KEY)))
+    waiter.start()
+    try:
+        assert asked.wait(timeout=60)
+    finally:
+        compiling.end_attempt()
+        waiter.join()

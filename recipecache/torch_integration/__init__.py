@@ -125,6 +125,8 @@ def enable(
                 metrics.fallback(Reason.TORCH_INTERNALS, message)
             elif message:
                 log.warning("recipecache: %s", message)
+        if _session.hooked and "rank_binding" in on:
+            _warn_per_rank_graphs()
         if _session.hooked and want_tier and "precompiled" in on:
             try:
                 from . import precompile as tier
@@ -145,6 +147,22 @@ def enable(
             _session.exit_hook = True
         log.info("recipecache: torch.compile caches go to %s (namespace %s)", store.url, store.namespace)
         return store
+
+
+def _warn_per_rank_graphs() -> None:
+    """Say at startup when this rank's graphs with collectives will be compiled per rank, and why (issue 27).
+
+    torch's compile_on_one_rank makes a DTensor graph read its process groups from a device mesh
+    it holds as a constant, which a graph loaded from a cache lacks: such graphs stay keyed per
+    rank (:mod:`.rank_binding`). A flag turned on later in the script is seen at the first such
+    graph (fallback ``rank_bound``, warned once, in the report).
+    """
+    from .precompile_keys import compile_on_one_rank
+
+    if compile_on_one_rank():
+        log.warning("recipecache: torch's compile_on_one_rank is on: graphs that hold a device mesh (DTensor tensor "
+                    "or sequence parallel) will be compiled by every rank, not once per job (they read their process "
+                    "groups from the mesh they hold, which a graph loaded from a cache lacks); turn it off to share them")
 
 
 def disable() -> None:

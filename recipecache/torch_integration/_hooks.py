@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import pickle
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
@@ -71,6 +73,8 @@ KEY_PREFIX = "torch3:"
 #: how many times one graph lookup waits for another process's new guard variant before
 #: compiling its own without a lease (each wait needs the key to have changed meanwhile)
 VARIANT_WAITS = 4
+#: nice value of speculative background builds (a precompiled header a later compile may need): idle CPU only
+BACKGROUND_NICE = 19
 #: what ``recipecache ls`` calls each artifact kind (the ``kind`` of its envelope meta)
 KIND_NAMES = {"fx": "graph", "aot": "aot", "pgo": "pgo", "isa": "cpu_probe", "autotune": "autotune"}
 
@@ -311,6 +315,8 @@ class Integration:
         attempt = self.attempt
         offered: set[bytes] = set()
         install_failed = False
+        if self.wait_for_lease:  # a cold job's waiting ranks probe the CPU beside the rank that compiles
+            self.guarded(self.probes.probe_while_waiting, lambda: self.store.compiling(key))
         flight = self.store.begin(key, wait_timeout=self.wait_timeout, kind="fx", wait=self.wait_for_lease)
         attempt.hit_counted = flight.data is not None
         for waits in itertools.count():
@@ -485,7 +491,8 @@ class Integration:
         if described:  # what of this rank's groups the key holds, for explain (torch's lines cut the code short)
             details = [*details, *described]
         self.attempt.described = (fx_key, details, describe.function_name(fx_kwargs), describe.input_shapes(example_inputs))
-        if groups is not None and fx_key not in self._bindings and fx_key not in self._rank_bound:
+        if "rank_binding" in self.on and groups is not None and fx_key not in self._bindings \
+                and fx_key not in self._rank_bound:
             self.guarded(self._bind, fx_key, gm, example_inputs, fx_kwargs, inputs_to_check, groups)
 
     def _bind(self, fx_key: str, gm: Any, example_inputs: Any, fx_kwargs: Any, inputs_to_check: Any,
@@ -497,7 +504,8 @@ class Integration:
         except rank_binding.RankBound as exc:
             with self._lock:
                 self._rank_bound[fx_key] = exc.identity
-            self.metrics.fallback(Reason.RANK_BOUND, f"graph {fx_key[:10]}: {exc}; keyed per rank")
+            self.metrics.fallback(Reason.RANK_BOUND, f"graph {fx_key[:10]} uses this rank's process groups and is "
+                                  f"compiled by every rank that traces it, not once per job: {exc}")
             return
         if binding is not None:
             with self._lock:
@@ -598,6 +606,12 @@ class Integration:
         finds it (torch caches the result in-process; its build is file-locked, so a
         compile that asks meanwhile waits for this build instead of repeating it). A fresh
         process that only hits never waits, so it never builds one.
+
+        The build runs at the lowest CPU priority (:data:`BACKGROUND_NICE`, this thread and
+        the g++ it starts): it is speculative, and on a cold job every rank but the compiling
+        one reaches it while that rank still compiles the job's next graph. Measured (issue
+        27, 4 ranks on 2 cores, each in its own dirs): three followers' header builds at normal
+        priority were most of the job's CPU beyond the one compile, beside that compile.
         """
         if not self._followed:
             return
@@ -607,6 +621,7 @@ class Integration:
             self._warm_headers.add(arguments)
 
         def run() -> None:
+            _lower_this_threads_priority()
             try:
                 build()
             except Exception:  # torch builds it itself when a compile needs it
@@ -619,6 +634,17 @@ class Integration:
         self.end_attempt()
         self.release_all()
         self.keys.close()
+
+
+def _lower_this_threads_priority() -> None:
+    """This thread, and the processes it starts, at :data:`BACKGROUND_NICE` (Linux, where a thread has its own
+    nice value; elsewhere nothing changes: the call would name the whole process)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+    except OSError as exc:  # a container that forbids it: the build runs at the process's priority
+        log.debug("recipecache: background build at normal priority: %s", exc)
 
 
 def _guards_of(entry: bytes) -> str | None:

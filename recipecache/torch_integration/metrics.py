@@ -95,6 +95,8 @@ class Metrics:
         self._fallbacks: Counter[str] = Counter()
         #: fallback reasons warned about (once each), counted here or by the store
         self._warned: set[str] = set()
+        #: reason -> what its first fallback here said (the warning's text): the report says why, not only how often
+        self._fallback_details: dict[str, str] = {}
         self._kernels = {"installed": 0, "shipped": 0}
         self._precompile_fallbacks: Counter[str] = Counter()
         #: why each of the tier's first fallbacks happened (:meth:`precompile_fallback`), bounded
@@ -142,6 +144,8 @@ class Metrics:
         with self._lock:
             first = reason not in self._warned
             self._warned.add(reason)
+            if first:
+                self._fallback_details[str(reason)] = _bounded(detail)
             if not counted_by_store:
                 self._fallbacks[reason] += 1
         if first:
@@ -238,6 +242,7 @@ class Metrics:
                 "saved_s": round(self._saved_s, 6),
                 "refused": sum(n for reason, n in misses.items() if reason in REFUSED),
                 "fallbacks": dict(fallbacks),
+                "fallback_details": dict(self._fallback_details),
                 "lookups": lookups,
                 "kernels": dict(self._kernels),
                 "precompile_fallbacks": {str(k): v for k, v in self._precompile_fallbacks.items()},
