@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from redis_server import free_port
+from redis_server import HungPeer, free_port
 from deploy_support import JOB_PASSWORD, start_deployed
 
 import recipecache
@@ -41,7 +41,7 @@ def by_name(checks: list[doctor.HealthCheck]) -> dict[str, doctor.HealthCheck]:
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("RECIPECACHE_")} | (env or {})
     return subprocess.run([sys.executable, "-m", "recipecache.tools.cli", "doctor", *args], capture_output=True, text=True,
-                          env=environ, timeout=120, check=False)
+                          env=environ, timeout=600, check=False)  # a hang guard
 
 
 def test_good_filesystem_store_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,6 +73,36 @@ def test_cli_exit_status_and_one_line_per_check(tmp_path: Path) -> None:
     bad = run_cli("--url", "redis://127.0.0.1:notaport/0")
     assert (bad.returncode, bad.stdout) == (2, "")
     assert len(bad.stderr.splitlines()) == 1 and bad.stderr.startswith("recipecache: error: bad cache URL")
+
+
+@pytest.mark.parametrize("form", ["plain", "cluster", "sentinel"])
+def test_a_server_that_never_answers_is_one_failed_line(form: str, tmp_path: Path) -> None:
+    """Issue 28: a listener that accepts and never replies (a stopped server) is the store check's one failed
+    line, which says how long it waited, and the other checks run; the subprocess's timeout only guards a hang."""
+    with HungPeer() as peer:
+        url = {"plain": f"redis://127.0.0.1:{peer.port}/0", "cluster": f"redis+cluster://127.0.0.1:{peer.port}",
+               "sentinel": f"redis+sentinel://127.0.0.1:{peer.port}/svc"}[form]
+        proc = run_cli("--url", url, env={"RECIPECACHE_NODE_DIR": str(tmp_path / "node")})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 1 and failed[0].split()[1] == "store", proc.stdout
+    assert f"no answer within {doctor.PROBE_TIMEOUT_S:g} s" in failed[0] and "fix:" in failed[0]
+    names = [line[6:18].rstrip() for line in proc.stdout.splitlines()[:-1]]  # "FAIL  store        ..."
+    assert names == ["store", *EXPECTED[5:]], "the rest ran"
+    assert proc.stderr == ""
+
+
+def test_the_store_checks_together_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many calls the store's checks make, they get one budget: here less than one call's timeout, so
+    the call blocked on a listener that never answers is still waiting when doctor stops waiting for it."""
+    monkeypatch.setattr(doctor, "STORE_CHECKS_BUDGET", 0.25)
+    with HungPeer() as peer:
+        checks = doctor.run_checks(f"redis://127.0.0.1:{peer.port}/0?timeout=60")
+        assert peer.connections >= 1, "the check asked the server"
+    assert checks[0].name == "store" and checks[0].failed, doctor.format_checks(checks)
+    assert checks[0].detail == f"redis://127.0.0.1:{peer.port}/0?timeout=60: no answer within 15 s (the store's checks together)"
+    assert [c.name for c in checks] == ["store", *EXPECTED[5:]], "the other checks ran meanwhile"
+    assert doctor.exit_status(checks) == 1
 
 
 def test_malformed_urls_are_bad_input() -> None:
