@@ -140,6 +140,8 @@ class LaunchConfig:
             environ.pop(env.SECRET, None)  # the explicit option wins over the inherited secret
         if self.rank_dirs is not None:
             environ[env.RANK_DIRS] = str(self.rank_dirs)
+        else:  # an inherited one (a user's export, an outer job's) is not this job's option
+            environ.pop(env.RANK_DIRS, None)
         if self.node_dir is not None:
             environ[env.NODE_DIR] = self.node_dir
         else:

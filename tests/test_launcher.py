@@ -194,6 +194,25 @@ def test_rank_env_wiring(script: Path, tmp_path: Path) -> None:
     assert config.report_path == tmp_path / "run" / "report.json"
 
 
+def test_an_inherited_rank_dirs_is_not_this_jobs(script: Path, tmp_path: Path) -> None:
+    """Issue 28: RECIPECACHE_RANK_DIRS=/dev/null in the user's environment reached every rank, whose bootstrap
+    raised (a traceback per rank and the job failed): the variable is --rank-dirs' wiring, not a setting."""
+    assert "RECIPECACHE_RANK_DIRS" not in config_for(str(script)).rank_env({"RECIPECACHE_RANK_DIRS": "/dev/null"})
+    given = config_for("--rank-dirs", str(tmp_path / "d"), str(script)).rank_env({"RECIPECACHE_RANK_DIRS": "/x"})
+    assert given["RECIPECACHE_RANK_DIRS"] == str(tmp_path / "d")
+
+
+def test_a_rank_dirs_a_rank_cannot_create_is_one_line(script: Path, tmp_path: Path) -> None:
+    """The bootstrap started by hand (or by an outer job) with a RECIPECACHE_RANK_DIRS it cannot create under."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RECIPECACHE_")}
+    proc = subprocess.run([sys.executable, "-m", "launcher.bootstrap", str(script)], capture_output=True, text=True,
+                          env={**environ, "RECIPECACHE_RANK_DIRS": "/dev/null", "RANK": "3"}, cwd=tmp_path,
+                          timeout=600, check=False)  # a hang guard
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "", "the script did not run"
+    assert proc.stderr.count("\n") == 1 and "rank 3: RECIPECACHE_RANK_DIRS='/dev/null': cannot create" in proc.stderr
+
+
 def test_no_stall_wiring(script: Path, tmp_path: Path) -> None:
     config = config_for("--no-stall", "--exit-grace", "50", str(script))
     env = config.rank_env({})
