@@ -224,11 +224,17 @@ class LaunchConfig:
         return config
 
 
+#: the most processes, and threads per process, a node is given: far beyond any machine's cores (issue 28: --nproc
+#: 10**20 hung the launcher, --threads 10**400 reached every rank's OMP_NUM_THREADS)
+MOST_PER_NODE = 4096
+
+
 def _nproc(text: str) -> str:
     if text in NPROC_WORDS:
         return text
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"--nproc must be a positive number of processes or one of {', '.join(NPROC_WORDS)}, got {text!r}")
+    if not text.isdigit() or not 1 <= int(text) <= MOST_PER_NODE:
+        raise ConfigError(f"--nproc must be a number of processes from 1 to {MOST_PER_NODE} or one of "
+                          f"{', '.join(NPROC_WORDS)}, got {text[:64]!r}")
     return str(int(text))
 
 
@@ -240,13 +246,13 @@ def _threads(given: int | None, nproc: str) -> int | None:
     can differ between nodes, so heterogeneous multi-node jobs should pass ``--threads``.
     """
     if given is not None:
-        if given < 1:
-            raise ConfigError(f"--threads must be at least 1, got {given}")
+        if not 1 <= given <= MOST_PER_NODE:
+            raise ConfigError(f"--threads must be from 1 to {MOST_PER_NODE}, got {str(given)[:64]}")
         return given
     text = os.environ.get("OMP_NUM_THREADS")
     if text:
-        if not text.isdigit() or int(text) < 1:
-            raise ConfigError(f"OMP_NUM_THREADS={text!r} is not a positive number")
+        if not text.isdigit() or not 1 <= int(text) <= MOST_PER_NODE:
+            raise ConfigError(f"OMP_NUM_THREADS={text[:64]!r} is not a number from 1 to {MOST_PER_NODE}")
         return int(text)
     return None if nproc == "1" else 1
 
