@@ -207,7 +207,7 @@ class LaunchConfig:
             secret_file=_secret_file(args.secret_file),
             exit_grace_s=(DEFAULT_EXIT_GRACE_S if args.exit_grace is None
                           else env.positive_seconds("--exit-grace", args.exit_grace, EXIT_GRACE_RANGE_S)),
-            rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
+            rank_dirs=_rank_dirs(args.rank_dirs),
             node_dir=_node_dir(args),
             prewarm=args.prewarm or env.switch(env.PREWARM),
             precompile=args.precompile or env.switch(env.PRECOMPILE),
@@ -255,6 +255,19 @@ def _threads(given: int | None, nproc: str) -> int | None:
             raise ConfigError(f"OMP_NUM_THREADS={text[:64]!r} is not a number from 1 to {MOST_PER_NODE}")
         return int(text)
     return None if nproc == "1" else 1
+
+
+def _rank_dirs(text: str | None) -> Path | None:
+    """``--rank-dirs``, created here: one every rank cannot create its directory under is bad input, said once,
+    not a failed rank each (issue 28: /dev/null failed every rank, under torchrun's traceback)."""
+    if not text:
+        return None
+    path = Path(text).absolute()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--rank-dirs {str(path)[:200]}: {exc.strerror or exc}") from None
+    return path
 
 
 def _positive(option: str, value: int) -> int:

@@ -306,6 +306,8 @@ def bad_inputs(tmp_path: Path, script: Path) -> dict[str, list[str]]:
         # issue 28: --nproc 10**20 hung the launcher; --threads 10**400 reached every rank's OMP_NUM_THREADS
         "nproc huge": ["--nproc", "9" * 20, str(script)],
         "threads huge": ["--threads", "9" * 400, str(script)],
+        "rank dirs a device": ["--rank-dirs", "/dev/null", str(script)],
+        "rank dirs too long a name": ["--rank-dirs", str(tmp_path / ("d" * 300)), str(script)],
         "unknown scheme": ["--cache", "foo://bar", str(script)],
         "bad redis port": ["--cache", "redis://127.0.0.1:notaport/0", str(script)],
         "unknown url option": ["--cache", "redis://127.0.0.1:6379/0?bogus=1", str(script)],
