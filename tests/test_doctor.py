@@ -4,8 +4,10 @@ deploy/ ACL user), a dead store, a malformed URL, an unsafe directory, a bad sig
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,23 +88,28 @@ def test_a_server_that_never_answers_is_one_failed_line(form: str, tmp_path: Pat
     assert proc.returncode == 1, proc.stdout + proc.stderr
     failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
     assert len(failed) == 1 and failed[0].split()[1] == "store", proc.stdout
-    assert f"no answer within {doctor.PROBE_TIMEOUT_S:g} s" in failed[0] and "fix:" in failed[0]
+    # a call's timeout, or on a machine too busy to run the checks' thread, their budget: either says how long
+    assert re.search(r"no answer within \d+(\.\d+)? s", failed[0]) and "fix:" in failed[0], failed[0]
     names = [line[6:18].rstrip() for line in proc.stdout.splitlines()[:-1]]  # "FAIL  store        ..."
     assert names == ["store", *EXPECTED[5:]], "the rest ran"
     assert proc.stderr == ""
 
 
-def test_the_store_checks_together_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """However many calls the store's checks make, they get one budget: here less than one call's timeout, so
-    the call blocked on a listener that never answers is still waiting when doctor stops waiting for it."""
-    monkeypatch.setattr(doctor, "STORE_CHECKS_BUDGET", 0.25)
+def test_the_store_checks_together_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many calls the store's checks make, they get one budget: here far less than one call's timeout
+    (600 s, the most a URL may set), so the call blocked on a listener that never answers is still waiting
+    when doctor stops waiting for it, however slow the machine (the other checks' running beside it is in
+    test_a_server_that_never_answers_is_one_failed_line)."""
+    monkeypatch.setattr(doctor, "STORE_CHECKS_BUDGET", 0.001)
     with HungPeer() as peer:
-        checks = doctor.run_checks(f"redis://127.0.0.1:{peer.port}/0?timeout=60")
-        assert peer.connections >= 1, "the check asked the server"
-    assert checks[0].name == "store" and checks[0].failed, doctor.format_checks(checks)
-    assert checks[0].detail == f"redis://127.0.0.1:{peer.port}/0?timeout=60: no answer within 15 s (the store's checks together)"
-    assert [c.name for c in checks] == ["store", *EXPECTED[5:]], "the other checks ran meanwhile"
-    assert doctor.exit_status(checks) == 1
+        url = f"redis://127.0.0.1:{peer.port}/0?timeout=600"
+        checks = doctor._StoreChecks(url, None).result()
+        assert [(c.name, c.status, c.detail) for c in checks] == [
+            ("store", "fail", f"{url}: no answer within 0.6 s (the store's checks together)")]
+        hang_guard = time.monotonic() + 120
+        while not peer.connections:  # the checks went on in their thread: they did ask the server
+            assert time.monotonic() < hang_guard, "the store's checks never connected"
+            time.sleep(0.05)
 
 
 def test_malformed_urls_are_bad_input() -> None:
