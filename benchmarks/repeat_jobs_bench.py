@@ -19,7 +19,12 @@ Layout under ``--dir`` (default: a new temp directory, kept if a check fails)::
 After each job: the processes that carry the job's marker in their environment (the
 launcher, torchrun, the ranks, no-stall workers, inductor's compile workers: every process
 the job started inherits it), waited for at most ``--linger`` seconds to be gone; then the
-sizes and ``TMPDIR``'s entries. Printed per job and in a summary, with the checks::
+sizes and ``TMPDIR``'s entries. While a job runs, its processes are read in ``/proc`` every
+:data:`SAMPLE_S`: each one's peak RSS (``VmHWM``, the kernel's high-water mark, so no peak is
+missed between readings) and open fds as last seen (its fds at exit, near enough), for the
+launcher, the ranks (``launcher.bootstrap``) and the rest (torchrun, workers) apart; a leak
+shows as growth from the first warm jobs to the last. Printed per job and in a summary, with
+the checks::
 
     python benchmarks/repeat_jobs_bench.py [--jobs 50] [--dir DIR] [--store-cap 256MiB] [--node-cap 256MiB]
 
@@ -38,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -75,6 +81,68 @@ def job_processes(marker: str) -> list[int]:
     return found
 
 
+#: seconds between two readings of a running job's processes in /proc
+SAMPLE_S = 0.5
+#: what a job's processes are, by their command line: the launcher is the process the bench started
+ROLES = ("launcher", "ranks", "others")
+
+
+def role_of(pid: int, launcher: int) -> str:
+    if pid == launcher:
+        return "launcher"
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "others"
+    return "ranks" if b"launcher.bootstrap" in cmdline else "others"
+
+
+def footprint(pid: int) -> tuple[int, int] | None:
+    """``(peak RSS in bytes, open fds)`` of a live process, None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+    hwm = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")), "0")
+    return int(hwm) * 1024, fds
+
+
+class Footprints:
+    """Each process of one job as last read: its role, peak RSS and fds; read until :meth:`stop`."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.launcher = 0
+        self.seen: dict[int, tuple[str, int, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="footprints", daemon=True)
+
+    def start(self, launcher: int) -> None:
+        self.launcher = launcher
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            for pid in job_processes(self.marker):
+                read = footprint(pid)
+                if read is not None:
+                    role = self.seen[pid][0] if pid in self.seen else role_of(pid, self.launcher)
+                    self.seen[pid] = (role, *read)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, tuple[int, int]]:
+        """Per role: the largest peak RSS and the most fds last seen of any one process of it (0, 0 if none)."""
+        out = {}
+        for role in ROLES:
+            mine = [(rss, fds) for r, rss, fds in self.seen.values() if r == role]
+            out[role] = (max((m[0] for m in mine), default=0), max((m[1] for m in mine), default=0))
+        return out
+
+
 def size_of(path: Path) -> int:
     """Bytes of the regular files under ``path`` (no link followed)."""
     total = 0
@@ -104,8 +172,17 @@ def run_job(base: Path, index: int, store_url: str, timeout: float) -> dict[str,
            "--no-stall", "--precompile", "--quiet", "--run-dir", str(run_dir),
            str(SCRIPT), "--steps", "4", "--pause", "0", "--out", str(run_dir / "out.json")]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, cwd=base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, check=False)
+    footprints = Footprints(marker)
+    with subprocess.Popen(cmd, env=env, cwd=base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as launcher:
+        footprints.start(launcher.pid)
+        try:
+            output, _ = launcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            output, _ = launcher.communicate()
+        finally:
+            footprints.stop()
     wall = time.perf_counter() - start
     left = job_processes(marker)
     deadline = time.monotonic() + ARGS.linger
@@ -115,12 +192,22 @@ def run_job(base: Path, index: int, store_url: str, timeout: float) -> dict[str,
     shutil.rmtree(inductor, ignore_errors=True)
     tmp_entries = sorted(set(os.listdir(base / "tmp")) - {TORCH_TMP})
     return {
-        "rc": proc.returncode, "wall_s": wall, "left": left, "tmp": tmp_entries,
+        "rc": launcher.returncode, "wall_s": wall, "left": left, "tmp": tmp_entries,
         "torch_tmp": size_of(base / "tmp" / TORCH_TMP),
         "store": size_of(base / "store"), "store_files": count_files(base / "store"),
         "node": size_of(base / "node"), "node_files": count_files(base / "node"),
-        "run_dir": size_of(run_dir), "output": proc.stdout,
+        "run_dir": size_of(run_dir), "output": output, "footprint": footprints.summary(),
     }
+
+
+def footprint_line(readings: list[tuple[int, int]]) -> str:
+    """One role's peak RSS and fds at exit over the jobs: the largest, and the first warm jobs' median against
+    the last jobs' (a leak grows from one to the other)."""
+    first, last = readings[1:6] or readings, readings[-5:]
+    return (f"peak RSS max {max(m for m, _ in readings) / 1e6:.0f} MB, median {statistics.median(m for m, _ in first) / 1e6:.0f} MB "
+            f"(jobs 1-5) -> {statistics.median(m for m, _ in last) / 1e6:.0f} MB (last 5); fds at exit max "
+            f"{max(f for _, f in readings)}, median {statistics.median(f for _, f in first):g} -> "
+            f"{statistics.median(f for _, f in last):g}")
 
 
 def main() -> int:
@@ -143,7 +230,8 @@ def main() -> int:
     print(f"{ARGS.jobs} jobs of {RANKS} ranks, --no-stall --precompile, in {base}; load {os.getloadavg()[0]:.1f}",
           flush=True)
     print(f"{'job':>4} {'rc':>3} {'wall s':>7} {'left':>4} {'tmp':>4} {'store MB':>9} {'files':>6} "
-          f"{'node MB':>8} {'files':>6} {'run KB':>7} {'torch tmp MB':>12}", flush=True)
+          f"{'node MB':>8} {'files':>6} {'run KB':>7} {'torch tmp MB':>12}  "
+          + "  ".join(f"{role + ' MB/fds':>16}" for role in ROLES), flush=True)
     failures: list[str] = []
     results = []
     for index in range(ARGS.jobs):
@@ -151,7 +239,9 @@ def main() -> int:
         results.append(r)
         print(f"{index:>4} {r['rc']:>3} {r['wall_s']:>7.1f} {len(r['left']):>4} {len(r['tmp']):>4} "
               f"{r['store'] / 1e6:>9.2f} {r['store_files']:>6} {r['node'] / 1e6:>8.2f} {r['node_files']:>6} "
-              f"{r['run_dir'] / 1e3:>7.1f} {r['torch_tmp'] / 1e6:>12.1f}", flush=True)
+              f"{r['run_dir'] / 1e3:>7.1f} {r['torch_tmp'] / 1e6:>12.1f}  "
+              + "  ".join(f"{rss / 1e6:>11.0f}/{fds:<4}" for rss, fds in r["footprint"].values()),  # type: ignore[attr-defined]
+              flush=True)
         if r["rc"] != 0:
             failures.append(f"job {index} exited {r['rc']}: {str(r['output'])[-2000:]}")
         if r["left"]:
@@ -176,6 +266,8 @@ def main() -> int:
           f"{results[min(1, len(results) - 1)]['node_files']} -> last {results[-1]['node_files']}")
     print(f"  run dir per job: first {runs[0] / 1e3:.1f} KB, median {statistics.median(runs) / 1e3:.1f} KB, "
           f"last {runs[-1] / 1e3:.1f} KB")
+    for role in ROLES:
+        print(f"  {role}: {footprint_line([r['footprint'][role] for r in results])}")  # type: ignore[index]
     if warm:
         print(f"  warm job wall: median {statistics.median(warm):.1f} s, max {max(warm):.1f} s; "
               f"cold {float(results[0]['wall_s']):.1f} s")  # type: ignore[arg-type]

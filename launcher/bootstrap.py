@@ -57,7 +57,12 @@ def use_rank_dirs(environ: MutableMapping[str, str]) -> None:
     rank_dir = Path(base) / f"rank{environ.get('RANK', '0')}"
     for name, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TMPDIR", "tmp")):
         path = rank_dir / sub
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # bad input: one line and status 2, as a setting enable() refuses
+            print(f"recipecache: error: rank {env.process_rank(environ)}: {env.RANK_DIRS}={base!r}: cannot create "
+                  f"{path}: {exc.strerror or exc}", file=sys.stderr)
+            sys.exit(2)
         environ[name] = str(path)
 
 

@@ -38,6 +38,8 @@ PROBE_TIMEOUT_S = 3.0
 METRICS_NAME = "metrics-rank{rank}.json"
 #: ``--hpu-max-size-mb`` unless given: the node's recipe directory cap
 DEFAULT_HPU_MAX_SIZE_MB = 1024
+#: ``--hpu-max-size-mb`` accepted: a petabyte, past any node's disk (the bridge reads it as a whole number)
+MOST_HPU_SIZE_MB = 1 << 30
 #: ``--exit-grace`` accepted, in seconds: a rank's share of it becomes timeouts in every rank, and a grace
 #: over a day would hold a hung job that long
 EXIT_GRACE_RANGE_S = (1.0, 86400.0)
@@ -140,6 +142,8 @@ class LaunchConfig:
             environ.pop(env.SECRET, None)  # the explicit option wins over the inherited secret
         if self.rank_dirs is not None:
             environ[env.RANK_DIRS] = str(self.rank_dirs)
+        else:  # an inherited one (a user's export, an outer job's) is not this job's option
+            environ.pop(env.RANK_DIRS, None)
         if self.node_dir is not None:
             environ[env.NODE_DIR] = self.node_dir
         else:
@@ -208,14 +212,15 @@ class LaunchConfig:
             exit_grace_s=(env.DEFAULT_EXIT_GRACE_S if args.exit_grace is None
                           else env.positive_seconds(given_as(args, "exit_grace"), args.exit_grace,
                                                     EXIT_GRACE_RANGE_S)),
-            rank_dirs=Path(args.rank_dirs).absolute() if args.rank_dirs else None,
+            rank_dirs=_rank_dirs(args),
             node_dir=_node_dir(args),
             prewarm=args.prewarm,
             precompile=args.precompile,
             no_stall=args.no_stall,
             hpu_dir=_hpu_dir(args, namespace),
             hpu_max_size_mb=(DEFAULT_HPU_MAX_SIZE_MB if args.hpu_max_size_mb is None
-                             else _whole_number(given_as(args, "hpu_max_size_mb"), args.hpu_max_size_mb)),
+                             else _whole_number(given_as(args, "hpu_max_size_mb"), args.hpu_max_size_mb,
+                                              MOST_HPU_SIZE_MB)),
             hpu_clear=args.hpu_clear,
             quiet=args.quiet,
             torchrun_options=options,
@@ -226,11 +231,17 @@ class LaunchConfig:
         return config
 
 
+#: the most processes, and threads per process, a node is given: far beyond any machine's cores (issue 28: --nproc
+#: 10**20 hung the launcher, --threads 10**400 reached every rank's OMP_NUM_THREADS)
+MOST_PER_NODE = 4096
+
+
 def _nproc(text: str) -> str:
     if text in NPROC_WORDS:
         return text
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"--nproc must be a positive number of processes or one of {', '.join(NPROC_WORDS)}, got {text!r}")
+    if not text.isdigit() or not 1 <= int(text) <= MOST_PER_NODE:
+        raise ConfigError(f"--nproc must be a number of processes from 1 to {MOST_PER_NODE} or one of "
+                          f"{', '.join(NPROC_WORDS)}, got {text[:64]!r}")
     return str(int(text))
 
 
@@ -242,18 +253,32 @@ def _threads(args: argparse.Namespace, nproc: str) -> int | None:
     can differ between nodes, so heterogeneous multi-node jobs should pass ``--threads``.
     """
     if args.threads is not None:
-        return _whole_number(given_as(args, "threads"), args.threads)
+        return _whole_number(given_as(args, "threads"), args.threads, MOST_PER_NODE)
     text = os.environ.get("OMP_NUM_THREADS")
     if text:
-        return _whole_number("OMP_NUM_THREADS", text)
+        return _whole_number("OMP_NUM_THREADS", text, MOST_PER_NODE)
     return None if nproc == "1" else 1
 
 
-def _whole_number(name: str, text: str) -> int:
-    """``text`` as a whole number >= 1; the one error for a bad count, named by the option or variable it came by."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ConfigError(f"{name}={text!r} must be a whole number, at least 1")
+def _whole_number(name: str, text: str, most: int) -> int:
+    """``text`` as a whole number from 1 to ``most``; the one error for a bad count, named by the option or
+    variable it came by (a huge one echoed cut short: issue 28's --threads 10**400 reached every rank)."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= most:
+        raise ConfigError(f"{name}={text[:64]!r} must be a whole number from 1 to {most}")
     return int(text)
+
+
+def _rank_dirs(args: argparse.Namespace) -> Path | None:
+    """``--rank-dirs``, created here: one every rank cannot create its directory under is bad input, said once,
+    not a failed rank each (issue 28: /dev/null failed every rank, under torchrun's traceback)."""
+    if not args.rank_dirs:
+        return None
+    path = Path(args.rank_dirs).absolute()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{given_as(args, 'rank_dirs')} {str(path)[:200]}: {exc.strerror or exc}") from None
+    return path
 
 
 def _hpu_dir(args: argparse.Namespace, namespace: str) -> Path | None:

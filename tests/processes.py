@@ -8,11 +8,16 @@ import time
 from pathlib import Path
 
 
-def kill_once_ready(proc: subprocess.Popen[bytes], ready: Path, what: str, timeout: float = 60.0) -> None:
-    """Wait until ``proc`` writes ``ready`` (it is in the middle of its work), then SIGKILL it, as a crash."""
+def wait_until_ready(proc: subprocess.Popen[bytes], ready: Path, what: str, timeout: float = 120.0) -> None:
+    """Wait until ``proc`` writes ``ready`` (it is in the middle of its work); ``timeout`` only guards a hang."""
     deadline = time.monotonic() + timeout
     while not ready.exists():
         assert proc.poll() is None and time.monotonic() < deadline, f"{what} never started"
         time.sleep(0.02)
+
+
+def kill_once_ready(proc: subprocess.Popen[bytes], ready: Path, what: str, timeout: float = 120.0) -> None:
+    """Wait until ``proc`` writes ``ready`` (it is in the middle of its work), then SIGKILL it, as a crash."""
+    wait_until_ready(proc, ready, what, timeout)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -186,7 +186,7 @@ class RedisSentinel:
         assert binary is not None
         self.proc = subprocess.Popen([binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a hang guard: it waits for the answer
         while time.monotonic() < deadline:
             try:
                 answer = redis.Redis(port=self.port, socket_timeout=1).execute_command(

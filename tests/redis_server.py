@@ -45,7 +45,7 @@ class RedisServer:
             f"protected-mode yes\nlogfile {self.workdir / 'redis.log'}\n{self.config}\n"
         )
         self.proc = subprocess.Popen([self.binary, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # a hang guard: it waits for the port to answer
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode() if self.proc.stderr else ""

@@ -18,7 +18,7 @@ from recipecache.tools import admin
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "recipecache.tools.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=60)
+                          env={**os.environ, **(env or {})}, timeout=300)  # a hang guard
 
 
 @pytest.fixture
@@ -279,12 +279,25 @@ def test_unreachable_redis_is_one_line_exit_1() -> None:
         # issue 34: these raised tracebacks
         (["sim", "--seed", "-1"], {}, "seed"),
         (["ls", "--url", "redis://" + "a" * 300 + ":6379/0"], {}, "bad host"),
+        # issue 28: numpy raised "Maximum allowed dimension exceeded"
+        (["sim", "--ranks", "9" * 20], {}, "ranks must be at most 1,048,576"),
+        (["sim", "--shapes", "9" * 20], {}, "shapes must be at most"),
+        (["sim", "--steps", "9" * 20], {}, "steps must be at most"),
     ],
 )
 def test_more_bad_input_is_one_line_and_exit_2(args: list[str], env: dict[str, str], message: str) -> None:
     proc = run(*args, env=env)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("command", ["explain", "trace"])
+def test_a_run_dir_the_system_refuses_is_one_line(command: str) -> None:
+    """Issue 28: a run directory name longer than the system takes raised OSError (ENAMETOOLONG) as a traceback."""
+    proc = run(command, "r" * 300)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("recipecache: error: [Errno 36] File name too long") and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 

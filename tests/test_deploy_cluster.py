@@ -114,7 +114,7 @@ def deployed_cluster_nodes(tmp_path: Path, count: int) -> Iterator[list[int]]:
             procs.append(subprocess.Popen(["sh", str(REDIS_DIR / "start-redis.sh"), *args], env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
             ports.append(port)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a hang guard
         for port, proc in zip(ports, procs):
             while True:
                 try:
@@ -151,7 +151,7 @@ def test_cluster_nodes_from_the_deploy_files_serve_the_job_user(tmp_path: Path) 
         assert created.returncode == 0, created.stdout + created.stderr
         again = create_cluster(tmp_path, ports)
         assert again.returncode == 0 and "already form a cluster" in again.stdout
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a hang guard
         while not all(b"cluster_state:ok" in admin(p).execute_command("CLUSTER", "INFO") for p in ports):
             assert time.monotonic() < deadline, "the cluster did not form"
             time.sleep(0.1)

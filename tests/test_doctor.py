@@ -4,12 +4,14 @@ deploy/ ACL user), a dead store, a malformed URL, an unsafe directory, a bad sig
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from redis_server import free_port
+from redis_server import HungPeer, free_port
 from deploy_support import JOB_PASSWORD, start_deployed
 
 import recipecache
@@ -41,7 +43,7 @@ def by_name(checks: list[doctor.HealthCheck]) -> dict[str, doctor.HealthCheck]:
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("RECIPECACHE_")} | (env or {})
     return subprocess.run([sys.executable, "-m", "recipecache.tools.cli", "doctor", *args], capture_output=True, text=True,
-                          env=environ, timeout=120, check=False)
+                          env=environ, timeout=600, check=False)  # a hang guard
 
 
 def test_good_filesystem_store_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,6 +75,41 @@ def test_cli_exit_status_and_one_line_per_check(tmp_path: Path) -> None:
     bad = run_cli("--url", "redis://127.0.0.1:notaport/0")
     assert (bad.returncode, bad.stdout) == (2, "")
     assert len(bad.stderr.splitlines()) == 1 and bad.stderr.startswith("recipecache: error: bad cache URL")
+
+
+@pytest.mark.parametrize("form", ["plain", "cluster", "sentinel"])
+def test_a_server_that_never_answers_is_one_failed_line(form: str, tmp_path: Path) -> None:
+    """Issue 28: a listener that accepts and never replies (a stopped server) is the store check's one failed
+    line, which says how long it waited, and the other checks run; the subprocess's timeout only guards a hang."""
+    with HungPeer() as peer:
+        url = {"plain": f"redis://127.0.0.1:{peer.port}/0", "cluster": f"redis+cluster://127.0.0.1:{peer.port}",
+               "sentinel": f"redis+sentinel://127.0.0.1:{peer.port}/svc"}[form]
+        proc = run_cli("--url", url, env={"RECIPECACHE_NODE_DIR": str(tmp_path / "node")})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 1 and failed[0].split()[1] == "store", proc.stdout
+    # a call's timeout, or on a machine too busy to run the checks' thread, their budget: either says how long
+    assert re.search(r"no answer within \d+(\.\d+)? s", failed[0]) and "fix:" in failed[0], failed[0]
+    names = [line[6:18].rstrip() for line in proc.stdout.splitlines()[:-1]]  # "FAIL  store        ..."
+    assert names == ["store", *EXPECTED[5:]], "the rest ran"
+    assert proc.stderr == ""
+
+
+def test_the_store_checks_together_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many calls the store's checks make, they get one budget: here far less than one call's timeout
+    (600 s, the most a URL may set), so the call blocked on a listener that never answers is still waiting
+    when doctor stops waiting for it, however slow the machine (the other checks' running beside it is in
+    test_a_server_that_never_answers_is_one_failed_line)."""
+    monkeypatch.setattr(doctor, "STORE_CHECKS_BUDGET", 0.001)
+    with HungPeer() as peer:
+        url = f"redis://127.0.0.1:{peer.port}/0?timeout=600"
+        checks = doctor._StoreChecks(url, None).result()
+        assert [(c.name, c.status, c.detail) for c in checks] == [
+            ("store", "fail", f"{url}: no answer within 0.6 s (the store's checks together)")]
+        hang_guard = time.monotonic() + 120
+        while not peer.connections:  # the checks went on in their thread: they did ask the server
+            assert time.monotonic() < hang_guard, "the store's checks never connected"
+            time.sleep(0.05)
 
 
 def test_malformed_urls_are_bad_input() -> None:

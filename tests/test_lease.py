@@ -8,6 +8,7 @@ import logging
 import threading
 
 import pytest
+from lease_spy import finds_lease_held
 
 from recipecache.backends.memory import MemoryBackend
 from recipecache.lease import PROGRESS_EVERY_S, SingleFlight, describe_holder, new_token
@@ -61,6 +62,7 @@ def test_waiter_is_woken_by_the_release_not_by_polling() -> None:
     published: list[bytes] = []
     fetches = 0
     leader_holds = threading.Event()
+    follower_waits = finds_lease_held(backend)
 
     def fetch() -> bytes | None:
         nonlocal fetches
@@ -70,7 +72,10 @@ def test_waiter_is_woken_by_the_release_not_by_polling() -> None:
     def leader() -> None:
         assert backend.lease_add(NAME, HOLDER, 30)
         leader_holds.set()
-        threading.Event().wait(1.0)  # compiling; a poller would look ~6 times meanwhile
+        # issue 28: published only once the follower waits (on a loaded machine it looked after a fixed 1 s, found
+        # the artifact at once and looked once), then compiling on; a poller would look ~6 times meanwhile
+        assert follower_waits.wait(60)
+        threading.Event().wait(1.0)
         published.append(b"artifact")
         backend.lease_release(NAME, HOLDER)
 

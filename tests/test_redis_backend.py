@@ -410,7 +410,9 @@ def test_a_manifest_that_understates_its_chunks_fetches_none_of_them(redis_url: 
 
 
 # -- a server that never answers; faults of one key (issue 18, items 2 and 3) ---------------
-TIMEOUT_S = 1.0
+#: each call's timeout; a call may take 3 of them, the slack a busy machine needs (issue 28: 1 s left 2 s of it),
+#: while the 4 timeouts a call cost before still fail the bound
+TIMEOUT_S = 2.0
 
 
 def hung_url(form: str, port: int) -> str:
@@ -440,17 +442,20 @@ def test_a_server_that_never_answers_costs_one_timeout_per_call(form: str) -> No
             assert time.monotonic() - start < 3 * TIMEOUT_S
 
 
-def test_stats_through_a_hung_sentinel_is_one_line_within_the_timeout() -> None:
-    """Before: ``recipecache stats`` through a hung sentinel took 12 timeouts."""
+def test_stats_through_a_hung_sentinel_is_one_line_within_the_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: ``recipecache stats`` through a hung sentinel took 12 timeouts. The command runs in this process:
+    a new one's start (imports) took 13 s on a loaded machine (issue 28), which is no call of the command's."""
+    from recipecache.tools import cli
+
     with HungPeer() as peer:
         url = f"redis+sentinel://127.0.0.1:{peer.port}/svc?timeout=3"
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "recipecache.tools.cli", "stats", "--url", url],
-                              capture_output=True, text=True, timeout=120, check=False)
+        status = cli.main(["stats", "--url", url])
         took = time.monotonic() - start
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and "no sentinel knows a primary for 'svc'" in proc.stderr
-    assert took < 3 * 3, f"stats took {took:.1f} s with timeout=3 (process start included)"
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert err.count("\n") == 1 and "no sentinel knows a primary for 'svc'" in err
+    assert took < 3 * 3, f"stats took {took:.1f} s with timeout=3"
 
 
 def test_a_hung_sentinel_before_a_good_one_costs_its_share(redis_sentinel: RedisSentinel) -> None:

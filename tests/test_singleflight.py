@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from processes import kill_once_ready
+from lease_spy import finds_lease_held
+from processes import wait_until_ready
 
 import recipecache
 from recipecache.backends import open_backend
@@ -52,14 +55,25 @@ def test_16_processes_race_on_50_keys(url: str, tmp_path: Path) -> None:
 
 
 def test_leader_killed_mid_compile_is_taken_over(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader dies once the follower has found its lease held (issue 28: an event, not a time; killed first, a
+    follower slower than the dead leader's 1 s lease took a free lease on a loaded machine: no takeover)."""
     monkeypatch.setenv("RECIPECACHE_LEASE_TTL", "1")
     namespace = "kill" + secrets.token_hex(4)
     ready = tmp_path / "ready"
     leader = subprocess.Popen([sys.executable, str(WORKERS / "stuck_leader.py"), url, namespace, "k", str(ready)])
     try:
-        kill_once_ready(leader, ready, "the leader")
+        wait_until_ready(leader, ready, "the leader")
         store = recipecache.open_store(url, namespace=namespace)
-        assert store.get_or_compile("k", lambda: b"from the follower", wait_timeout=60) == b"from the follower"
+        found_held = finds_lease_held(store.backend)
+        got: list[bytes] = []
+        follower = threading.Thread(target=lambda: got.append(
+            store.get_or_compile("k", lambda: b"from the follower", wait_timeout=60)))
+        follower.start()
+        assert found_held.wait(120), "the follower never found the lease held"
+        leader.send_signal(signal.SIGKILL)
+        leader.wait()
+        follower.join(timeout=120)
+        assert got == [b"from the follower"]
         stats = store.stats()
         assert stats["takeovers"] == 1 and stats["leader"] == 1 and stats["fallback"] == 0
         assert stats["waits"] == 1 and stats["wait_s"] > 0

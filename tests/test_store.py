@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from lease_spy import finds_lease_held
 
 import recipecache
 from recipecache import envelope
@@ -291,18 +292,16 @@ def test_import_does_not_load_torch() -> None:
 
 def test_begin_with_a_stale_value_leads_or_waits_for_a_different_one() -> None:
     """A caller that cannot use what the key holds (no guard variant fits) compiles or waits for the next value."""
-    import threading
-    import time
-
     store = make_store()
     store.put("k", b"variants A")
     with store.begin("k", stale=b"variants A") as flight:
         assert (flight.role, flight.data, flight.miss_reason) == ("leader", None, "guard_rejected")
         other = make_store(store.backend)
+        waiting = finds_lease_held(other.backend)
         waited: list[object] = []
         waiter = threading.Thread(target=lambda: waited.append(other.begin("k", wait_timeout=30, stale=b"variants A")))
         waiter.start()
-        time.sleep(0.2)
+        assert waiting.wait(60), "the waiter never found the lease held"
         store.put("k", b"variants A+B")  # what the leader publishes
     waiter.join(timeout=30)
     follower = waited[0]
@@ -314,8 +313,6 @@ def test_each_lookup_and_put_is_counted_once_by_kind() -> None:
     """Issue 19, "count once": the store counts one outcome per lookup (a follower's is a hit, not a miss and a
     hit), by kind when the caller names one; a hit the caller cannot use becomes a miss once, and a stale
     begin, whose lookup the caller counted, adds none."""
-    import time
-
     from recipecache.reasons import Reason
 
     store = make_store()
@@ -323,9 +320,10 @@ def test_each_lookup_and_put_is_counted_once_by_kind() -> None:
     leader = store.begin("k", kind="fx")
     assert leader.role == "leader"
     waited: list[object] = []
+    waiting = finds_lease_held(follower.backend)
     waiter = threading.Thread(target=lambda: waited.append(follower.begin("k", kind="fx", wait_timeout=30)))
     waiter.start()
-    time.sleep(0.2)
+    assert waiting.wait(60), "the waiter never found the lease held"
     leader.publish(b"artifact")
     waiter.join(timeout=30)
     assert waited[0].role == "follower"  # type: ignore[attr-defined]

@@ -34,6 +34,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from lease_spy import finds_lease_held
 
 import recipecache
 from recipecache.envelope import read_header
@@ -543,9 +544,10 @@ def _wait_for_a_variant(integration: Any, stored: str, compiled: str, wanted: st
     leader, waiter = _another(integration), _another(integration, wait_timeout=30)
     assert _lookup(leader, _guards(compiled)) is None and leader.attempt.flight.role == "leader"
     found: list[Any] = []
+    on_the_lease = finds_lease_held(waiter.store.backend)
     waiting = threading.Thread(target=lambda: found.append(_lookup(waiter, _guards(wanted))))
     waiting.start()
-    time.sleep(0.3)  # the waiter rejects the stored variant and waits on the leader's lease
+    assert on_the_lease.wait(60), "the waiter never rejected the stored variant to wait on the leader's lease"
     leader.fx_put(FX_KEY, _fx_entry(compiled))
     waiting.join(timeout=30)
     return waiter, found

@@ -39,6 +39,12 @@ DEFAULT_RANKS_PER_NODE = 8
 MAX_COST = 1e9
 
 
+#: the largest sizes a simulation takes: far beyond any job, within what its arrays can index and what ends (issue 28:
+#: ``--ranks 10**20`` raised numpy's "Maximum allowed dimension exceeded", ``--steps 10**20`` ran for ever; 1024 ranks x
+#: 10**5 steps take 3 s of CPU)
+MOST = {"ranks": 1 << 20, "shapes": 1 << 20, "steps": 1_000_000, "ranks_per_node": 1 << 20}
+
+
 def worst_case_delays(ranks: int, shapes: int) -> int:
     """The Gaudi docs' closed form: N ranks each compiling S shapes alone stall N*(S-1)+1 steps."""
     return ranks * (shapes - 1) + 1 if shapes else 0
@@ -153,6 +159,8 @@ class Scenario:
             value = getattr(self, name)
             if value is not None and value < least:
                 raise ConfigError(f"{name} must be >= {least}, not {value}")
+            if value is not None and name in MOST and value > MOST[name]:
+                raise ConfigError(f"{name} must be at most {MOST[name]:,}, not {value}")
         if not math.isfinite(self.zipf_exponent) or self.zipf_exponent < 0:
             raise ConfigError(f"zipf exponent must be >= 0, not {self.zipf_exponent}")
         if self.schedule == "trace":

@@ -1,7 +1,7 @@
 """``recipecache``: the admin command line (argparse -> store -> one operation -> exit code).
 
 Exit status: 0 on success, 1 when the operation found a problem (bad entries left by
-``verify``, a backend that failed, a failed ``doctor`` check), 2 for bad input. Errors are
+``verify``, a backend that failed, a failed ``doctor`` check, a path the system refuses), 2 for bad input. Errors are
 one line on stderr. ``explain``, ``trace`` and ``doctor`` live in their own modules
 (:mod:`recipecache.runs.explain`, :mod:`recipecache.runs.timeline`, :mod:`recipecache.tools.doctor`).
 """
@@ -230,6 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a path the system refuses (a name too long, no permission): one line, not a traceback
+        print(f"recipecache: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ run ``recipecache doctor`` on every node and compare.
 
 A malformed URL is bad input (:class:`~recipecache.errors.URLError`, exit 2); a store
 that is down or a directory others can write is a failed check (exit 1).
+
+The whole run is bounded: the store's checks run beside the local ones (importing torch takes
+seconds) and all of them together get :data:`STORE_CHECKS_BUDGET` per-call timeouts, so a
+server that accepts connections and never answers (a stopped process, a half-open path) costs
+one bound, said in its line ("no answer within N s"), not a timeout per call.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ import hashlib
 import json
 import os
 import secrets
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from .. import env
+from ..backends import StoreURL, backend_class
 from ..errors import BackendError, ConfigError, URLError, VerificationError
 from ..health import FAIL, PASS, WARN, HealthCheck, free_space, private, writable
 from ..node_tier import default_node_dir
@@ -35,15 +42,52 @@ from ..store import Store
 
 #: variables that change torch's cache keys or what it compiles (besides OMP_NUM_THREADS)
 KEY_VARIABLE_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TORCHDYNAMO_")
-#: seconds the store's checks wait for an answer (unless the URL sets ``timeout``)
+#: seconds each of the store's calls waits for an answer (unless the URL sets ``timeout``)
 PROBE_TIMEOUT_S = 3.0
+#: per-call timeouts all the store's checks together may take (opening the store included): one call that
+#: timed out and the rest of the checks; a healthy server answers them in milliseconds
+STORE_CHECKS_BUDGET = 2
 
 
 def run_checks(url: str | None = None, *, namespace: str | None = None) -> list[HealthCheck]:
     """Every check, in the order printed; raises URLError for a malformed ``url``."""
-    checks = _store_checks(url, namespace)
-    checks += [*_node_checks(), _signing_check(), _settings_check(), *_torch_checks(), *_hpu_checks()]
-    return checks
+    store = _StoreChecks(url, namespace)
+    local = [*_node_checks(), _signing_check(), _settings_check(), *_torch_checks(), *_hpu_checks()]
+    return [*store.result(), *local]
+
+
+class _StoreChecks:
+    """The store's checks, run in a thread of their own from construction on, so that they take their time
+    beside the local checks' and :meth:`result` can stop waiting for a store that never answers."""
+
+    def __init__(self, url: str | None, namespace: str | None) -> None:
+        self._url = StoreURL.parse(resolve_url(url))  # URLError here, as bad input, not from the thread
+        backend_class(self._url)  # an unknown scheme too; and the backend's module is imported before the clock runs
+        self.budget_s = STORE_CHECKS_BUDGET * (self._url.seconds("timeout", PROBE_TIMEOUT_S) or PROBE_TIMEOUT_S)
+        self._deadline = time.monotonic() + self.budget_s
+        self._checks: list[HealthCheck] = []
+        self._error: BaseException | None = None
+        # a daemon: a call blocked on a silent server must not keep the process alive after the result
+        self._thread = threading.Thread(target=self._run, args=(namespace,), name="doctor-store", daemon=True)
+        self._thread.start()
+
+    def _run(self, namespace: str | None) -> None:
+        try:
+            self._checks = _store_checks(self._url.raw, namespace)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller of result(), which raises it
+            self._error = exc
+
+    def result(self) -> list[HealthCheck]:
+        """The checks' lines, or one failed line once the budget is spent; raises what the checks raised
+        (a malformed URL's URLError, a bad namespace's ConfigError)."""
+        self._thread.join(max(0.0, self._deadline - time.monotonic()))
+        if self._thread.is_alive():
+            return [HealthCheck("store", FAIL, f"{self._url.redacted}: no answer within {self.budget_s:g} s "
+                                               "(the store's checks together)",
+                                "start the server, or correct the URL, password or mount")]
+        if self._error is not None:
+            raise self._error
+        return self._checks
 
 
 def format_checks(checks: list[HealthCheck]) -> str:
