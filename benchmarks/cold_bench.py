@@ -379,7 +379,7 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *port,
                "-m", "launcher.bootstrap", *script]
     else:
-        cmd = [sys.executable, "-m", "launcher.main", "--nproc", "2", *port, "--cache", f"file://{store}",
+        cmd = [sys.executable, "-m", "launcher.main", "--nproc", "2", *port, "--url", f"file://{store}",
                "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs), *launcher_args, *script]
     launched = time.time()
     start = time.perf_counter()

@@ -100,7 +100,7 @@ def run(tmp: Path, name: str, mode: str, steps: int, store: str | None, rank_dir
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS)]
         own_dirs = ["--own-dirs", str(local / "ranks")] if rank_dirs else []
     else:
-        command = [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store, "--namespace",
+        command = [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--url", store, "--namespace",
                    "collectives-bench", "--run-dir", str(tmp / name), "--quiet",
                    *(["--rank-dirs", str(local / "ranks")] if rank_dirs else ["--node-dir", str(local / "node")])]
     load = os.getloadavg()[0]

@@ -293,7 +293,7 @@ def job(workdir: Path, name: str, *, precompile: bool, dirs: Path) -> list[float
     args = [str(EXAMPLE), "--buckets", "16,32", "--steps", "2", "--losses", str(losses)]
     env = clean_env(dirs)
     if precompile:
-        cmd = [sys.executable, "-m", "launcher.main", "--nproc", "2", "--precompile", "--cache",
+        cmd = [sys.executable, "-m", "launcher.main", "--nproc", "2", "--precompile", "--url",
                f"file://{workdir / 'store-ranks'}", "--namespace", "bench", "--run-dir", str(workdir / name),
                "--rank-dirs", str(dirs), *args]
     else:  # plain torchrun: both ranks share one local inductor cache (warm after the cold job)

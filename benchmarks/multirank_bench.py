@@ -71,7 +71,7 @@ def run_job(work: Path, name: str, job_args: list[str], *, nproc: int, rank_dirs
     losses = run_dir / "losses.json"
     cmd = [sys.executable, "-m", "launcher.main", "--nproc", str(nproc), "--run-dir", str(run_dir),
            "--rank-dirs", str(rank_dirs)]
-    cmd += ["--cache", cache, "--namespace", "bench"] if cache else ["--no-enable"]
+    cmd += ["--url", cache, "--namespace", "bench"] if cache else ["--no-enable"]
     cmd += [str(EXAMPLE), *job_args, "--losses", str(losses)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
     env.update(extra_env or {})

@@ -168,7 +168,7 @@ def run_job(base: Path, index: int, store_url: str, timeout: float) -> dict[str,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("RECIPECACHE_URL", None)
     cmd = [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--master-port", str(free_port()),
-           "--cache", store_url, "--namespace", "repeat", "--node-dir", str(base / "node"),
+           "--url", store_url, "--namespace", "repeat", "--node-dir", str(base / "node"),
            "--no-stall", "--precompile", "--quiet", "--run-dir", str(run_dir),
            str(SCRIPT), "--steps", "4", "--pause", "0", "--out", str(run_dir / "out.json")]
     start = time.perf_counter()

@@ -33,7 +33,7 @@ def run_job(run_dir: Path, nproc: int, script: Path, extra: list[str]) -> None:
     launcher = shutil.which("recipecache-run")
     if launcher is None:
         sys.exit("recipecache-run is not on PATH (pip install -e . once the launcher exists)")
-    cmd = [launcher, "--nproc", str(nproc), "--cache", f"file://{run_dir / 'cache'}", "--run-dir", str(run_dir),
+    cmd = [launcher, "--nproc", str(nproc), "--url", f"file://{run_dir / 'cache'}", "--run-dir", str(run_dir),
            *extra, str(script)]
     print("$", shlex.join(cmd), flush=True)
     if subprocess.run(cmd, cwd=run_dir, check=False).returncode != 0:

@@ -54,7 +54,7 @@ def _run(tmp: Path, name: str, store: str | None, *options: str, mode: str = "al
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), str(WORKER), str(out),
                    "--mode", mode]
     else:
-        command = [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store, "--namespace",
+        command = [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--url", store, "--namespace",
                    "collectives", "--run-dir", str(tmp / name), "--rank-dirs", str(tmp / f"{name}-dirs"), "--quiet",
                    *options, str(WORKER), str(out), "--mode", mode]
     proc = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=900)

@@ -79,7 +79,7 @@ def _env_without_recipecache() -> dict[str, str]:
 def run_cached(tmp: Path, name: str, store_url: str, *launcher_args: str) -> Job:
     run_dir = tmp / name
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store_url, "--namespace", "multirank",
+        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--url", store_url, "--namespace", "multirank",
          "--run-dir", str(run_dir), "--rank-dirs", str(tmp / f"{name}-dirs"), *launcher_args,
          str(EXAMPLE), *JOB_ARGS, "--losses", str(run_dir / "losses.json")],
         check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=600,
@@ -183,7 +183,7 @@ def test_ranks_probing_the_same_isa_at_once_build_it_once(tmp_path: Path) -> Non
     out = tmp_path / "probes"
     out.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", f"file://{tmp_path / 'store'}",
+        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--url", f"file://{tmp_path / 'store'}",
          "--namespace", "probes", "--run-dir", str(tmp_path / "run"), "--rank-dirs", str(tmp_path / "dirs"),
          str(PROBE_WORKER), str(out)],
         check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=600,
@@ -251,7 +251,7 @@ def test_ranks_writing_pgo_decisions_at_once_lose_none_and_decide_alike(tmp_path
     out = tmp_path / "decisions"
     out.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", f"file://{tmp_path / 'store'}",
+        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--url", f"file://{tmp_path / 'store'}",
          "--namespace", "pgo", "--run-dir", str(tmp_path / "run"), "--rank-dirs", str(tmp_path / "dirs"),
          str(PGO_WORKER), str(out), str(PGO_ROUNDS)],
         check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=600,

@@ -115,7 +115,7 @@ def _launch(tmp: Path, name: str, store_url: str, *args: str) -> dict[str, Any]:
     run_dir = tmp / name
     out = run_dir / "out.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store_url, "--namespace", "nostall",
+        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--url", store_url, "--namespace", "nostall",
          "--run-dir", str(run_dir), "--rank-dirs", str(tmp / f"{name}-dirs"), "--no-stall", str(TRAIN), *args,
          "--out", str(out)],
         check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=900)

@@ -44,7 +44,7 @@ def _env() -> dict[str, str]:
 def launch(tmp: Path, name: str, store: str, dirs: str, script: Path, *extra: str) -> Job:
     run_dir = tmp / name
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher.main", "--nproc", "2", "--cache", f"file://{tmp / store}", "--namespace", "op",
+        [sys.executable, "-m", "launcher.main", "--nproc", "2", "--url", f"file://{tmp / store}", "--namespace", "op",
          "--run-dir", str(run_dir), "--rank-dirs", str(tmp / dirs), *extra, str(script), *JOB_ARGS],
         capture_output=True, text=True, env=_env(), timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -368,7 +368,7 @@ def _lengths_job(tmp_path: Path, name: str, store: str, *args: str,
 
     run_dir = tmp_path / name
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--cache", store, "--namespace", "lengths",
+        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--url", store, "--namespace", "lengths",
          "--run-dir", str(run_dir), "--rank-dirs", str(tmp_path / f"{name}-dirs"),
          *(["--precompile"] if precompile else []), "--quiet", str(LENGTHS_WORKER), str(run_dir / "out"), *args],
         check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=800)
@@ -946,8 +946,8 @@ def test_launcher_precompile_flag_reaches_every_rank(tmp_path: Path) -> None:
 
     script = tmp_path / "train.py"
     script.write_text("")
-    args = build_parser().parse_args(["--precompile", "--cache", f"file://{tmp_path / 's'}", str(script)])
+    args = build_parser().parse_args(["--precompile", "--url", f"file://{tmp_path / 's'}", str(script)])
     environ = LaunchConfig.from_args(args).rank_env({})
     assert environ["RECIPECACHE_PRECOMPILE"] == "1"
-    args = build_parser().parse_args(["--cache", f"file://{tmp_path / 's'}", str(script)])
+    args = build_parser().parse_args(["--url", f"file://{tmp_path / 's'}", str(script)])
     assert "RECIPECACHE_PRECOMPILE" not in LaunchConfig.from_args(args).rank_env({})

@@ -138,7 +138,7 @@ def test_bad_cluster_urls_are_one_line_and_exit_2(case: str, tmp_path: Path,
 
     script = tmp_path / "train.py"
     script.write_text("print('never runs')\n")
-    assert launcher_main(["--cache", url, "--run-dir", str(tmp_path / "run"), str(script)]) == 2
+    assert launcher_main(["--url", url, "--run-dir", str(tmp_path / "run"), str(script)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("recipecache-run: error: ") and message in err
     assert not (tmp_path / "run").exists()
