@@ -712,6 +712,77 @@ def test_keys_leave_dynamic_sizes_to_the_guards() -> None:
     assert stable_repr({"b": {3, 1, 2}, "a": [1]}) == stable_repr({"a": [1], "b": {2, 1, 3}})
 
 
+def test_call_keys_tell_apart_what_signatures_tell_apart() -> None:
+    """Issue 33 (steady steps): the dispatcher memoizes each call's signature under a call key read in a fraction
+    of the time; two calls with equal call keys must have equal signatures (the store key is made of those)."""
+    import torch
+
+    from recipecache.torch_integration.precompile_keys import call_key, signature
+
+    module = torch.nn.Linear(3, 3)
+    x, y = torch.zeros(4, 3), torch.zeros(4, 3, dtype=torch.long)
+    marked = torch.zeros(4, 3)
+    torch._dynamo.mark_dynamic(marked, 0)
+    calls = [(x, y), (torch.ones(4, 3), y), (torch.zeros(5, 3), y), (x.t(), y), (x.requires_grad_(False).double(), y),
+             (marked, y), (x,), (x, torch.zeros(4, 3, requires_grad=True)), (x, y, y)]
+    keys = {}
+    for args in calls:
+        keys.setdefault(call_key(module, args, {}), set()).add(signature(module, args, {}))
+    with torch.no_grad():
+        keys.setdefault(call_key(module, (x, y), {}), set()).add(signature(module, (x, y), {}))
+    module.eval()
+    keys.setdefault(call_key(module, (x, y), {}), set()).add(signature(module, (x, y), {}))
+    assert all(len(sigs) == 1 for sigs in keys.values()), "one signature per call key"
+    assert len(keys) == 10, "the ones and zeros of one shape share a key; everything else differs"
+    other = (x, 2)
+    assert call_key(module, other, {}) == signature(module, other, {}), "any other call is keyed by its signature"
+    assert call_key(module, (x,), {"y": y}) == signature(module, (x,), {"y": y})
+
+
+def test_a_steady_call_reads_no_signature_and_describes_no_pin_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 (steady steps): per call the dispatcher reads the call key and the pins, but the signature once per
+    call key and a pin's description only when its object changed; a changed or rebound value is still seen."""
+    from collections import OrderedDict
+
+    import torch
+
+    from recipecache import torch_integration
+    from recipecache.torch_integration import precompile
+    from recipecache.torch_integration.traced_values import Values, describe
+
+    torch_integration.enable("memory://", namespace=NAMESPACE, precompile=True)
+    try:
+        module = torch.nn.Linear(2, 2)
+        dispatcher = torch.compile(module).forward
+        resolved: list[str] = []
+
+        def resolve(target: Any, key: str, args: Any, kwargs: Any) -> precompile.Fallback:
+            resolved.append(key)
+            return dispatcher.tier.fallback(precompile.PrecompileDetail.PRECOMPILE_FAILED, "not compiled in this test")
+
+        monkeypatch.setattr(dispatcher.tier, "resolve", resolve)
+        for _ in range(3):
+            for rows in (1, 2):
+                assert dispatcher.run(module, (torch.zeros(rows, 2),), {}, lambda *a: "normal") == "normal"
+        assert dispatcher.signatures_read == 2 == len(resolved), "one signature read per call key, not per call"
+    finally:
+        torch_integration.disable()
+
+    hooks: OrderedDict[int, Any] = OrderedDict()
+    scope = {"torch": torch, "hooks": hooks}
+    pins = (Pin("G['torch']", describe(torch), True), Pin("G['torch'].nn", describe(torch.nn), True),
+            Pin("G['hooks']", describe(hooks), True), Pin("G['gone']", describe(1), True))
+    values = Values(pins[:3], scope, {})
+    assert values.changed(dict, every=False) is None and values.described == 3
+    assert values.changed(dict, every=False) is None and values.described == 3, "the same objects: nothing described"
+    hooks[1] = print  # the same dict, no longer empty
+    assert values.changed(dict, every=False) == f"G['hooks'] is {describe(hooks)}, traced as {describe(OrderedDict())}"
+    del hooks[1]
+    scope["torch"] = __import__("math")  # a global rebound
+    assert values.changed(dict, every=False) == "G['torch'] is module:math, traced as module:torch"
+    assert Values(pins[3:], scope, {}).changed(dict, every=False) == "G['gone'] is missing, traced as int:1"
+
+
 def test_calls_off_the_cpu_run_on_the_normal_path_counted() -> None:
     """The tier is checked on the CPU only (a cold precompile on CUDA crashed its process): a call whose inputs,
     parameters or buffers live elsewhere is a counted ``device_unchecked`` fallback, decided before any compile."""

@@ -88,6 +88,7 @@ from .artifact import ArtifactError, collect, install
 from .metrics import Metrics
 from .precompile_keys import (
     CompileSettings,
+    call_key,
     devices_fingerprint,
     key_signature,
     module_state,
@@ -546,7 +547,8 @@ class Dispatcher:
     """Stands in for one ``torch.compile``'d callable: precompiled variants first, dynamo otherwise.
 
     ``normal`` is what torch.compile returned (the dynamo path). Per call it reads the
-    guard inputs it can read cheaply (:func:`signature`); a signature seen before goes
+    guard inputs it can read cheaply (:func:`call_key`, whose :func:`signature` it reads once
+    per distinct key: the store key's form, several times slower); a signature seen before goes
     straight to its variant (whose guards are still checked) or to the normal path. A
     new one is resolved once, under a lock: a loaded variant whose guards accept it (a
     dynamic compile serves many sizes), else the store.
@@ -561,13 +563,18 @@ class Dispatcher:
         self.dynamo_ctx = dynamo_ctx
         self._lock = threading.RLock()
         self._decided: dict[tuple[Any, ...], Variant | Fallback] = {}
+        #: each call key's signature (:func:`call_key`: the signature is read once per call key, not per call)
+        self._signatures: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        #: signatures read for calls (one per distinct call key)
+        self.signatures_read = 0
         self._variants: list[Variant] = []
         #: the variants by store key
         self._loaded: dict[str, Variant] = {}
         #: store keys looked up (each a precompile on a cold store), at most MAX_SHAPES
         self._looked_up: set[str] = set()
         self._targets: dict[int, Target] = {}
-        self._inner_normal: Callable[..., Any] | None = None
+        #: DDP's inner module and the forward routed through the tier that DDP calls
+        self._inner_forward: tuple[Any, Callable[..., Any]] | None = None
         self._ddp = isinstance(subject, DistributedDataParallel)
         self.__wrapped__ = normal
 
@@ -580,7 +587,11 @@ class Dispatcher:
 
     def run(self, subject: Any, args: tuple[Any, ...], kwargs: dict[str, Any], normal: Callable[..., Any]) -> Any:
         try:
-            sig = signature(subject, args, kwargs)
+            call = call_key(subject, args, kwargs)
+            sig = self._signatures.get(call)
+            if sig is None:
+                sig = self._signatures[call] = signature(subject, args, kwargs)
+                self.signatures_read += 1
             decided = self._decided.get(sig)
             if decided is None:
                 decided = self._resolve(subject, sig, args, kwargs)
@@ -672,9 +683,18 @@ class Dispatcher:
     def _call_ddp(self, ddp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """DDP's forward eagerly, its inner module's forward through the tier (dynamo also compiles only that)."""
         inner = ddp.module
-        if self._inner_normal is None:
-            self._inner_normal = self.dynamo_ctx(type(inner).forward.__get__(inner))
-        inner_normal = self._inner_normal
+        if self._inner_forward is None or self._inner_forward[0] is not inner:
+            self._inner_forward = (inner, self._routed_forward(inner))
+        forward = self._inner_forward[1]
+        inner.forward = forward
+        try:
+            return ddp(*args, **kwargs)
+        finally:
+            del inner.forward
+
+    def _routed_forward(self, inner: Any) -> Callable[..., Any]:
+        """What DDP calls as ``inner``'s forward: the tier (made once per inner module, not per call)."""
+        inner_normal = self.dynamo_ctx(type(inner).forward.__get__(inner))
 
         def forward(*a: Any, **k: Any) -> Any:
             del inner.forward  # tracing, guards and the artifact must see the module as the user built it
@@ -683,11 +703,7 @@ class Dispatcher:
             finally:
                 inner.forward = forward
 
-        inner.forward = forward
-        try:
-            return ddp(*args, **kwargs)
-        finally:
-            del inner.forward
+        return forward
 
 
 def attach(store: Store, metrics: Metrics, wait_timeout: float | None, cpu_key: Callable[[str], str],

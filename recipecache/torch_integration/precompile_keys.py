@@ -134,19 +134,40 @@ def global_state() -> tuple[Any, ...]:
 
 def _leaf(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        marked = tuple(sorted(getattr(value, "_dynamo_dynamic_indices", None) or ()))
         return ("tensor", type(value).__qualname__, str(value.dtype), str(value.device), str(value.layout),
-                tuple(value.shape), value.stride(), value.requires_grad, marked)
+                tuple(value.shape), value.stride(), value.requires_grad, _marked(value))
     if value is None or isinstance(value, (bool, int, float, str)):
         return (type(value).__name__, value)
     return ("object", type(value).__module__, type(value).__qualname__)
 
 
 def signature(owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """This call's guard inputs that are cheap to read (hashable): what the dispatcher memoizes on."""
+    """This call's guard inputs that are cheap to read (hashable): what the store key is made of."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     mode = owner.training if isinstance(owner, torch.nn.Module) else None
     return (str(spec), tuple(_leaf(x) for x in leaves), mode, global_state())
+
+
+def call_key(owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """What the dispatcher memoizes each call's :func:`signature` under, read in a fraction of its time.
+
+    Two calls with equal call keys have equal signatures: for the common call (positional plain
+    tensors, no keyword arguments) it holds the same facts as the signature, as torch's objects
+    rather than their strings and without flattening the arguments (a plain tensor is a pytree
+    leaf); any other call is keyed by its signature itself. Measured on cold_bench's GPT (torch
+    2.13): 17 us per call for the signature, a few for this.
+    """
+    if kwargs or not all(type(x) is torch.Tensor for x in args):
+        return signature(owner, args, kwargs)
+    mode = owner.training if isinstance(owner, torch.nn.Module) else None
+    return (len(args), tuple((x.dtype, x.device, x.layout, x.shape, x.stride(), x.requires_grad, _marked(x))
+                             for x in args), mode, global_state())
+
+
+def _marked(x: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions the user marked dynamic (``torch._dynamo.mark_dynamic``), as :func:`_leaf` reads them."""
+    marked = getattr(x, "_dynamo_dynamic_indices", None)
+    return tuple(sorted(marked)) if marked else ()
 
 
 def key_signature(sig: tuple[Any, ...], dynamic: bool) -> tuple[Any, ...]:

@@ -29,11 +29,12 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import importlib
+import operator
 import re
 import sys
 import types
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -123,14 +124,10 @@ def _expression(text: str, at: int) -> tuple[GuardPath, int] | None:
     return (scope, name, steps), at
 
 
-def resolve(path: GuardPath, scopes: Mapping[str, Callable[[str], Any]]) -> Any:
-    """The value ``path`` names in this process (raises when it names nothing)."""
-    scope, name, steps = path
-    value = scopes[scope](name)
-    for kind, arg in steps:
-        value = (getattr(value, arg) if kind == "attr" else value[arg] if kind == "item"
-                 else type(value) if kind == "type" else dict(value))
-    return value
+def reader(steps: tuple[tuple[str, Any], ...]) -> tuple[Callable[[Any], Any], ...]:
+    """``steps`` of a :class:`GuardPath` as one callable each (made once per pin, applied on every call)."""
+    return tuple(operator.attrgetter(arg) if kind == "attr" else operator.itemgetter(arg) if kind == "item"
+                 else type if kind == "type" else dict for kind, arg in steps)
 
 
 class Recorder:
@@ -177,39 +174,52 @@ class Values:
     bytecode_globals: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        self._paths = tuple((pin, parse(pin.source)) for pin in self.pins)
-        self._per_call = tuple(p for p in self._paths if p[0].per_call)
-        #: per pin, the object last found equal to the traced value, while its description cannot have changed
-        self._same: dict[int, Any] = {}
+        #: per pin, where its value is read (scope and name, None for a form not followed) and the steps from there
+        checks = []
+        for pin in self.pins:
+            path = parse(pin.source)
+            checks.append((pin, None if path is None else path[:2], () if path is None else reader(path[2])))
+        self._every = tuple(checks)
+        self._per_call = tuple(c for c in checks if c[0].per_call)
+        #: per pin, the object last found equal to the traced value, and whether it is of a fixed type (else an
+        #: empty container, equal while still empty): its description cannot have changed
+        self._same: dict[int, tuple[Any, bool]] = {}
+        #: values described to compare with a pin (the identity shortcut left out), for tests
+        self.described = 0
 
     def changed(self, f_locals: Callable[[], dict[str, Any]], *, every: bool) -> str | None:
         """The first pin (all of them, or ``every=False``: those torch does not check) that differs now, or None.
 
         ``f_locals`` gives the call's locals as torch's guards see them; called only for a pin rooted there.
+        Every pin is read again on every call (a global may be rebound at any time); one still holding the
+        object found equal before, whose description cannot have changed, is not described again.
         """
-        paths = self._paths if every else self._per_call
-        if not paths:
-            return None
-        bound: list[dict[str, Any]] = []
-
-        def local(name: str) -> Any:
-            if not bound:
-                bound.append(f_locals())
-            return bound[0][name]
-
-        scopes = {"G": self._global, "L": local}
-        for pin, path in paths:
+        bound: dict[str, Any] | None = None
+        for pin, root, steps in self._every if every else self._per_call:
             try:
-                value = resolve(path, scopes) if path is not None else _MISSING
+                if root is None:
+                    value = _MISSING
+                elif root[0] == "G":
+                    value = self.globals.get(root[1], _MISSING)
+                    if value is _MISSING:
+                        value = self._global(root[1])
+                else:
+                    if bound is None:
+                        bound = f_locals()
+                    value = bound[root[1]]
+                for step in steps:
+                    value = step(value)
             except Exception:  # noqa: BLE001 - a value this process no longer has differs
                 value = _MISSING
-            if self._same.get(id(pin), _MISSING) is value and _unchanged(value):
+            same = self._same.get(id(pin))
+            if same is not None and same[0] is value and (same[1] or not value):
                 continue
+            self.described += 1
             now = None if value is _MISSING else describe(value)
             if now != pin.value:
                 return f"{pin.source} is {now or 'missing'}, traced as {pin.value}"
             if _unchanged(value):
-                self._same[id(pin)] = value
+                self._same[id(pin)] = (value, isinstance(value, _FIXED))
         return None
 
     def _global(self, name: str) -> Any:
