@@ -60,8 +60,11 @@ def use_rank_dirs(environ: MutableMapping[str, str]) -> None:
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # bad input: one line and status 2, as a setting enable() refuses
-            print(f"recipecache: error: rank {env.process_rank(environ)}: {env.RANK_DIRS}={base!r}: cannot create "
-                  f"{path}: {exc.strerror or exc}", file=sys.stderr)
+            print(
+                f"recipecache: error: rank {env.process_rank(environ)}: {env.RANK_DIRS}={base!r}: cannot create "
+                f"{path}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
             sys.exit(2)
         environ[name] = str(path)
 
@@ -83,8 +86,9 @@ def run_as_main(script: str) -> None:
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
-                         __loader__=SourceFileLoader("__main__", path))
+    main.__dict__.update(
+        __file__=path, __cached__=None, __builtins__=builtins, __loader__=SourceFileLoader("__main__", path)
+    )
     sys.modules["__main__"] = main
     exec(code, main.__dict__)  # noqa: S102 - running the user's script is this module's job
     for name in ("__file__", "__cached__"):

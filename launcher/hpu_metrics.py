@@ -69,8 +69,13 @@ def parse(text: str) -> dict[str, dict[str, Any]]:
         except (ValueError, RecursionError):  # not JSON, a number too long to parse, nesting too deep
             continue
         if isinstance(entries, list):
-            return {e["metric_name"]: e["statistics"] for e in entries
-                    if isinstance(e, dict) and isinstance(e.get("metric_name"), str) and isinstance(e.get("statistics"), dict)}
+            return {
+                e["metric_name"]: e["statistics"]
+                for e in entries
+                if isinstance(e, dict)
+                and isinstance(e.get("metric_name"), str)
+                and isinstance(e.get("statistics"), dict)
+            }
     return {}
 
 

@@ -122,15 +122,17 @@ class LaunchConfig:
     def rank_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """The environment torchrun (and so every rank) starts with: ``base`` plus the wiring."""
         environ = dict(base)
-        environ.update({
-            env.URL: self.url,
-            env.NAMESPACE: self.namespace,
-            env.METRICS_FILE: str(self.run_dir / METRICS_NAME),
-            env.EVENT_LOG: str(self.events_dir),
-            # Part of torch's key, so pinned for every rank: torch's default (on), whose
-            # precompiled header makes cold kernel compiles fast; a hit does not build it.
-            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1",
-        })
+        environ.update(
+            {
+                env.URL: self.url,
+                env.NAMESPACE: self.namespace,
+                env.METRICS_FILE: str(self.run_dir / METRICS_NAME),
+                env.EVENT_LOG: str(self.events_dir),
+                # Part of torch's key, so pinned for every rank: torch's default (on), whose
+                # precompiled header makes cold kernel compiles fast; a hit does not build it.
+                "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1",
+            }
+        )
         if self.threads is not None:
             environ["OMP_NUM_THREADS"] = str(self.threads)
         if self.enable:
@@ -165,8 +167,9 @@ class LaunchConfig:
 
             # every local rank gets the same environment from torchrun, so the bridge's own
             # delete flag stays off; the node's sync agent clears the directory instead
-            environ.update(rank_environment(0, namespace=self.namespace, directory=self.hpu_dir,
-                                            max_size_mb=self.hpu_max_size_mb))
+            environ.update(
+                rank_environment(0, namespace=self.namespace, directory=self.hpu_dir, max_size_mb=self.hpu_max_size_mb)
+            )
             # the bridge's own compile and recipe-cache figures, one file per rank, for the report
             environ.update(hpu_metrics.rank_environment(self.run_dir, environ))
         return environ
@@ -189,13 +192,17 @@ class LaunchConfig:
         url = resolve_url(args.url)
         parsed = StoreURL.parse(url)
         if not backend_class(parsed).SHARED:
-            raise ConfigError(f"{parsed.scheme}:// lives inside one process and cannot be shared by ranks; "
-                              "use file:// or redis://")
+            raise ConfigError(
+                f"{parsed.scheme}:// lives inside one process and cannot be shared by ranks; use file:// or redis://"
+            )
         namespace = resolve_namespace(args.namespace, default=namespace_for(script))
         run_dir = Path(args.run_dir or Path("recipecache-runs") / time.strftime("%Y%m%d-%H%M%S"))
         run_dir = run_dir.absolute()
-        options = tuple((opt.name, getattr(args, opt.dest) if opt.takes_value else None)
-                        for opt in pass_through() if getattr(args, opt.dest) not in (None, False))
+        options = tuple(
+            (opt.name, getattr(args, opt.dest) if opt.takes_value else None)
+            for opt in pass_through()
+            if getattr(args, opt.dest) not in (None, False)
+        )
         config = cls(
             script=script.absolute(),
             script_args=tuple(args.script_args),
@@ -203,24 +210,29 @@ class LaunchConfig:
             url=url,
             namespace=namespace,
             run_dir=run_dir,
-            report_path=check_output_file(Path(args.report).absolute() if args.report else run_dir / "report.json",
-                                          given_as(args, "report")),
+            report_path=check_output_file(
+                Path(args.report).absolute() if args.report else run_dir / "report.json", given_as(args, "report")
+            ),
             enable=not args.no_enable,
             threads=_threads(args, nproc),
             # from $RECIPECACHE_SECRET_FILE the ranks read it themselves, after $RECIPECACHE_SECRET
             secret_file=_secret_file(args.secret_file if given_as(args, "secret_file") == "--secret-file" else None),
-            exit_grace_s=(env.DEFAULT_EXIT_GRACE_S if args.exit_grace is None
-                          else env.positive_seconds(given_as(args, "exit_grace"), args.exit_grace,
-                                                    EXIT_GRACE_RANGE_S)),
+            exit_grace_s=(
+                env.DEFAULT_EXIT_GRACE_S
+                if args.exit_grace is None
+                else env.positive_seconds(given_as(args, "exit_grace"), args.exit_grace, EXIT_GRACE_RANGE_S)
+            ),
             rank_dirs=_rank_dirs(args),
             node_dir=_node_dir(args),
             prewarm=args.prewarm,
             precompile=args.precompile,
             no_stall=args.no_stall,
             hpu_dir=_hpu_dir(args, namespace),
-            hpu_max_size_mb=(DEFAULT_HPU_MAX_SIZE_MB if args.hpu_max_size_mb is None
-                             else _whole_number(given_as(args, "hpu_max_size_mb"), args.hpu_max_size_mb,
-                                              MOST_HPU_SIZE_MB)),
+            hpu_max_size_mb=(
+                DEFAULT_HPU_MAX_SIZE_MB
+                if args.hpu_max_size_mb is None
+                else _whole_number(given_as(args, "hpu_max_size_mb"), args.hpu_max_size_mb, MOST_HPU_SIZE_MB)
+            ),
             hpu_clear=args.hpu_clear,
             quiet=args.quiet,
             torchrun_options=options,
@@ -240,8 +252,10 @@ def _nproc(text: str) -> str:
     if text in NPROC_WORDS:
         return text
     if not text.isdigit() or not 1 <= int(text) <= MOST_PER_NODE:
-        raise ConfigError(f"--nproc must be a number of processes from 1 to {MOST_PER_NODE} or one of "
-                          f"{', '.join(NPROC_WORDS)}, got {text[:64]!r}")
+        raise ConfigError(
+            f"--nproc must be a number of processes from 1 to {MOST_PER_NODE} or one of "
+            f"{', '.join(NPROC_WORDS)}, got {text[:64]!r}"
+        )
     return str(int(text))
 
 
@@ -285,8 +299,9 @@ def _hpu_dir(args: argparse.Namespace, namespace: str) -> Path | None:
     """The node's recipe directory when ``--hpu`` is on, created and checked to be private."""
     if not args.hpu:
         if args.hpu_dir or args.hpu_clear:
-            raise ConfigError(f"{given_as(args, 'hpu_dir') if args.hpu_dir else given_as(args, 'hpu_clear')} "
-                              "needs --hpu")
+            raise ConfigError(
+                f"{given_as(args, 'hpu_dir') if args.hpu_dir else given_as(args, 'hpu_clear')} needs --hpu"
+            )
         return None
     from recipecache.hpu import node_directory, prepare_node_directory
 
@@ -299,13 +314,17 @@ def _node_dir(args: argparse.Namespace) -> str | None:
     usable) so a bad one fails before any rank starts."""
     if args.no_node_tier:
         if args.node_dir:
-            raise ConfigError(f"{given_as(args, 'node_dir')} and {given_as(args, 'no_node_tier')} contradict each other")
+            raise ConfigError(
+                f"{given_as(args, 'node_dir')} and {given_as(args, 'no_node_tier')} contradict each other"
+            )
         return None
     if args.rank_dirs and not args.node_dir:
         return str(Path(args.rank_dirs).absolute() / "rank{rank}" / "node")
     if args.node_dir and "{rank}" in args.node_dir:
         return str(Path(args.node_dir).absolute())  # one per rank: each rank makes and checks its own
-    return str(private_directory(Path(args.node_dir).absolute() if args.node_dir else default_node_dir(), "node directory"))
+    return str(
+        private_directory(Path(args.node_dir).absolute() if args.node_dir else default_node_dir(), "node directory")
+    )
 
 
 def _secret_file(path: str | None) -> Path | None:

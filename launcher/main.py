@@ -68,8 +68,13 @@ class _Refuse(argparse.Action):
         super().__init__(*args, **kwargs)
         self.reason = reason
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         parser.error(f"{option_string} is not supported: {PROG} {self.reason}")
 
 
@@ -80,11 +85,18 @@ class _DeprecatedSpelling(argparse.Action):
         super().__init__(*args, **kwargs)
         self.instead = instead
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, values)
-        namespace.deprecations = [*getattr(namespace, "deprecations", []),
-                                  f"{option_string} is deprecated; use {self.instead}"]
+        namespace.deprecations = [
+            *getattr(namespace, "deprecations", []),
+            f"{option_string} is deprecated; use {self.instead}",
+        ]
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> FallbackParser:
@@ -94,63 +106,115 @@ def build_parser(environ: Mapping[str, str] | None = None) -> FallbackParser:
         prog=PROG,
         usage=f"{PROG} [options] [torchrun options] script [script args]",
         description="Run a training script under torchrun with every rank sharing one recipecache store, "
-                    "then print one compile report for the whole job.",
+        "then print one compile report for the whole job.",
         epilog="Each recipecache option --foo-bar not given is read from $RECIPECACHE_FOO_BAR (a switch: 1 on, "
-               "0 off). The torchrun options are passed to torch.distributed.run unchanged (see torchrun --help; "
-               "torchrun reads its own from $PET_*); everything after the script goes to the script.",
+        "0 off). The torchrun options are passed to torch.distributed.run unchanged (see torchrun --help; "
+        "torchrun reads its own from $PET_*); everything after the script goes to the script.",
         allow_abbrev=False,
         environ=environ,
     )
     ours = parser.add_argument_group("recipecache options")
-    ours.add_argument("--nproc", NPROC_PER_NODE.name, *NPROC_PER_NODE.names[1:], dest="nproc", metavar="N",
-                      help="processes per node (torchrun's --nproc-per-node, $PET_NPROC_PER_NODE; also auto, cpu, "
-                           "gpu, xpu); default 1")
-    parser.add_own(ours, "--url",
-                   help="store URL: file:///shared/dir or redis://host:port/db (default: the filesystem store in "
-                        "$RECIPECACHE_DIR or ~/.cache/recipecache); a password in it is visible to every user of "
-                        "the machine (ps), so pass such a URL in $RECIPECACHE_URL, never here")
+    ours.add_argument(
+        "--nproc",
+        NPROC_PER_NODE.name,
+        *NPROC_PER_NODE.names[1:],
+        dest="nproc",
+        metavar="N",
+        help="processes per node (torchrun's --nproc-per-node, $PET_NPROC_PER_NODE; also auto, cpu, "
+        "gpu, xpu); default 1",
+    )
+    parser.add_own(
+        ours,
+        "--url",
+        help="store URL: file:///shared/dir or redis://host:port/db (default: the filesystem store in "
+        "$RECIPECACHE_DIR or ~/.cache/recipecache); a password in it is visible to every user of "
+        "the machine (ps), so pass such a URL in $RECIPECACHE_URL, never here",
+    )
     ours.add_argument("--cache", dest="url", action=_DeprecatedSpelling, instead="--url", help=argparse.SUPPRESS)
-    parser.add_own(ours, "--namespace", help="namespace in the store (default: the script's file name without .py, "
-                                             "so reruns of a script share)")
-    parser.add_own(ours, "--secret-file",
-                   help="signing key file, keyed BLAKE3 (default: the key in $RECIPECACHE_SECRET, else this file)")
-    parser.add_own(ours, "--run-dir",
-                   help="where metrics, event logs and the report go (default ./recipecache-runs/<timestamp>)")
+    parser.add_own(
+        ours,
+        "--namespace",
+        help="namespace in the store (default: the script's file name without .py, so reruns of a script share)",
+    )
+    parser.add_own(
+        ours,
+        "--secret-file",
+        help="signing key file, keyed BLAKE3 (default: the key in $RECIPECACHE_SECRET, else this file)",
+    )
+    parser.add_own(
+        ours, "--run-dir", help="where metrics, event logs and the report go (default ./recipecache-runs/<timestamp>)"
+    )
     parser.add_own(ours, "--report", help="JSON report path (default <run-dir>/report.json)")
-    parser.add_own(ours, "--no-enable", switch=True,
-                   help="do not enable recipecache in each rank; the script calls recipecache.enable() itself")
-    parser.add_own(ours, "--threads",
-                   help="OMP/torch threads per rank, the same on every rank since it enters torch's cache keys "
-                        "(default: $OMP_NUM_THREADS, else 1 when a node runs several processes, as torchrun)")
-    parser.add_own(ours, "--rank-dirs",
-                   help="give rank N its own TORCHINDUCTOR_CACHE_DIR and TMPDIR under DIR/rankN, as if every "
-                        "rank ran on its own node (tests, benchmarks); use a fresh DIR for empty local caches")
-    parser.add_own(ours, "--node-dir",
-                   help="node-local directory in front of the store, shared by this node's ranks: one rank per "
-                        "node fetches each artifact (default $TMPDIR/recipecache-node-<uid>; with --rank-dirs, "
-                        "one per rank under it, as if each rank were a node)")
+    parser.add_own(
+        ours,
+        "--no-enable",
+        switch=True,
+        help="do not enable recipecache in each rank; the script calls recipecache.enable() itself",
+    )
+    parser.add_own(
+        ours,
+        "--threads",
+        help="OMP/torch threads per rank, the same on every rank since it enters torch's cache keys "
+        "(default: $OMP_NUM_THREADS, else 1 when a node runs several processes, as torchrun)",
+    )
+    parser.add_own(
+        ours,
+        "--rank-dirs",
+        help="give rank N its own TORCHINDUCTOR_CACHE_DIR and TMPDIR under DIR/rankN, as if every "
+        "rank ran on its own node (tests, benchmarks); use a fresh DIR for empty local caches",
+    )
+    parser.add_own(
+        ours,
+        "--node-dir",
+        help="node-local directory in front of the store, shared by this node's ranks: one rank per "
+        "node fetches each artifact (default $TMPDIR/recipecache-node-<uid>; with --rank-dirs, "
+        "one per rank under it, as if each rank were a node)",
+    )
     parser.add_own(ours, "--no-node-tier", switch=True, help="no node directory: every rank reads the store")
-    parser.add_own(ours, "--quiet", switch=True,
-                   help="print no progress lines (each rank's compile start and finish) while the job runs")
-    parser.add_own(ours, "--exit-grace",
-                   help="seconds the ranks of a node may take to exit once the script finished on all of them; "
-                        "a rank still running then is reported and ended (atexit handlers and non-daemon "
-                        f"threads must finish within it; default {env.DEFAULT_EXIT_GRACE_S:g})")
-    parser.add_own(ours, "--prewarm", switch=True,
-                   help="compile the shapes the script declares (recipecache.declare_shapes) before training, "
-                        "spread over the ranks")
-    parser.add_own(ours, "--precompile", switch=True,
-                   help="precompiled tier: ranks load whole compiled functions (bytecode, guards, AOTInductor "
-                        "libraries) from the store instead of tracing; one rank precompiles each, the others load")
-    parser.add_own(ours, "--no-stall", switch=True,
-                   help="no rank stops for a compile: a graph that missed runs without inductor (as aot_eager) "
-                        "while one rank compiles it in a worker process; every rank switches to the compiled "
-                        "graph at its next call once it is published. Compiles still running when the script "
-                        f"ends are finished within {BEHIND_SHARE_OF_GRACE * 100:.0f}%% of --exit-grace")
+    parser.add_own(
+        ours,
+        "--quiet",
+        switch=True,
+        help="print no progress lines (each rank's compile start and finish) while the job runs",
+    )
+    parser.add_own(
+        ours,
+        "--exit-grace",
+        help="seconds the ranks of a node may take to exit once the script finished on all of them; "
+        "a rank still running then is reported and ended (atexit handlers and non-daemon "
+        f"threads must finish within it; default {env.DEFAULT_EXIT_GRACE_S:g})",
+    )
+    parser.add_own(
+        ours,
+        "--prewarm",
+        switch=True,
+        help="compile the shapes the script declares (recipecache.declare_shapes) before training, "
+        "spread over the ranks",
+    )
+    parser.add_own(
+        ours,
+        "--precompile",
+        switch=True,
+        help="precompiled tier: ranks load whole compiled functions (bytecode, guards, AOTInductor "
+        "libraries) from the store instead of tracing; one rank precompiles each, the others load",
+    )
+    parser.add_own(
+        ours,
+        "--no-stall",
+        switch=True,
+        help="no rank stops for a compile: a graph that missed runs without inductor (as aot_eager) "
+        "while one rank compiles it in a worker process; every rank switches to the compiled "
+        "graph at its next call once it is published. Compiles still running when the script "
+        f"ends are finished within {BEHIND_SHARE_OF_GRACE * 100:.0f}%% of --exit-grace",
+    )
     hpu = parser.add_argument_group("Intel Gaudi recipes")
-    parser.add_own(hpu, "--hpu", switch=True,
-                   help="point every rank's PT_HPU_RECIPE_CACHE_CONFIG at a node-local directory and sync it "
-                        "with the store through one agent per node")
+    parser.add_own(
+        hpu,
+        "--hpu",
+        switch=True,
+        help="point every rank's PT_HPU_RECIPE_CACHE_CONFIG at a node-local directory and sync it "
+        "with the store through one agent per node",
+    )
     parser.add_own(hpu, "--hpu-dir", help="the node-local recipe directory (default under $TMPDIR)")
     parser.add_own(hpu, "--hpu-max-size-mb", help=f"recipe directory cap in MB (default {DEFAULT_HPU_MAX_SIZE_MB})")
     parser.add_own(hpu, "--hpu-clear", switch=True, help="empty the node's recipe directory first")
@@ -161,11 +225,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> FallbackParser:
         else:
             passed.add_argument(*opt.names, dest=opt.dest, action="store_true")
     for opt, reason in refused():
-        passed.add_argument(*opt.names, nargs="?" if opt.takes_value else 0, action=_Refuse, reason=reason,
-                            help=argparse.SUPPRESS)
+        passed.add_argument(
+            *opt.names, nargs="?" if opt.takes_value else 0, action=_Refuse, reason=reason, help=argparse.SUPPRESS
+        )
     parser.add_argument("script", help="the training script")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="script args",
-                        help="arguments of the script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="script args", help="arguments of the script")
     return parser
 
 
@@ -179,8 +243,11 @@ def run_torchrun(
     """
     cmd = [sys.executable, *config.torchrun_argv()]
     log.info("starting %s", " ".join(cmd))
-    job_env = {**config.rank_env(os.environ), env.FINISHED_DIR: str(watch.directory),
-               env.LAUNCHER_PID: str(os.getpid())}
+    job_env = {
+        **config.rank_env(os.environ),
+        env.FINISHED_DIR: str(watch.directory),
+        env.LAUNCHER_PID: str(os.getpid()),
+    }
     # torchrun runs in its own session, so nothing else would stop it when the launcher is killed
     # outright (a scheduler, a test's timeout): SIGTERM then, which torchrun handles by stopping its
     # ranks, who also die with it (launcher.bootstrap.end_with_agent). The launcher runs no threads
@@ -207,8 +274,12 @@ def run_torchrun(
                 code = code if code >= 0 else 128 - code
                 status = status_after_exit(code, watch.every_rank_finished())
                 if status != code:
-                    log.warning("every rank's script completed, but a rank then died while its process shut down "
-                                "(torchrun exited %d); the job's status is the scripts': %d", code, status)
+                    log.warning(
+                        "every rank's script completed, but a rank then died while its process shut down "
+                        "(torchrun exited %d); the job's status is the scripts': %d",
+                        code,
+                        status,
+                    )
                 return status, []
     finally:
         for sig, handler in previous.items():
@@ -224,8 +295,11 @@ def end_hung_ranks(proc: subprocess.Popen[bytes], hung: list[FinishedRank], grac
     ``KILL_AFTER_S`` later, and so is torchrun after as long again.
     """
     ranks = ", ".join(str(rank.rank) for rank in hung)
-    log.warning("rank(s) %s still running %g s after the script finished on every rank of this node; ending them",
-                ranks, grace_s)
+    log.warning(
+        "rank(s) %s still running %g s after the script finished on every rank of this node; ending them",
+        ranks,
+        grace_s,
+    )
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=KILL_AFTER_S)
@@ -250,8 +324,14 @@ def start_hpu_agent(config: LaunchConfig) -> subprocess.Popen[bytes] | None:
     from recipecache.hpu import start_agent
 
     environ = {**config.rank_env(os.environ), env.EVENT_LOG: str(config.run_dir / "hpu-events")}
-    return start_agent(directory=config.hpu_dir, url=config.url, namespace=config.namespace,
-                       max_size_mb=config.hpu_max_size_mb, clear=config.hpu_clear, env=environ)
+    return start_agent(
+        directory=config.hpu_dir,
+        url=config.url,
+        namespace=config.namespace,
+        max_size_mb=config.hpu_max_size_mb,
+        clear=config.hpu_clear,
+        env=environ,
+    )
 
 
 def stop_hpu_agent(agent: subprocess.Popen[bytes]) -> None:
@@ -277,12 +357,17 @@ def per_rank_graphs_note(environ: Mapping[str, str]) -> str | None:
     per rank (fallback ``rank_bound``). Set in code rather than in the environment, only the ranks
     know: each warns at enable() and at its first such graph, and the report sums them up.
     """
-    on = [name for name in COMPILE_ON_ONE_RANK_VARIABLES
-          if environ.get(name, "") == "1" or (name.startswith("TORCH_DISTRIBUTED_") and environ.get(name))]
+    on = [
+        name
+        for name in COMPILE_ON_ONE_RANK_VARIABLES
+        if environ.get(name, "") == "1" or (name.startswith("TORCH_DISTRIBUTED_") and environ.get(name))
+    ]
     if not on:
         return None
-    return (f"{on[0]}={environ[on[0]]}: torch's compile_on_one_rank is on, so graphs that hold a device mesh "
-            "(DTensor tensor/sequence parallel) are compiled by every rank, not once per job; unset it to share them")
+    return (
+        f"{on[0]}={environ[on[0]]}: torch's compile_on_one_rank is on, so graphs that hold a device mesh "
+        "(DTensor tensor/sequence parallel) are compiled by every rank, not once per job; unset it to share them"
+    )
 
 
 def launch(config: LaunchConfig) -> int:
@@ -331,8 +416,11 @@ def launch(config: LaunchConfig) -> int:
         written = f"not written: {config.report_path}: {exc.strerror}"
     except ConfigError as exc:
         written = f"not written: {exc}"
-    print(f"{PROG}: job exited {code} after {wall:.1f} s; cache {report['cache']}, namespace {config.namespace}\n"
-          f"{format_report(report)}\nreport: {written}", file=sys.stderr)
+    print(
+        f"{PROG}: job exited {code} after {wall:.1f} s; cache {report['cache']}, namespace {config.namespace}\n"
+        f"{format_report(report)}\nreport: {written}",
+        file=sys.stderr,
+    )
     return code
 
 

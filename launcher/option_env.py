@@ -57,19 +57,22 @@ class FallbackParser(OneLineArgumentParser):
         self.fallbacks: list[Fallback] = []
         self.environ = environ
 
-    def add_own(self, group: argparse._ActionsContainer, option: str, *names: str, switch: bool = False,
-                help: str) -> None:  # named as argparse names it
+    def add_own(  # ``help`` is named as argparse names it
+        self, group: argparse._ActionsContainer, option: str, *names: str, switch: bool = False, help: str
+    ) -> None:
         """Add ``option`` (a switch when ``switch``) with its environment fallback, named in its help."""
         variable = environment_name(option)
         if switch:
             action = group.add_argument(option, *names, action="store_true", help=f"{help} (${variable}=1)")
         else:
-            action = group.add_argument(option, *names, metavar=option.lstrip("-").upper().replace("-", "_"),
-                                        help=f"{help} (${variable})")
+            action = group.add_argument(
+                option, *names, metavar=option.lstrip("-").upper().replace("-", "_"), help=f"{help} (${variable})"
+            )
         self.fallbacks.append(Fallback(option, action.dest, switch))
 
-    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]  # one signature used
-                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+    def parse_args(  # type: ignore[override]  # the one of argparse's overloads the launcher uses
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
         parsed = super().parse_args(args, namespace)
         try:
             apply_fallbacks(parsed, self.fallbacks, self.environ)
@@ -78,8 +81,9 @@ class FallbackParser(OneLineArgumentParser):
         return parsed
 
 
-def apply_fallbacks(args: argparse.Namespace, fallbacks: Sequence[Fallback],
-                    environ: Mapping[str, str] | None = None) -> None:
+def apply_fallbacks(
+    args: argparse.Namespace, fallbacks: Sequence[Fallback], environ: Mapping[str, str] | None = None
+) -> None:
     """Fill each option not given from its variable; record in ``args.given_as`` the name each came by."""
     environ = os.environ if environ is None else environ
     given_as: dict[str, str] = {}

@@ -54,8 +54,9 @@ class _Tail:
 class Progress:
     """Follows a job's event logs and prints each rank's compiles as they start and finish."""
 
-    def __init__(self, events_dir: Path, *, since: float, quiet: bool = False, out: TextIO | None = None,
-                 poll_s: float = POLL_S) -> None:
+    def __init__(
+        self, events_dir: Path, *, since: float, quiet: bool = False, out: TextIO | None = None, poll_s: float = POLL_S
+    ) -> None:
         self.events_dir = events_dir
         self.quiet = quiet
         self.since = since
@@ -108,7 +109,8 @@ class Progress:
         key = rec.get("key") or ""
         label = self._labels.get(key) or "graph"
         graph = (label if len(label) <= LABEL_CHARS else label[: LABEL_CHARS - 3] + "...") + (
-            f" ({short_key(key)})" if key else "")
+            f" ({short_key(key)})" if key else ""
+        )
         rank = rec.get("rank", "?")
         if rec.get("event") == "compile_start":
             return f"rank {rank} compiling {graph}"

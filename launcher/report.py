@@ -135,9 +135,13 @@ def _damage(data: Any) -> str | None:
     if details is not None and not (isinstance(details, dict) and all(isinstance(v, str) for v in details.values())):
         return "fallback_details is not a map of texts"
     lookups = data.get("lookups")
-    if lookups is not None and not (isinstance(lookups, dict) and all(
+    if lookups is not None and not (
+        isinstance(lookups, dict)
+        and all(
             isinstance(counts, dict) and all(_count(counts.get(name, 0)) for name in OUTCOMES)
-            for counts in lookups.values())):
+            for counts in lookups.values()
+        )
+    ):
         return "lookups is not a map of hit/miss/put counts by kind"
     for name, ok in (("host", lambda v: type(v) is str), ("pid", _count), ("wall_s", is_seconds)):
         if data.get(name) is not None and not ok(data[name]):
@@ -169,8 +173,13 @@ def _lookup(data: Mapping[str, Any], path: tuple[str, ...]) -> Any:
 
 def rank_row(rank: int, data: Mapping[str, Any]) -> dict[str, Any]:
     """One rank's line of the report from its metrics; absent fields count as 0."""
-    row: dict[str, Any] = {"rank": rank, "status": "ok", "host": data.get("host"), "pid": data.get("pid"),
-                           "wall_s": data.get("wall_s")}
+    row: dict[str, Any] = {
+        "rank": rank,
+        "status": "ok",
+        "host": data.get("host"),
+        "pid": data.get("pid"),
+        "wall_s": data.get("wall_s"),
+    }
     row.update({name: int(_lookup(data, path) or 0) for name, path in _COUNTS.items()})
     row.update({name: float(_lookup(data, path) or 0.0) for name, path in _SECONDS.items()})
     row["stall_s"] = row["compile_s"] + row["wait_s"]
@@ -180,8 +189,11 @@ def rank_row(rank: int, data: Mapping[str, Any]) -> dict[str, Any]:
     details = data.get("fallback_details")
     row["fallback_details"] = {str(k): str(v) for k, v in details.items()} if isinstance(details, Mapping) else {}
     lookups = data.get("lookups")
-    row["lookups"] = {str(kind): {name: int(counts.get(name, 0)) for name in OUTCOMES}
-                      for kind, counts in lookups.items()} if isinstance(lookups, Mapping) else {}
+    row["lookups"] = (
+        {str(kind): {name: int(counts.get(name, 0)) for name in OUTCOMES} for kind, counts in lookups.items()}
+        if isinstance(lookups, Mapping)
+        else {}
+    )
     return row
 
 
@@ -249,9 +261,14 @@ def _behind_rows(data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     graphs = _lookup(data, ("behind", "graphs"))
     if not isinstance(graphs, Mapping):
         return {}
-    return {str(key): row for key, row in graphs.items()
-            if isinstance(row, Mapping) and _count(row.get("eager_calls")) and is_seconds(row.get("compile_s"))
-            and (row.get("switched_at") is None or is_seconds(row.get("switched_at")))}
+    return {
+        str(key): row
+        for key, row in graphs.items()
+        if isinstance(row, Mapping)
+        and _count(row.get("eager_calls"))
+        and is_seconds(row.get("compile_s"))
+        and (row.get("switched_at") is None or is_seconds(row.get("switched_at")))
+    }
 
 
 def behind_graphs(metrics: Mapping[int, Mapping[str, Any] | Unreadable]) -> list[dict[str, Any]]:
@@ -263,35 +280,53 @@ def behind_graphs(metrics: Mapping[int, Mapping[str, Any] | Unreadable]) -> list
         if isinstance(data, Unreadable):
             continue
         for key, row in _behind_rows(data).items():
-            graph = out.setdefault(key, {"key": key, "name": str(row.get("name", "graph")),
-                                         "shapes": str(row.get("shapes", "")), "compiled_by": [], "compile_s": 0.0,
-                                         "ranks": {}})
+            graph = out.setdefault(
+                key,
+                {
+                    "key": key,
+                    "name": str(row.get("name", "graph")),
+                    "shapes": str(row.get("shapes", "")),
+                    "compiled_by": [],
+                    "compile_s": 0.0,
+                    "ranks": {},
+                },
+            )
             if row["compile_s"]:
                 graph["compiled_by"].append(rank)
                 graph["compile_s"] += float(row["compile_s"])
-            graph["ranks"][str(rank)] = {"eager_calls": int(row["eager_calls"]),
-                                         "eager_s": float(row["eager_s"]) if is_seconds(row.get("eager_s")) else 0.0,
-                                         "switched_at": row.get("switched_at"),
-                                         **({"failed": str(row["failed"])} if row.get("failed") else {})}
+            graph["ranks"][str(rank)] = {
+                "eager_calls": int(row["eager_calls"]),
+                "eager_s": float(row["eager_s"]) if is_seconds(row.get("eager_s")) else 0.0,
+                "switched_at": row.get("switched_at"),
+                **({"failed": str(row["failed"])} if row.get("failed") else {}),
+            }
     return list(out.values())
 
 
 def format_report(report: Mapping[str, Any]) -> str:
     """The report as a table for people: one line per rank and a total, then what was compiled twice."""
     with_hpu = "hpu" in report["total"]
-    head = f"{'rank':>6} {'compiles':>8} {'hits':>6} {'local':>6} {'misses':>6} {'puts':>5} {'waits':>5} " \
-           f"{'compile_s':>9} {'wait_s':>8} {'stall_s':>8} {'saved_s':>8} {'refused':>7}  " \
-           + (f"{'hpu_compiles':>12} {'recipe_hits':>11} {'recipe_misses':>13}  " if with_hpu else "") + "fallbacks"
+    head = (
+        f"{'rank':>6} {'compiles':>8} {'hits':>6} {'local':>6} {'misses':>6} {'puts':>5} {'waits':>5} "
+        f"{'compile_s':>9} {'wait_s':>8} {'stall_s':>8} {'saved_s':>8} {'refused':>7}  "
+        + (f"{'hpu_compiles':>12} {'recipe_hits':>11} {'recipe_misses':>13}  " if with_hpu else "")
+        + "fallbacks"
+    )
     lines = [head]
 
     def line(label: str, r: Mapping[str, Any]) -> str:
         fallbacks = ", ".join(f"{k}={v}" for k, v in sorted(r["fallbacks"].items())) or "-"
         hpu = r.get("hpu", {})
-        gaudi = (f"{hpu.get('compiles', '-'):>12} {hpu.get('recipe_hits', '-'):>11} {hpu.get('recipe_misses', '-'):>13}  "
-                 if with_hpu else "")
-        return (f"{label:>6} {r['compiles']:>8} {r['hits']:>6} {r['local_hits']:>6} {r['misses']:>6} {r['puts']:>5} "
-                f"{r['waits']:>5} {r['compile_s']:>9.2f} {r['wait_s']:>8.2f} {r['stall_s']:>8.2f} {r['saved_s']:>8.2f} "
-                f"{r['refused']:>7}  {gaudi}{fallbacks}")
+        gaudi = (
+            f"{hpu.get('compiles', '-'):>12} {hpu.get('recipe_hits', '-'):>11} {hpu.get('recipe_misses', '-'):>13}  "
+            if with_hpu
+            else ""
+        )
+        return (
+            f"{label:>6} {r['compiles']:>8} {r['hits']:>6} {r['local_hits']:>6} {r['misses']:>6} {r['puts']:>5} "
+            f"{r['waits']:>5} {r['compile_s']:>9.2f} {r['wait_s']:>8.2f} {r['stall_s']:>8.2f} {r['saved_s']:>8.2f} "
+            f"{r['refused']:>7}  {gaudi}{fallbacks}"
+        )
 
     for r in report["ranks"]:
         if r["status"] == "missing":
@@ -303,19 +338,25 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.append(line("total", report["total"]))
     kinds = report["total"].get("lookups")
     if kinds:
-        lines.append("by kind, hits/misses/puts: " + ", ".join(
-            f"{kind} {counts['hit']}/{counts['miss']}/{counts['put']}" for kind, counts in kinds.items())
-            + " (the hits and misses columns count graph lookups, the puts column every kind)")
+        lines.append(
+            "by kind, hits/misses/puts: "
+            + ", ".join(f"{kind} {counts['hit']}/{counts['miss']}/{counts['put']}" for kind, counts in kinds.items())
+            + " (the hits and misses columns count graph lookups, the puts column every kind)"
+        )
     if report["expected_ranks"] is None:
-        lines.append(f"ranks of this node unknown before the job (elastic rendezvous): "
-                     f"{report['total']['ranks_reported']} rank(s) reported")
+        lines.append(
+            f"ranks of this node unknown before the job (elastic rendezvous): "
+            f"{report['total']['ranks_reported']} rank(s) reported"
+        )
     elif report["missing_ranks"]:
         lines.append(f"WARNING: no usable metrics from rank(s) {', '.join(map(str, report['missing_ranks']))}")
     hung = report.get("hung_ranks")
     if hung:
-        lines.append(f"WARNING: rank(s) {', '.join(str(r['rank']) for r in hung)} still running "
-                     f"{report['exit_grace_s']:g} s after the script finished on every rank of this node; ended "
-                     f"(the exit status is the scripts' own; see hung_ranks in the report)")
+        lines.append(
+            f"WARNING: rank(s) {', '.join(str(r['rank']) for r in hung)} still running "
+            f"{report['exit_grace_s']:g} s after the script finished on every rank of this node; ended "
+            f"(the exit status is the scripts' own; see hung_ranks in the report)"
+        )
     lines += format_graphs(report)
     lines += format_behind(report)
     skipped = Skipped(**report.get("skipped", {}))
@@ -330,8 +371,11 @@ def per_rank_graphs(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     bound = [r for r in rows if r["fallbacks"].get(RANK_BOUND)]
     if not bound:
         return None
-    return {"graphs": sum(r["fallbacks"][RANK_BOUND] for r in bound), "ranks": [r["rank"] for r in bound],
-            "why": bound[0].get("fallback_details", {}).get(RANK_BOUND, "")}
+    return {
+        "graphs": sum(r["fallbacks"][RANK_BOUND] for r in bound),
+        "ranks": [r["rank"] for r in bound],
+        "why": bound[0].get("fallback_details", {}).get(RANK_BOUND, ""),
+    }
 
 
 def format_graphs(report: Mapping[str, Any]) -> list[str]:
@@ -339,12 +383,16 @@ def format_graphs(report: Mapping[str, Any]) -> list[str]:
     lines = []
     bound = report["total"].get("per_rank_graphs")
     if bound:
-        lines.append(f"keyed per rank, not shared between ranks (rank_bound: {bound['graphs']} graph lookup(s) on "
-                     f"rank(s) {', '.join(map(str, bound['ranks']))}): {bound['why'] or 'no reason recorded'}")
+        lines.append(
+            f"keyed per rank, not shared between ranks (rank_bound: {bound['graphs']} graph lookup(s) on "
+            f"rank(s) {', '.join(map(str, bound['ranks']))}): {bound['why'] or 'no reason recorded'}"
+        )
     duplicates, missed = report.get("duplicates") or [], report.get("missed") or []
     if duplicates:
-        lines.append(f"compiled by more than one rank ({len(duplicates)} graph(s); recipecache explain RUN_DIR "
-                     "shows differing keys):")
+        lines.append(
+            f"compiled by more than one rank ({len(duplicates)} graph(s); recipecache explain RUN_DIR "
+            "shows differing keys):"
+        )
         for dup in duplicates:
             first, *others = dup["compiles"]
             again = "; ".join(f"rank {c['rank']} again: {c['reason']}" for c in others)
@@ -365,11 +413,16 @@ def format_behind(report: Mapping[str, Any]) -> list[str]:
         by = ", ".join(map(str, graph["compiled_by"])) or "another job"
         ranks = "; ".join(
             f"rank {rank}: {row['eager_calls']} eager call(s), "
-            + (f"switched at {time.strftime('%H:%M:%S', time.localtime(row['switched_at']))}"
-               if row["switched_at"] is not None else f"never switched{' (' + row['failed'] + ')' if 'failed' in row else ''}")
-            for rank, row in graph["ranks"].items())
-        lines.append(f"  {graph['name']} {graph['shapes']}: compiled behind by rank {by} in {graph['compile_s']:.1f} s; "
-                     f"{ranks}")
+            + (
+                f"switched at {time.strftime('%H:%M:%S', time.localtime(row['switched_at']))}"
+                if row["switched_at"] is not None
+                else f"never switched{' (' + row['failed'] + ')' if 'failed' in row else ''}"
+            )
+            for rank, row in graph["ranks"].items()
+        )
+        lines.append(
+            f"  {graph['name']} {graph['shapes']}: compiled behind by rank {by} in {graph['compile_s']:.1f} s; {ranks}"
+        )
     return lines
 
 

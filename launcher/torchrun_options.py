@@ -71,8 +71,11 @@ def parser_rows() -> list[Row]:
     """The options of the installed torchrun's parser (help excluded), read from the parser (imports torch)."""
     from torch.distributed.run import get_args_parser
 
-    return [(tuple(action.option_strings), action.nargs != 0, action.dest) for action in get_args_parser()._actions
-            if action.option_strings and not isinstance(action, argparse._HelpAction)]
+    return [
+        (tuple(action.option_strings), action.nargs != 0, action.dest)
+        for action in get_args_parser()._actions
+        if action.option_strings and not isinstance(action, argparse._HelpAction)
+    ]
 
 
 def cache_file() -> Path | None:
@@ -107,9 +110,15 @@ def _read(path: Path) -> list[Row] | None:
         return None
     rows: list[Row] = []
     for item in data if isinstance(data, list) else [None]:
-        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], list) and item[0]
-                and all(isinstance(n, str) and n.startswith("-") for n in item[0])
-                and isinstance(item[1], bool) and isinstance(item[2], str)):
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], list)
+            and item[0]
+            and all(isinstance(n, str) and n.startswith("-") for n in item[0])
+            and isinstance(item[1], bool)
+            and isinstance(item[2], str)
+        ):
             return None
         rows.append((tuple(item[0]), item[1], item[2]))
     return rows
@@ -137,8 +146,9 @@ def _option(row: Row) -> TorchrunOption:
 
 def pass_through() -> tuple[TorchrunOption, ...]:
     """Every torchrun option passed on unchanged: all but ``--nproc-per-node`` and :func:`refused`."""
-    return tuple(_option(row) for row in torchrun_rows()
-                 if row[2] != NPROC_PER_NODE.dest and row[2] not in REFUSED_REASONS)
+    return tuple(
+        _option(row) for row in torchrun_rows() if row[2] != NPROC_PER_NODE.dest and row[2] not in REFUSED_REASONS
+    )
 
 
 def refused() -> tuple[tuple[TorchrunOption, str], ...]:

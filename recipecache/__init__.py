@@ -37,9 +37,18 @@ _LAZY = {
 }
 
 __all__ = [
-    "BackendError", "ConfigError", "Flight", "Reason", "RecipeCacheError", "Role", "Store", "VerificationError",
+    "BackendError",
+    "ConfigError",
+    "Flight",
+    "Reason",
+    "RecipeCacheError",
+    "Role",
+    "Store",
+    "VerificationError",
     "__version__",
-    "make_key", "open_store", *_LAZY,
+    "make_key",
+    "open_store",
+    *_LAZY,
 ]
 
 

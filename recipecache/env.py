@@ -102,7 +102,6 @@ def switch(name: str, environ: Mapping[str, str] | None = None) -> bool:
     return text == "1"
 
 
-
 #: what an operator's CPU fingerprint may be: it becomes part of store keys
 _CPU_FINGERPRINT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
@@ -134,8 +133,9 @@ def positive_seconds(what: str, text: str, bounds: tuple[float, float] | None = 
     return value
 
 
-def seconds(name: str, default: float, environ: Mapping[str, str] | None = None, *,
-            bounds: tuple[float, float] | None = None) -> float:
+def seconds(
+    name: str, default: float, environ: Mapping[str, str] | None = None, *, bounds: tuple[float, float] | None = None
+) -> float:
     """The environment variable ``name`` as positive, finite seconds (within ``bounds``), or ``default`` when unset or empty."""
     text = (os.environ if environ is None else environ).get(name)
     return positive_seconds(name, text, bounds) if text else default

@@ -259,7 +259,10 @@ def read_header(blob: Buffer) -> tuple[dict[str, Any], int]:
         fields = msgpack.unpackb(
             view[_PREFIX.size : _PREFIX.size + header_len], raw=False, strict_map_key=True, use_list=False
         )
-    except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, UnicodeDecodeError and FormatError are ValueErrors
+    except (
+        ValueError,
+        msgpack.UnpackException,
+    ) as exc:  # ExtraData, UnicodeDecodeError and FormatError are ValueErrors
         raise VerificationError(Reason.CORRUPT, f"undecodable header: {exc}") from None
     return _checked_fields(fields), _PREFIX.size + header_len
 

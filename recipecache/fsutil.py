@@ -122,8 +122,7 @@ def _close_fds(fds: list[int]) -> None:
     fds.clear()
 
 
-def _check_private(st: os.stat_result, what: str, directory: str | os.PathLike[str], *,
-                   kind: str = "directory") -> int:
+def _check_private(st: os.stat_result, what: str, directory: str | os.PathLike[str], *, kind: str = "directory") -> int:
     """Refuse (ConfigError) a directory (or ``kind="file"``: a regular file) that is a symlink, not ours,
     or writable by group or others; our uid."""
     uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
@@ -193,8 +192,9 @@ class NotRegularFileError(OSError):
     """Where a file belongs there is a symlink, a FIFO, a socket or a device, which is never read."""
 
 
-def open_regular_file(path: str | os.PathLike[str], *, dir_fd: int | None = None,
-                      follow_links: bool = False) -> int | None:
+def open_regular_file(
+    path: str | os.PathLike[str], *, dir_fd: int | None = None, follow_links: bool = False
+) -> int | None:
     """A read-only fd of the regular file at ``path`` (relative to ``dir_fd`` if given); None if there is none.
 
     Raises :class:`NotRegularFileError` for anything else there: a symlink is not followed
@@ -287,8 +287,14 @@ def write_all(fd: int, parts: tuple[Buffer, ...]) -> None:
 
 def _file_type(mode: int) -> str:
     """What a non-regular file is, for an error message."""
-    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "something else"

@@ -61,7 +61,9 @@ def free_space(name: str, path: Path) -> HealthCheck:
         return HealthCheck(name, FAIL, f"{path}: cannot read free space ({exc.strerror})", "check the mount")
     detail = f"{path}: {format_size(free)} free"
     if free < MIN_FREE_BYTES:
-        return HealthCheck(name, FAIL, detail, f"free space, or point it elsewhere (needs at least {format_size(MIN_FREE_BYTES)})")
+        return HealthCheck(
+            name, FAIL, detail, f"free space, or point it elsewhere (needs at least {format_size(MIN_FREE_BYTES)})"
+        )
     if free < LOW_FREE_BYTES:
         return HealthCheck(name, WARN, detail, "artifacts of a large model can take gigabytes; free some space")
     return HealthCheck(name, PASS, detail)
@@ -81,5 +83,9 @@ def writable(name: str, path: Path) -> HealthCheck:
     """Whether this process can create files in ``path`` (or create ``path`` in its nearest existing parent)."""
     probe = _nearest_existing(path)
     if probe.is_dir() and os.access(probe, os.W_OK | os.X_OK):
-        return HealthCheck(name, PASS, f"{path}: writable" + ("" if probe == path else f" (will be created in {probe})"))
-    return HealthCheck(name, FAIL, f"{path}: not writable by this user", f"fix the permissions of {probe} or point it elsewhere")
+        return HealthCheck(
+            name, PASS, f"{path}: writable" + ("" if probe == path else f" (will be created in {probe})")
+        )
+    return HealthCheck(
+        name, FAIL, f"{path}: not writable by this user", f"fix the permissions of {probe} or point it elsewhere"
+    )

@@ -64,7 +64,9 @@ def make_key(graph_hash: str, shapes: Iterable[Any] = (), *, fingerprint: Mappin
     fp = base_fingerprint()
     if fingerprint:
         fp.update({str(k): str(v) for k, v in fingerprint.items()})
-    blob = msgpack.packb(["recipecache-key-v1", _canonical(fp), graph_hash, _canonical(list(shapes))], use_bin_type=True)
+    blob = msgpack.packb(
+        ["recipecache-key-v1", _canonical(fp), graph_hash, _canonical(list(shapes))], use_bin_type=True
+    )
     return hashlib.sha256(blob).hexdigest()
 
 

@@ -217,14 +217,17 @@ class SingleFlight:
                 continue
             if progress is not None:
                 progress.update(held, waited)
-            wait = min(held.remaining_s + EXPIRY_MARGIN_S, timeout - waited,
-                       progress.due_in(waited) if progress else math.inf)
+            wait = min(
+                held.remaining_s + EXPIRY_MARGIN_S, timeout - waited, progress.due_in(waited) if progress else math.inf
+            )
             if self.backend.lease_wait(name, held.token, wait) is None:
                 polls = True
                 self._sleep(min(delay, wait))
                 delay = min(delay * 2, self._poll_max)
 
-    def _lead(self, name: str, token: str, fetch: Callable[[], T | None], start: float, *, contended: bool) -> Outcome[T]:
+    def _lead(
+        self, name: str, token: str, fetch: Callable[[], T | None], start: float, *, contended: bool
+    ) -> Outcome[T]:
         lease = HeldLease(self.backend, name, token, self.ttl)
         try:
             value = fetch()

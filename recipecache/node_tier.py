@@ -73,14 +73,25 @@ class NodeTier:
     ) -> None:
         self.backend = FilesystemBackend(directory, max_size=max_size, what="node directory")
         self.directory = self.backend.root
-        self._flight = SingleFlight(self.backend, ttl=lease_ttl, poll_initial=POLL_INITIAL_S, poll_max=POLL_MAX_S,
-                                    activity=None, takeover_on_release=False)
+        self._flight = SingleFlight(
+            self.backend,
+            ttl=lease_ttl,
+            poll_initial=POLL_INITIAL_S,
+            poll_max=POLL_MAX_S,
+            activity=None,
+            takeover_on_release=False,
+        )
         self._wait_timeout = wait_timeout
         self._stats = stats
         self._warned = False
 
-    def read(self, name: str, verify: Callable[[Buffer], P], remote: Callable[[], tuple[A, Buffer | None]],
-             hit: Callable[[P], A]) -> A:
+    def read(
+        self,
+        name: str,
+        verify: Callable[[Buffer], P],
+        remote: Callable[[], tuple[A, Buffer | None]],
+        hit: Callable[[P], A],
+    ) -> A:
         """The answer for backend key ``name``: from the directory, else from ``remote`` through one process per node.
 
         ``remote`` returns the store's answer and the verified entry to copy in (None when
@@ -175,5 +186,9 @@ class NodeTier:
         self._stats.count("node_errors")
         if not self._warned:
             self._warned = True
-            log.warning("recipecache: node directory %s failed (%s: %s); reading the remote store directly",
-                        self.directory, exc.reason, exc)
+            log.warning(
+                "recipecache: node directory %s failed (%s: %s); reading the remote store directly",
+                self.directory,
+                exc.reason,
+                exc,
+            )

@@ -44,5 +44,5 @@ def parent_of(pid: int) -> int | None:
     except OSError:
         return None
     # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its last ")"
-    fields = stat[stat.rfind(b")") + 2:].split()
+    fields = stat[stat.rfind(b")") + 2 :].split()
     return int(fields[1]) if len(fields) > 1 else None

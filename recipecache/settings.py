@@ -69,8 +69,10 @@ def check_secret(value: bytes, source: str) -> bytes:
     short one can be guessed; ``deploy/README.md`` asks for at least 16 random bytes.
     """
     if len(value) < MIN_SECRET_BYTES:
-        raise ConfigError(f"{source} is {'empty' if not value else f'{len(value)} bytes'}: "
-                          f"a signing key needs at least {MIN_SECRET_BYTES} bytes (e.g. `openssl rand -hex 32`)")
+        raise ConfigError(
+            f"{source} is {'empty' if not value else f'{len(value)} bytes'}: "
+            f"a signing key needs at least {MIN_SECRET_BYTES} bytes (e.g. `openssl rand -hex 32`)"
+        )
     return value
 
 

@@ -19,13 +19,32 @@ import threading
 from collections import Counter, defaultdict
 from typing import Any
 
-_COUNTS = ("hits", "misses", "puts", "bytes_read", "bytes_written", "compiles", "waits", "leader", "follower", "busy",
-           "fallback", "takeovers", "deleted_bad", "update_conflicts",
-           # the node tier (recipecache.node_tier): served from the node directory, waited for the node's
-           # fetcher, read the remote store for the node (and the bytes it got), took a dead fetcher's place,
-           # refused a bad copy, could not use the directory
-           "node_hits", "node_waits", "node_fetches", "node_fetched_bytes", "node_takeovers", "node_deleted_bad",
-           "node_errors")
+_COUNTS = (
+    "hits",
+    "misses",
+    "puts",
+    "bytes_read",
+    "bytes_written",
+    "compiles",
+    "waits",
+    "leader",
+    "follower",
+    "busy",
+    "fallback",
+    "takeovers",
+    "deleted_bad",
+    "update_conflicts",
+    # the node tier (recipecache.node_tier): served from the node directory, waited for the node's
+    # fetcher, read the remote store for the node (and the bytes it got), took a dead fetcher's place,
+    # refused a bad copy, could not use the directory
+    "node_hits",
+    "node_waits",
+    "node_fetches",
+    "node_fetched_bytes",
+    "node_takeovers",
+    "node_deleted_bad",
+    "node_errors",
+)
 _SECONDS = ("compile_s", "wait_s")
 _BY_REASON = ("misses_by_reason", "put_failures_by_reason", "fallback_by_reason")
 
@@ -92,6 +111,7 @@ class Stats:
             out: dict[str, Any] = {name: self._counts[name] for name in _COUNTS}
             out.update({name: round(value, 6) for name, value in self._seconds.items()})
             out.update({name: dict(counter) for name, counter in self._reasons.items()})
-            out["by_kind"] = {kind: {name: counts[name] for name in ("hit", "miss", "put")}
-                              for kind, counts in self._kinds.items()}
+            out["by_kind"] = {
+                kind: {name: counts[name] for name in ("hit", "miss", "put")} for kind, counts in self._kinds.items()
+            }
         return out

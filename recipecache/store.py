@@ -202,11 +202,18 @@ class Breaker:
             self._until = self._clock() + self._pause
             pause = self._pause
         if first:
-            log.warning("recipecache: %s failed on %s (%s: %s); compiling locally, retrying the cache in %.0f s",
-                        what, self.url, exc.reason, exc, pause)
+            log.warning(
+                "recipecache: %s failed on %s (%s: %s); compiling locally, retrying the cache in %.0f s",
+                what,
+                self.url,
+                exc.reason,
+                exc,
+                pause,
+            )
         elif probe:
-            log.info("recipecache: backend %s still failing (%s: %s); next try in %.0f s",
-                     self.url, exc.reason, exc, pause)
+            log.info(
+                "recipecache: backend %s still failing (%s: %s); next try in %.0f s", self.url, exc.reason, exc, pause
+            )
 
     def _answered(self) -> None:
         """Close the breaker: the backend answered (the probe itself, or a call nested in it, such as a
@@ -222,7 +229,11 @@ class Breaker:
 
 class Store:
     def __init__(
-        self, backend: Backend, settings: StoreSettings, *, events: EventLog | None = None,
+        self,
+        backend: Backend,
+        settings: StoreSettings,
+        *,
+        events: EventLog | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``clock`` paces the circuit breaker (:class:`Breaker`)."""
@@ -236,9 +247,17 @@ class Store:
         #: a circuit breaker per failure domain of the backend (None: the whole backend)
         self._breakers: dict[str | None, Breaker] = {}
         self._breakers_lock = threading.Lock()
-        self.node = None if settings.node_dir is None else NodeTier(
-            settings.node_dir, max_size=settings.node_max_size, lease_ttl=settings.lease_ttl,
-            wait_timeout=settings.wait_timeout, stats=self._stats)
+        self.node = (
+            None
+            if settings.node_dir is None
+            else NodeTier(
+                settings.node_dir,
+                max_size=settings.node_max_size,
+                lease_ttl=settings.lease_ttl,
+                wait_timeout=settings.wait_timeout,
+                stats=self._stats,
+            )
+        )
 
     @classmethod
     def open(cls, settings: StoreSettings, *, events: EventLog | None = None, **backend_defaults: object) -> Store:
@@ -270,8 +289,11 @@ class Store:
         ``host:port``, the whole backend as its URL."""
         with self._breakers_lock:
             breakers = list(self._breakers.items())
-        return {self.backend.url if domain is None else domain: breaker.reason
-                for domain, breaker in breakers if breaker.reason is not None}
+        return {
+            self.backend.url if domain is None else domain: breaker.reason
+            for domain, breaker in breakers
+            if breaker.reason is not None
+        }
 
     # -- bytes ---------------------------------------------------------------------
     def _read(self, key: str, *, node: bool = True) -> Lookup:
@@ -281,8 +303,12 @@ class Store:
         """
         if self.node is None or not node:
             return self._fetch(key)[0]
-        return self.node.read(storage_key(self.namespace, key), functools.partial(self.open_entry, key),
-                              functools.partial(self._fetch_verified, key), self._node_hit)
+        return self.node.read(
+            storage_key(self.namespace, key),
+            functools.partial(self.open_entry, key),
+            functools.partial(self._fetch_verified, key),
+            self._node_hit,
+        )
 
     def open_entry(self, key: str, blob: Buffer) -> memoryview:
         """The payload of ``blob`` filed under ``key``; VerificationError unless every check passes."""
@@ -380,7 +406,13 @@ class Store:
             self.events.record("put", key, time.perf_counter() - start, bytes=len(data))
 
     def put(
-        self, key: str, data: Buffer, *, trace: bool = True, meta: dict[str, Any] | None = None, node: bool = True,
+        self,
+        key: str,
+        data: Buffer,
+        *,
+        trace: bool = True,
+        meta: dict[str, Any] | None = None,
+        node: bool = True,
         kind: str | None = None,
     ) -> bool:
         """Publish ``data`` under ``key``; False (logged and counted, never raised) if the backend failed.
@@ -544,12 +576,21 @@ class Store:
                 self.events.record("wait", key, outcome.waited_s)
         settle(outcome.role is Role.FOLLOWER)
         if outcome.role is Role.TIMEOUT:
-            return self._fallback(key, Reason.WAIT_TIMEOUT, waited_s=outcome.waited_s, miss_reason=miss, trace=trace,
-                                  kind=kind)
+            return self._fallback(
+                key, Reason.WAIT_TIMEOUT, waited_s=outcome.waited_s, miss_reason=miss, trace=trace, kind=kind
+            )
         if outcome.role is Role.FOLLOWER:
             self._stats.count("follower")
-            return Flight(self, key, Role.FOLLOWER, data=outcome.value, waited_s=outcome.waited_s, miss_reason=miss,
-                          trace=trace, kind=kind)
+            return Flight(
+                self,
+                key,
+                Role.FOLLOWER,
+                data=outcome.value,
+                waited_s=outcome.waited_s,
+                miss_reason=miss,
+                trace=trace,
+                kind=kind,
+            )
         self._stats.count("leader")
         if outcome.takeover:
             self._stats.count("takeovers")
@@ -557,8 +598,16 @@ class Store:
                 self.events.record("takeover", key)
         if trace and wait:  # wait=False: the caller says where it compiles (no-stall: behind the steps)
             self.events.record("compile_start", key)
-        return Flight(self, key, Role.LEADER, lease=outcome.lease, waited_s=outcome.waited_s, miss_reason=miss,
-                      trace=trace, kind=kind)
+        return Flight(
+            self,
+            key,
+            Role.LEADER,
+            lease=outcome.lease,
+            waited_s=outcome.waited_s,
+            miss_reason=miss,
+            trace=trace,
+            kind=kind,
+        )
 
     def compiling(self, key: str) -> bool:
         """Whether a live lease on ``key`` says another process is compiling it now (False if the backend failed).
@@ -572,13 +621,22 @@ class Store:
             return False
         return held is not None and held.remaining_s > 0
 
-    def _fallback(self, key: str, reason: Reason, *, miss_reason: Reason | None, waited_s: float = 0.0,
-                  trace: bool = True, kind: str | None = None) -> Flight:
+    def _fallback(
+        self,
+        key: str,
+        reason: Reason,
+        *,
+        miss_reason: Reason | None,
+        waited_s: float = 0.0,
+        trace: bool = True,
+        kind: str | None = None,
+    ) -> Flight:
         self._stats.reason("fallback", reason)
         if trace:
             self.events.record("fallback", key, reason=reason)
-        return Flight(self, key, Role.FALLBACK, reason=reason, waited_s=waited_s, miss_reason=miss_reason, trace=trace,
-                      kind=kind)
+        return Flight(
+            self, key, Role.FALLBACK, reason=reason, waited_s=waited_s, miss_reason=miss_reason, trace=trace, kind=kind
+        )
 
     def get_or_compile(
         self, key: str, compile_fn: Callable[[], Buffer], *, wait_timeout: float | None = None
@@ -714,8 +772,12 @@ class Store:
 
     def stats(self) -> dict[str, Any]:
         out = self._stats.snapshot()
-        out.update(url=self.backend.url, namespace=self.namespace, signed=self.settings.secret is not None,
-                   node_dir=None if self.node is None else str(self.node.directory))
+        out.update(
+            url=self.backend.url,
+            namespace=self.namespace,
+            signed=self.settings.secret is not None,
+            node_dir=None if self.node is None else str(self.node.directory),
+        )
         return out
 
     def close(self) -> None:

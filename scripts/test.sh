@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install what the test suite needs on a fresh machine, then run it on the three supported torch
-# releases, the newest (the one users move to) first:
+# Install what the test suite needs on a fresh machine, lint and type-check the package and the
+# launcher (scripts/lint.sh: ruff and mypy, configured in pyproject.toml), then run the tests on the
+# three supported torch releases, the newest (the one users move to) first:
 #   1. the whole suite on torch 2.15.0, in an environment of its own ($RECIPECACHE_TEST_VENV_2_15,
 #      default ~/.cache/recipecache/venv-torch2.15; a CUDA build of ~5.3 GB, which runs on CPU). Its
 #      one pip call (torch and this checkout together) reads no pip configuration
@@ -16,7 +17,7 @@
 # same machine (each install takes minutes), with this checkout installed into it (editable) each
 # time; Debian's redis-server is installed if missing (the tests start their own redis-server
 # processes on 127.0.0.1). All runs must pass: any pytest failure, including exit 5 (nothing
-# collected), fails the command. Arguments go to every pytest run.
+# collected), fails the command, as does any lint or type finding. Arguments go to every pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv_2_15=${RECIPECACHE_TEST_VENV_2_15:-$HOME/.cache/recipecache/venv-torch2.15}
@@ -41,6 +42,10 @@ PIP_CONFIG_FILE=/dev/null "$venv_2_15/bin/python" -m pip install -q torch==2.15.
 make_venv "$venv_2_14"
 "$venv_2_14/bin/python" -m pip install -q torch==2.14.1 -e '.[test]'
 
+status_lint=0
+echo "== lint and types (ruff, mypy)"
+PYTHON=python3 bash scripts/lint.sh || status_lint=$?
+
 # each venv's bin first on PATH, as if activated: a test that starts an installed console script gets that venv's
 status_2_15=0
 echo "== torch 2.15.0 ($venv_2_15): all tests"
@@ -51,8 +56,8 @@ PATH="$venv_2_14/bin:$PATH" "$venv_2_14/bin/python" -m pytest -m internals "$@" 
 status_2_13=0
 echo "== torch 2.13.0 (python3): the tests marked internals"
 python3 -m pytest -m internals "$@" || status_2_13=$?
-echo "== pytest exit status: torch 2.15.0 (all tests) $status_2_15, torch 2.14.1 (internals) $status_2_14," \
-     "torch 2.13.0 (internals) $status_2_13"
-if [ "$status_2_15" -ne 0 ] || [ "$status_2_14" -ne 0 ] || [ "$status_2_13" -ne 0 ]; then
+echo "== exit status: lint and types $status_lint; pytest: torch 2.15.0 (all tests) $status_2_15," \
+     "torch 2.14.1 (internals) $status_2_14, torch 2.13.0 (internals) $status_2_13"
+if [ "$status_lint" -ne 0 ] || [ "$status_2_15" -ne 0 ] || [ "$status_2_14" -ne 0 ] || [ "$status_2_13" -ne 0 ]; then
   exit 1
 fi

@@ -118,8 +118,14 @@ class FilesystemBackend(Backend):
             raise url.error("use file:///absolute/path")
         return cls(urllib.parse.unquote(url.parts.path), max_size=url.size("max_size", None))
 
-    def __init__(self, root: str | os.PathLike[str], *, max_size: int | None = None, clock: Clock = time.time,
-                 what: str = "cache directory") -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        max_size: int | None = None,
+        clock: Clock = time.time,
+        what: str = "cache directory",
+    ) -> None:
         self._root = PrivateDirectory(root, what)
         self.root = self._root.root
         self.url = f"file://{self.root}"
@@ -153,7 +159,9 @@ class FilesystemBackend(Backend):
                 os.mkdir(path, 0o700)
             except FileExistsError:
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
-                    raise BackendError(Reason.BACKEND_ERROR, f"{self._shown(path)} is a symlink or not a directory; refusing it") from None
+                    raise BackendError(
+                        Reason.BACKEND_ERROR, f"{self._shown(path)} is a symlink or not a directory; refusing it"
+                    ) from None
         return path
 
     def _object_path(self, key: str) -> Path:
@@ -202,8 +210,11 @@ class FilesystemBackend(Backend):
         except OSError as exc:
             if not self._atime_warned:
                 self._atime_warned = True
-                log.warning("recipecache: cannot record access times in %s (%s); reading on, eviction goes by write "
-                            "time", self.root, exc.strerror)
+                log.warning(
+                    "recipecache: cannot record access times in %s (%s); reading on, eviction goes by write time",
+                    self.root,
+                    exc.strerror,
+                )
 
     def put(self, key: str, value: Buffer, *more: Buffer) -> None:
         namespace, digest = check_key(key).split("/")
@@ -292,7 +303,10 @@ class FilesystemBackend(Backend):
             return
         self._written_since_check += written
         now = time.monotonic()
-        if self._written_since_check < self.max_size * _EVICT_CHECK_FRACTION and now - self._last_check < _EVICT_CHECK_S:
+        if (
+            self._written_since_check < self.max_size * _EVICT_CHECK_FRACTION
+            and now - self._last_check < _EVICT_CHECK_S
+        ):
             return
         self._written_since_check = 0
         self._last_check = now
@@ -309,8 +323,10 @@ class FilesystemBackend(Backend):
         try:
             return self._evict(max_bytes, lock_timeout=EVICT_LOCK_TIMEOUT_S)
         except filelock.Timeout:
-            raise BackendError(Reason.BACKEND_SLOW, f"another process has been evicting from {self.root} for "
-                                                    f"{EVICT_LOCK_TIMEOUT_S:g} s; try again later") from None
+            raise BackendError(
+                Reason.BACKEND_SLOW,
+                f"another process has been evicting from {self.root} for {EVICT_LOCK_TIMEOUT_S:g} s; try again later",
+            ) from None
 
     def _evict(self, max_bytes: int, *, lock_timeout: float) -> int:
         """LRU eviction under one lock per cache, so concurrent evictors do not double-delete."""
@@ -344,8 +360,10 @@ class FilesystemBackend(Backend):
                             continue
                         if name.endswith(".lease"):
                             removed += self._remove_expired_lease(path)
-                        elif name.startswith(TEMP_PREFIX) or name.endswith(".value.lock") or (
-                            name.endswith(".lease.lock") and not path.with_suffix("").exists()
+                        elif (
+                            name.startswith(TEMP_PREFIX)
+                            or name.endswith(".value.lock")
+                            or (name.endswith(".lease.lock") and not path.with_suffix("").exists())
                         ):
                             path.unlink(missing_ok=True)
                             removed += 1
@@ -451,8 +469,11 @@ class FilesystemBackend(Backend):
     # -- doctor --------------------------------------------------------------------
     def health_checks(self, probe_key: str) -> list[HealthCheck]:
         """The root's permissions and free space, and this host's clock against the file system's."""
-        return [private("permissions", self.root, "cache directory"), free_space("free space", self.root),
-                self._clock_check()]
+        return [
+            private("permissions", self.root, "cache directory"),
+            free_space("free space", self.root),
+            self._clock_check(),
+        ]
 
     def _clock_check(self) -> HealthCheck:
         """Compare the clock with a new file's mtime, which a network file system's server sets.
@@ -466,13 +487,21 @@ class FilesystemBackend(Backend):
             mtime = tmp.stat().st_mtime
             tmp.unlink()
         except OSError as exc:
-            return HealthCheck("clock", FAIL, f"cannot create a file in {self.root}: {exc.strerror}",
-                               "fix the store directory's permissions")
+            return HealthCheck(
+                "clock",
+                FAIL,
+                f"cannot create a file in {self.root}: {exc.strerror}",
+                "fix the store directory's permissions",
+            )
         after = self._clock()
         skew = 0.0 if before - 1.0 <= mtime <= after + 1.0 else mtime - (before + after) / 2  # 1 s: mtime granularity
         if abs(skew) > MAX_CLOCK_SKEW_S:
-            return HealthCheck("clock", FAIL, f"this host's clock is {-skew:+.1f} s off the file system's",
-                               "synchronise the clocks (NTP): leases on a shared store expire by the writers' clocks")
+            return HealthCheck(
+                "clock",
+                FAIL,
+                f"this host's clock is {-skew:+.1f} s off the file system's",
+                "synchronise the clocks (NTP): leases on a shared store expire by the writers' clocks",
+            )
         return HealthCheck("clock", PASS, f"within {MAX_CLOCK_SKEW_S:.0f} s of the file system's (leases are safe)")
 
 
@@ -526,4 +555,6 @@ def _read_path(path: Path) -> bytes | None:
 
 
 def _lock_stuck(name: str, waited_s: float) -> BackendError:
-    return BackendError(Reason.BACKEND_SLOW, f"lease {name}: its lock stayed held by another process for {waited_s:g} s")
+    return BackendError(
+        Reason.BACKEND_SLOW, f"lease {name}: its lock stayed held by another process for {waited_s:g} s"
+    )

@@ -116,4 +116,5 @@ class MemoryBackend(Backend):
     def lease_wait(self, name: str, token: str, timeout: float) -> bool:
         with self._lock:
             return self._lease_changed.wait_for(
-                lambda: self._leases.get(name, ("", 0.0))[0] != token, timeout=max(timeout, 0.0))
+                lambda: self._leases.get(name, ("", 0.0))[0] != token, timeout=max(timeout, 0.0)
+            )

@@ -99,8 +99,23 @@ log = logging.getLogger(__name__)
 #: refusal, so the user needs no ``client`` rights. Lua scripts run with the caller's
 #: rights, so their commands are listed too.
 ACL_COMMANDS = (
-    "get", "getrange", "strlen", "set", "del", "mget", "scan", "pexpire", "persist", "pttl", "rpush", "blmove",
-    "evalsha", "script|load", "ping", "auth", "hello",
+    "get",
+    "getrange",
+    "strlen",
+    "set",
+    "del",
+    "mget",
+    "scan",
+    "pexpire",
+    "persist",
+    "pttl",
+    "rpush",
+    "blmove",
+    "evalsha",
+    "script|load",
+    "ping",
+    "auth",
+    "hello",
 )
 
 #: Clock difference to the server above which event timelines of several hosts no longer line up
@@ -220,23 +235,31 @@ end
 """
 # Publish ARGV[1] (ttl ARGV[2]); delete the chunks of the manifest it replaces. A key of
 # another type gives an error reply from the pcall'd GETRANGE, and SET replaces it.
-_SWAP = _LUA_CHUNKS + f"""
+_SWAP = (
+    _LUA_CHUNKS
+    + f"""
 if not adopt(chunk_keys(KEYS[2], ARGV[1]), ARGV[2]) then return {_CHUNKS_GONE} end
 local old = redis.pcall('getrange', KEYS[1], 0, {_MANIFEST_PEEK - 1})
 store(KEYS[1], ARGV[1], ARGV[2])
 delete_keys(chunk_keys(KEYS[2], old))
 return 1
 """
-_DELETE = _LUA_CHUNKS + f"""
+)
+_DELETE = (
+    _LUA_CHUNKS
+    + f"""
 local old = redis.pcall('getrange', KEYS[1], 0, {_MANIFEST_PEEK - 1})
 redis.call('del', KEYS[1])
 delete_keys(chunk_keys(KEYS[2], old))
 return 1
 """
+)
 # Apply a write only if the entry is still as the caller read it: ARGV[1] is 'absent',
 # 'wrongtype' or 'value' (then ARGV[2] is the stored form: inline value or manifest);
 # ARGV[3] 'set' (ARGV[4] the new stored form, ARGV[5] the ttl) or 'del'.
-_COMPARE_AND_WRITE = _LUA_CHUNKS + f"""
+_COMPARE_AND_WRITE = (
+    _LUA_CHUNKS
+    + f"""
 local cur = redis.pcall('get', KEYS[1])
 local state = 'value'
 if cur == false then state = 'absent' elseif type(cur) == 'table' then state = 'wrongtype' end
@@ -250,6 +273,7 @@ end
 delete_keys(chunk_keys(KEYS[2], cur))
 return 1
 """
+)
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
   return redis.call('pexpire', KEYS[1], ARGV[2])
@@ -324,7 +348,8 @@ def _error(exc: Exception, what: str) -> BackendError:
     elif isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.AuthenticationError)):
         reason = Reason.BACKEND_DOWN
     elif isinstance(exc, redis.exceptions.OutOfMemoryError) or (  # the class also inside a pipeline ("Command # n")
-            isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("OOM")):
+        isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("OOM")
+    ):
         reason = Reason.BACKEND_FULL
     elif _concerns_keys(exc):
         return BackendKeyError(Reason.BACKEND_ERROR, f"redis {what}: {exc}")
@@ -599,20 +624,23 @@ class RedisBackend(Backend):
             if length == 0:  # no such key: chunks are never empty
                 return None
             if length != manifest.chunk_len(i):
-                raise VerificationError(Reason.CORRUPT, f"chunk {i} of {key} is {length} B, its manifest says "
-                                                        f"{manifest.chunk_len(i)}")
+                raise VerificationError(
+                    Reason.CORRUPT, f"chunk {i} of {key} is {length} B, its manifest says {manifest.chunk_len(i)}"
+                )
         batch = max(1, _MGET_BYTES // manifest.chunk_size)
         chunks: list[bytes | None] = []
         for i in range(0, len(names), batch):
-            chunks += self._call_within(self._transfer_s(batch * manifest.chunk_size), "mget", self._client.mget,
-                                        names[i : i + batch])
+            chunks += self._call_within(
+                self._transfer_s(batch * manifest.chunk_size), "mget", self._client.mget, names[i : i + batch]
+            )
         if any(c is None for c in chunks):
             return None
         for i, chunk in enumerate(chunks):  # again: a chunk written over since its length was asked for
             assert chunk is not None
             if len(chunk) != manifest.chunk_len(i):
-                raise VerificationError(Reason.CORRUPT, f"chunk {i} of {key} is {len(chunk)} B, its manifest says "
-                                                        f"{manifest.chunk_len(i)}")
+                raise VerificationError(
+                    Reason.CORRUPT, f"chunk {i} of {key} is {len(chunk)} B, its manifest says {manifest.chunk_len(i)}"
+                )
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # type: ignore[arg-type]  # no None: checked above
 
     def _stored_form(self, key: str, parts: tuple[Buffer, ...]) -> tuple[bytes, list[str]]:
@@ -656,9 +684,12 @@ class RedisBackend(Backend):
         if result != 1:
             self._discard(chunk_names)
         if result == _CHUNKS_GONE:
-            raise BackendError(Reason.BACKEND_ERROR, f"redis {what} {key}: chunks of the value were gone before its "
-                                                     "manifest was published (evicted, removed, or older than "
-                                                     f"{PENDING_CHUNK_TTL_MS // 60_000} min)")
+            raise BackendError(
+                Reason.BACKEND_ERROR,
+                f"redis {what} {key}: chunks of the value were gone before its "
+                "manifest was published (evicted, removed, or older than "
+                f"{PENDING_CHUNK_TTL_MS // 60_000} min)",
+            )
         return result == 1
 
     def _discard(self, chunk_names: list[str]) -> None:
@@ -687,8 +718,9 @@ class RedisBackend(Backend):
         current = self._load(check_key(key))
         return value_matches(current.value, expected) and self._compare_and_write(key, current, "del")
 
-    def _compare_and_write(self, key: str, current: _Loaded, action: str, stored: bytes = b"",
-                           chunk_names: list[str] | None = None) -> bool:
+    def _compare_and_write(
+        self, key: str, current: _Loaded, action: str, stored: bytes = b"", chunk_names: list[str] | None = None
+    ) -> bool:
         args = [current.state, current.raw or b"", action, stored, self.ttl_ms or ""]
         return self._publish("compare and write", key, self._cas, args, chunk_names or [])
 
@@ -719,8 +751,13 @@ class RedisBackend(Backend):
                     elif length:
                         yield EntryInfo(key, _stored_size(head, length), 0.0)
         if strays:
-            log.warning("%s: skipped %d key(s) that are no recipecache entry and left them alone: %s%s", self.url,
-                        len(strays), ", ".join(map(repr, strays[:3])), ", ..." if len(strays) > 3 else "")
+            log.warning(
+                "%s: skipped %d key(s) that are no recipecache entry and left them alone: %s%s",
+                self.url,
+                len(strays),
+                ", ".join(map(repr, strays[:3])),
+                ", ..." if len(strays) > 3 else "",
+            )
 
     def vacuum(self, namespace: str | None = None) -> int:
         """Delete chunks that never expire and that no manifest names: what earlier versions left
@@ -739,8 +776,11 @@ class RedisBackend(Backend):
                 pipe.pttl(name)
                 pipe.getrange(self._name("e", key), 0, _MANIFEST_PEEK - 1)
             answers = self._call("vacuum", pipe.execute, raise_on_error=False)
-            orphans = [name for (name, (_key, gen)), pttl, head in zip(chunks, answers[::2], answers[1::2], strict=True)
-                       if pttl == -1 and _manifest_of(head)[0] != gen]
+            orphans = [
+                name
+                for (name, (_key, gen)), pttl, head in zip(chunks, answers[::2], answers[1::2], strict=True)
+                if pttl == -1 and _manifest_of(head)[0] != gen
+            ]
             if orphans:
                 self._call("vacuum", self._client.delete, *orphans)
                 removed += len(orphans)
@@ -794,8 +834,12 @@ class RedisBackend(Backend):
         return bool(self._call("lease renew", self._renew, keys=[self._name("l", name)], args=[token, int(ttl * 1000)]))
 
     def lease_release(self, name: str, token: str) -> None:
-        self._call("lease release", self._release, keys=[self._name("l", name), self._wake_key(name, token)],
-                   args=[token, WAKE_TTL_MS])
+        self._call(
+            "lease release",
+            self._release,
+            keys=[self._name("l", name), self._wake_key(name, token)],
+            args=[token, WAKE_TTL_MS],
+        )
 
     def lease_holder(self, name: str) -> LeaseState | None:
         pipe = self._client.pipeline(transaction=False)
@@ -810,8 +854,12 @@ class RedisBackend(Backend):
     def lease_wait(self, name: str, token: str, timeout: float) -> bool:
         key = self._wake_key(name, token)
         block = min(max(timeout, 0.01), MAX_BLOCK_S)
-        return self._call_within(block + self._timeout, "lease wait", self._blocking().blmove, key, key, block,
-                                 "RIGHT", "LEFT") is not None
+        return (
+            self._call_within(
+                block + self._timeout, "lease wait", self._blocking().blmove, key, key, block, "RIGHT", "LEFT"
+            )
+            is not None
+        )
 
     def _wake_key(self, name: str, token: str) -> str:
         return f"{self._name('w', name)}:{hashlib.sha256(token.encode()).hexdigest()[:16]}"
@@ -888,12 +936,20 @@ class RedisBackend(Backend):
                 pass  # an answer other than a refusal: the user may run it (e.g. HELLO on an old server)
             except redis.exceptions.RedisError as exc:
                 error = _error(exc, command)
-                return HealthCheck("acl", FAIL, f"could not check the user's rights: {error.reason}: {error}",
-                                   "make the server reachable first")
+                return HealthCheck(
+                    "acl",
+                    FAIL,
+                    f"could not check the user's rights: {error.reason}: {error}",
+                    "make the server reachable first",
+                )
         if refused:
             grants = " ".join(f"+{c}" for c in refused)
-            return HealthCheck("acl", FAIL, f"the user may not run {', '.join(refused)}",
-                               f"ACL SETUSER <user> {grants} (deploy/redis/users.acl.template grants what the backend sends)")
+            return HealthCheck(
+                "acl",
+                FAIL,
+                f"the user may not run {', '.join(refused)}",
+                f"ACL SETUSER <user> {grants} (deploy/redis/users.acl.template grants what the backend sends)",
+            )
         return HealthCheck("acl", PASS, f"the user may run all {len(probes)} commands the backend sends on rc:* keys")
 
     def _clock_check(self) -> HealthCheck:
@@ -901,15 +957,23 @@ class RedisBackend(Backend):
         try:
             seconds, micros = self._run_keyless("TIME")
         except redis.exceptions.NoPermissionError:
-            return HealthCheck("clock", PASS, "not measured (the user may not run TIME); Redis leases expire on the "
-                                              "server's clock, so client clocks do not affect them")
+            return HealthCheck(
+                "clock",
+                PASS,
+                "not measured (the user may not run TIME); Redis leases expire on the "
+                "server's clock, so client clocks do not affect them",
+            )
         except redis.exceptions.RedisError as exc:
             return HealthCheck("clock", FAIL, f"TIME failed: {exc}", "make the server reachable first")
         skew = (before + time.time()) / 2 - (int(seconds) + int(micros) / 1e6)
         detail = f"this host's clock is {skew:+.3f} s off the server's"
         if abs(skew) > MAX_CLOCK_SKEW_S:
-            return HealthCheck("clock", WARN, detail + " (leases are unaffected; timelines of several hosts are skewed)",
-                               "synchronise the clocks (NTP)")
+            return HealthCheck(
+                "clock",
+                WARN,
+                detail + " (leases are unaffected; timelines of several hosts are skewed)",
+                "synchronise the clocks (NTP)",
+            )
         return HealthCheck("clock", PASS, detail)
 
 

@@ -124,11 +124,15 @@ class RedisClusterBackend(RedisBackend):
         credentials = client_credentials(url)
 
         def connect(socket_timeout: float) -> _LazyCluster:
-            return _LazyCluster(lambda: RedisCluster(
-                startup_nodes=[ClusterNode(host, port) for host, port in seeds],
-                require_full_coverage=False,  # a primary that is down takes its slots along, not the cluster
-                socket_timeout=socket_timeout, **client_options(settings["timeout"]), **credentials,
-            ))
+            return _LazyCluster(
+                lambda: RedisCluster(
+                    startup_nodes=[ClusterNode(host, port) for host, port in seeds],
+                    require_full_coverage=False,  # a primary that is down takes its slots along, not the cluster
+                    socket_timeout=socket_timeout,
+                    **client_options(settings["timeout"]),
+                    **credentials,
+                )
+            )
 
         return cls(url.raw, connect=connect, **settings)
 

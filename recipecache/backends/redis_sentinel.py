@@ -41,8 +41,9 @@ class RedisSentinelBackend(RedisBackend):
         sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": each, **client_options(each)})
 
         def connect(socket_timeout: float) -> redis.Redis:
-            return sentinel.master_for(service, db=int(db or 0), socket_timeout=socket_timeout,
-                                       **client_options(timeout), **credentials)
+            return sentinel.master_for(
+                service, db=int(db or 0), socket_timeout=socket_timeout, **client_options(timeout), **credentials
+            )
 
         return cls(url.raw, sentinel=sentinel, service=service, connect=connect, **settings)
 

@@ -46,8 +46,10 @@ def command_line_password_warning(url: str | None, option: str) -> str | None:
         return None
     if not password:
         return None
-    return (f"the password in {option} {redact(url)} is visible to every user of this machine (ps); "
-            "set RECIPECACHE_URL instead")
+    return (
+        f"the password in {option} {redact(url)} is visible to every user of this machine (ps); "
+        "set RECIPECACHE_URL instead"
+    )
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,9 @@ class StoreURL:
             parts = urllib.parse.urlsplit(url)
             if "," not in parts.netloc.rpartition("@")[2]:  # several hosts: hosts() checks each one
                 parts.port  # noqa: B018 - raises ValueError for a non-numeric or out-of-range port
-            options = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+            options = dict(
+                urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+            )
         except ValueError as exc:
             raise URLError(f"bad cache URL {redact(url)!r}: {exc}") from None
         if not parts.scheme:
@@ -103,7 +107,9 @@ class StoreURL:
                 raise UnicodeError("longer than 253 characters")
             host.encode("idna")
         except UnicodeError as exc:
-            raise self.error(f"bad host {host[:64]!r}{'...' if len(host) > 64 else ''}: not a host name ({exc})") from None
+            raise self.error(
+                f"bad host {host[:64]!r}{'...' if len(host) > 64 else ''}: not a host name ({exc})"
+            ) from None
         return host
 
     def hosts(self, default_port: int) -> list[tuple[str, int]]:

@@ -45,8 +45,14 @@ from .recipe_cache_config import (
 _LAZY = {name: "recipecache.hpu.agent" for name in ("HpuSyncAgent", "hpu_fingerprint", "start_agent")}
 
 __all__ = [
-    "ENV_VAR", "RecipeCacheConfig", "format_config", "node_directory", "parse_config", "prepare_node_directory",
-    "rank_environment", *_LAZY,
+    "ENV_VAR",
+    "RecipeCacheConfig",
+    "format_config",
+    "node_directory",
+    "parse_config",
+    "prepare_node_directory",
+    "rank_environment",
+    *_LAZY,
 ]
 
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())

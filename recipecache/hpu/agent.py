@@ -112,8 +112,11 @@ class HpuSyncAgent:
         self.fingerprint_id = fingerprint_id(self.fingerprint)
         self.interval = interval
         if UNKNOWN in self.fingerprint.values():
-            log.warning("recipecache: HPU fingerprint %s is incomplete; recipes are exchanged only with nodes "
-                        "that cannot tell either (pass the versions explicitly)", self.fingerprint)
+            log.warning(
+                "recipecache: HPU fingerprint %s is incomplete; recipes are exchanged only with nodes "
+                "that cannot tell either (pass the versions explicitly)",
+                self.fingerprint,
+            )
         #: recipes dealt with for good (see the module docstring)
         self._done: set[str] = set()
         #: what this agent published, kept to re-add to the index until it is read back
@@ -152,8 +155,9 @@ class HpuSyncAgent:
             if files is None:
                 continue  # still being written: next cycle
             start = time.perf_counter()
-            if self.store.put(recipe_key(local.name, self.fingerprint), files.pack(),
-                              meta={"kind": "hpu_recipe", "name": local.name}):
+            if self.store.put(
+                recipe_key(local.name, self.fingerprint), files.pack(), meta={"kind": "hpu_recipe", "name": local.name}
+            ):
                 self._published[local.name] = IndexEntry(self.fingerprint_id, local.name, time.time(), files.size)
                 self._settle(local.name, "published", "hpu_publish", time.perf_counter() - start, bytes=files.size)
 
@@ -161,24 +165,34 @@ class HpuSyncAgent:
         self._confirmed.update(name for name in self._published if (self.fingerprint_id, name) in index)
         # An entry read back once and gone later was either trimmed by the cap (leave it)
         # or lost with the whole index or to a racing writer (put it back while there is room).
-        missing = [e for name, e in self._published.items()
-                   if (self.fingerprint_id, name) not in index and (name not in self._confirmed or len(index) < INDEX_CAP)]
+        missing = [
+            e
+            for name, e in self._published.items()
+            if (self.fingerprint_id, name) not in index and (name not in self._confirmed or len(index) < INDEX_CAP)
+        ]
         if missing:
-            self.store.put(INDEX_KEY, index.merged(missing, self.fingerprint_id, self.fingerprint).encode(),
-                           meta={"kind": "hpu_index"}, node=False)  # rewritten by every node's agent
+            self.store.put(
+                INDEX_KEY,
+                index.merged(missing, self.fingerprint_id, self.fingerprint).encode(),
+                meta={"kind": "hpu_index"},
+                node=False,
+            )  # rewritten by every node's agent
 
     def _count_foreign(self, index: Index) -> None:
         for key, entry in index.entries.items():
             if entry.fingerprint != self.fingerprint_id and key not in self._foreign_seen:
                 self._foreign_seen.add(key)
                 self._counts["skipped_incompatible"] += 1
-                self._record("hpu_skip", entry.name, reason="incompatible",
-                             built_with=index.fingerprints.get(entry.fingerprint))
+                self._record(
+                    "hpu_skip", entry.name, reason="incompatible", built_with=index.fingerprints.get(entry.fingerprint)
+                )
 
     def _install_listed(self, index: Index) -> None:
         local = self.dir.scan()
-        wanted = sorted((e for e in index.entries.values() if e.fingerprint == self.fingerprint_id and e.name not in self._done),
-                        key=lambda e: e.published)
+        wanted = sorted(
+            (e for e in index.entries.values() if e.fingerprint == self.fingerprint_id and e.name not in self._done),
+            key=lambda e: e.published,
+        )
         for entry in wanted:
             if entry.name in local and local[entry.name].has_meta:
                 self._done.add(entry.name)  # the bridge here wrote it too
@@ -238,17 +252,33 @@ class HpuSyncAgent:
                 self.sync_once()
             except Exception as exc:  # one bad cycle must not stop the node's sync
                 self._counts["cycle_errors"] += 1
-                log.warning("recipecache: HPU sync of %s failed (%s); retrying next cycle", self.dir.path, exc,
-                            exc_info=not isinstance(exc, OSError))
+                log.warning(
+                    "recipecache: HPU sync of %s failed (%s); retrying next cycle",
+                    self.dir.path,
+                    exc,
+                    exc_info=not isinstance(exc, OSError),
+                )
             if last:
                 return
             stop.wait(self.interval)
 
     def stats(self) -> dict[str, Any]:
-        counts = ("published", "installed", "skipped_incompatible", "refused", "missing", "evicted", "too_large",
-                  "cycle_errors")
-        return {**{name: self._counts[name] for name in counts}, "directory": str(self.dir.path),
-                "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id}
+        counts = (
+            "published",
+            "installed",
+            "skipped_incompatible",
+            "refused",
+            "missing",
+            "evicted",
+            "too_large",
+            "cycle_errors",
+        )
+        return {
+            **{name: self._counts[name] for name in counts},
+            "directory": str(self.dir.path),
+            "fingerprint": self.fingerprint,
+            "fingerprint_id": self.fingerprint_id,
+        }
 
 
 def start_agent(
@@ -271,10 +301,24 @@ def start_agent(
     ``url`` reaches it as ``RECIPECACHE_URL`` there, never as an argument: any user of the
     machine can read a process's arguments (``ps``), and the URL may hold a password.
     """
-    argv = [sys.executable, "-m", "recipecache.hpu.agent", "--dir", str(directory), "--max-size-mb", str(max_size_mb),
-            "--interval", str(interval), "--parent-pid", str(os.getpid())]
-    for flag, value in (("--namespace", namespace), ("--bridge-version", bridge_version),
-                        ("--driver-version", driver_version)):
+    argv = [
+        sys.executable,
+        "-m",
+        "recipecache.hpu.agent",
+        "--dir",
+        str(directory),
+        "--max-size-mb",
+        str(max_size_mb),
+        "--interval",
+        str(interval),
+        "--parent-pid",
+        str(os.getpid()),
+    ]
+    for flag, value in (
+        ("--namespace", namespace),
+        ("--bridge-version", bridge_version),
+        ("--driver-version", driver_version),
+    ):
         if value is not None:
             argv += [flag, value]
     if clear:
@@ -287,12 +331,22 @@ def start_agent(
 
 # -- command line ------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
-    p = OneLineArgumentParser(prog="python -m recipecache.hpu.agent", description="Sync a node's Gaudi recipe directory with a recipecache store.")
-    p.add_argument("--dir", help=f"node recipe directory (default: the path in ${ENV_VAR}, else a private temp directory)")
-    p.add_argument("--max-size-mb", type=int, help=f"directory cap in MB (default: from ${ENV_VAR}, else {DEFAULT_MAX_SIZE_MB})")
-    p.add_argument("--url", help="store URL (default: $RECIPECACHE_URL or the filesystem default); a password in "
-                                 "it is visible to every user of the machine (ps), so pass such a URL in "
-                                 "$RECIPECACHE_URL instead")
+    p = OneLineArgumentParser(
+        prog="python -m recipecache.hpu.agent",
+        description="Sync a node's Gaudi recipe directory with a recipecache store.",
+    )
+    p.add_argument(
+        "--dir", help=f"node recipe directory (default: the path in ${ENV_VAR}, else a private temp directory)"
+    )
+    p.add_argument(
+        "--max-size-mb", type=int, help=f"directory cap in MB (default: from ${ENV_VAR}, else {DEFAULT_MAX_SIZE_MB})"
+    )
+    p.add_argument(
+        "--url",
+        help="store URL (default: $RECIPECACHE_URL or the filesystem default); a password in "
+        "it is visible to every user of the machine (ps), so pass such a URL in "
+        "$RECIPECACHE_URL instead",
+    )
     p.add_argument("--namespace", help="namespace (default: $RECIPECACHE_NAMESPACE or 'default')")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between passes")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
@@ -336,8 +390,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"--interval must be positive, got {args.interval}")
         store = open_store(args.url, namespace=args.namespace)
         directory, max_size_mb = _directory_and_cap(args, store.namespace)
-        agent = HpuSyncAgent(directory, store, fingerprint=hpu_fingerprint(args.bridge_version, args.driver_version),
-                             max_size_mb=max_size_mb, interval=args.interval, clear=args.clear)
+        agent = HpuSyncAgent(
+            directory,
+            store,
+            fingerprint=hpu_fingerprint(args.bridge_version, args.driver_version),
+            max_size_mb=max_size_mb,
+            interval=args.interval,
+            clear=args.clear,
+        )
     except ConfigError as exc:
         print(f"recipecache-hpu-agent: error: {exc}", file=sys.stderr)
         return 2
@@ -361,9 +421,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stats = {"agent": agent.stats(), "store": store.stats()}
     store.close()
     a = stats["agent"]
-    print(json.dumps(stats, sort_keys=True) if args.json else
-          f"recipecache hpu agent {a['directory']}: published {a['published']}, installed {a['installed']}, "
-          f"refused {a['refused']}, skipped {a['skipped_incompatible']} incompatible")
+    print(
+        json.dumps(stats, sort_keys=True)
+        if args.json
+        else f"recipecache hpu agent {a['directory']}: published {a['published']}, installed {a['installed']}, "
+        f"refused {a['refused']}, skipped {a['skipped_incompatible']} incompatible"
+    )
     return 1 if died else 0
 
 

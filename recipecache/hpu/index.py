@@ -78,8 +78,8 @@ class Index:
             return cls.empty()
         entries: dict[tuple[str, str], IndexEntry] = {}
         recipes = doc.get("recipes")
-        for fp, names in (recipes.items() if isinstance(recipes, dict) else ()):
-            for name, value in (names.items() if isinstance(fp, str) and isinstance(names, dict) else ()):
+        for fp, names in recipes.items() if isinstance(recipes, dict) else ():
+            for name, value in names.items() if isinstance(fp, str) and isinstance(names, dict) else ():
                 if valid_name(name) and isinstance(value, list) and len(value) == 2:
                     published, size = value
                     if isinstance(published, (int, float)) and isinstance(size, int):

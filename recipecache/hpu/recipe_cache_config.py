@@ -56,7 +56,9 @@ def parse_config(text: str) -> RecipeCacheConfig:
     """The config in ``text``; ConfigError (one line) for anything the bridge would not take."""
     fields = text.split(",")
     if len(fields) > 4:
-        raise ConfigError(f"{ENV_VAR}={text!r}: expected <path>,<delete true|false>,<max size MB>[,<on nfs true|false>]")
+        raise ConfigError(
+            f"{ENV_VAR}={text!r}: expected <path>,<delete true|false>,<max size MB>[,<on nfs true|false>]"
+        )
     path = fields[0].strip()
     if not path:
         raise ConfigError(f"{ENV_VAR}={text!r}: the path is empty (the recipe disk cache is off)")

@@ -72,8 +72,9 @@ class RecipeFiles:
         return len(self.recipe) + len(self.meta)
 
     def pack(self) -> bytes:
-        return msgpack.packb({"v": _PAYLOAD_VERSION, "name": self.name, "recipe": self.recipe, "meta": self.meta},
-                             use_bin_type=True)
+        return msgpack.packb(
+            {"v": _PAYLOAD_VERSION, "name": self.name, "recipe": self.recipe, "meta": self.meta}, use_bin_type=True
+        )
 
     @classmethod
     def unpack(cls, blob: Buffer, name: str) -> RecipeFiles | None:

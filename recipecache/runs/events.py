@@ -51,8 +51,19 @@ log = logging.getLogger(__name__)
 #: runs behind the steps (``duration`` = the call); switch: this process switched ``key`` to
 #: the compiled artifact (``duration`` = the load). That background compile's
 #: ``compile_start`` and ``compile`` carry ``"behind": true``: no time of the rank's steps.
-EVENT_KINDS = ("hit", "miss", "compile", "wait", "put", "fallback", "takeover", "compile_start", "step",
-               "eager", "switch")
+EVENT_KINDS = (
+    "hit",
+    "miss",
+    "compile",
+    "wait",
+    "put",
+    "fallback",
+    "takeover",
+    "compile_start",
+    "step",
+    "eager",
+    "switch",
+)
 
 
 class EventLog:
@@ -128,8 +139,9 @@ class Skipped:
         """One line for people: how much was skipped (``""`` when nothing was)."""
         parts = []
         if self.records:
-            parts.append(f"{self.records} damaged record(s) (not UTF-8, not JSON, or fields of the wrong type "
-                         f"or range)")
+            parts.append(
+                f"{self.records} damaged record(s) (not UTF-8, not JSON, or fields of the wrong type or range)"
+            )
         if self.files:
             shown = ", ".join(self.files[:3]) + (f" and {len(self.files) - 3} more" if len(self.files) > 3 else "")
             parts.append(f"{len(self.files)} file(s) that are not regular files or not readable ({shown})")
@@ -151,11 +163,19 @@ def well_formed(rec: Any) -> bool:
 
     Extra fields are not checked (readers ignore what they do not know).
     """
-    return (isinstance(rec, dict) and type(rec.get("event")) is str and is_seconds(rec.get("time"))
-            and type(rec.get("rank")) is int and rec["rank"] in _RANK_RANGE
-            and ("duration" not in rec or is_seconds(rec["duration"]))
-            and _optional(rec, "key", str) and _optional(rec, "reason", str)
-            and _optional(rec, "bytes", int) and _optional(rec, "step", int) and _optional(rec, "behind", bool))
+    return (
+        isinstance(rec, dict)
+        and type(rec.get("event")) is str
+        and is_seconds(rec.get("time"))
+        and type(rec.get("rank")) is int
+        and rec["rank"] in _RANK_RANGE
+        and ("duration" not in rec or is_seconds(rec["duration"]))
+        and _optional(rec, "key", str)
+        and _optional(rec, "reason", str)
+        and _optional(rec, "bytes", int)
+        and _optional(rec, "step", int)
+        and _optional(rec, "behind", bool)
+    )
 
 
 def parse_record(line: bytes) -> dict[str, Any] | None:

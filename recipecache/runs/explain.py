@@ -54,8 +54,13 @@ class Compile:
     reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "key": self.key, "start": self.start, "seconds": round(self.seconds, 3),
-                "reason": self.reason}
+        return {
+            "rank": self.rank,
+            "key": self.key,
+            "start": self.start,
+            "seconds": round(self.seconds, 3),
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -99,8 +104,9 @@ def events_dir(run_dir: str | os.PathLike[str]) -> Path:
     return base / "events" if (base / "events").is_dir() else base
 
 
-def load_events(run_dir: str | os.PathLike[str], *, since: float | None = None,
-                skipped: Skipped | None = None) -> list[dict[str, Any]]:
+def load_events(
+    run_dir: str | os.PathLike[str], *, since: float | None = None, skipped: Skipped | None = None
+) -> list[dict[str, Any]]:
     """A run's event records in time order; ``since`` (Unix time) drops those of earlier jobs.
 
     Damaged records and files that are not regular files are left out, counted in ``skipped``.
@@ -120,8 +126,11 @@ def with_follower_hits(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     ``fallback`` (the deadline passed).
     """
     ended_otherwise = {(r["rank"], r.get("key")) for r in records if r["event"] in ("compile_start", "fallback")}
-    loads = [{**r, "event": "hit", "duration": 0.0, "after_wait": True} for r in records
-             if r["event"] == "wait" and (r["rank"], r.get("key")) not in ended_otherwise]
+    loads = [
+        {**r, "event": "hit", "duration": 0.0, "after_wait": True}
+        for r in records
+        if r["event"] == "wait" and (r["rank"], r.get("key")) not in ended_otherwise
+    ]
     return sorted([*records, *loads], key=lambda r: float(r["time"]))
 
 
@@ -210,14 +219,14 @@ def analyse(records: Sequence[dict[str, Any]], keys: Mapping[str, Sequence[KeyIn
     return analysis
 
 
-def analyse_run(run_dir: str | os.PathLike[str], *, since: float | None = None,
-                skipped: Skipped | None = None) -> Analysis:
+def analyse_run(
+    run_dir: str | os.PathLike[str], *, since: float | None = None, skipped: Skipped | None = None
+) -> Analysis:
     """:func:`analyse` on a run directory (``since`` drops the records of earlier jobs in a reused one).
 
     What the readers left out (damaged records, special files) is counted in ``skipped``.
     """
-    return analyse(load_events(run_dir, since=since, skipped=skipped),
-                   load_keys(run_dir, since=since, skipped=skipped))
+    return analyse(load_events(run_dir, since=since, skipped=skipped), load_keys(run_dir, since=since, skipped=skipped))
 
 
 # -- explain ------------------------------------------------------------------------------
@@ -232,10 +241,13 @@ class KeyGroup:
     context: tuple[dict[str, Any], ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"graph": self.graph, "label": self.label,
-                "keys": [{"key": k, "ranks": list(r)} for k, r in self.keys],
-                "differences": [{"component": n, "values": list(v)} for n, v in self.differences],
-                "context": list(self.context)}
+        return {
+            "graph": self.graph,
+            "label": self.label,
+            "keys": [{"key": k, "ranks": list(r)} for k, r in self.keys],
+            "differences": [{"component": n, "values": list(v)} for n, v in self.differences],
+            "context": list(self.context),
+        }
 
 
 @dataclass
@@ -248,8 +260,9 @@ class Explanation:
     without_keys: list[str] = field(default_factory=list)
 
 
-def explain(run_dirs: Sequence[str | os.PathLike[str]], *, key: str | None = None,
-            skipped: Skipped | None = None) -> Explanation:
+def explain(
+    run_dirs: Sequence[str | os.PathLike[str]], *, key: str | None = None, skipped: Skipped | None = None
+) -> Explanation:
     """Every graph recorded under more than one key in ``run_dirs``, with the components that differ.
 
     ``key`` (a store key, or the start of torch's hash as reports print it) keeps only
@@ -263,8 +276,10 @@ def explain(run_dirs: Sequence[str | os.PathLike[str]], *, key: str | None = Non
         found = load_keys(run_dir, skipped=skipped)
         if not found:
             if not events_dir(run_dir).is_dir():
-                raise ConfigError(f"{run_dir} holds no key records (events/keys/*.jsonl); was the job run with "
-                                  f"recipecache-run or RECIPECACHE_EVENT_LOG set?")
+                raise ConfigError(
+                    f"{run_dir} holds no key records (events/keys/*.jsonl); was the job run with "
+                    f"recipecache-run or RECIPECACHE_EVENT_LOG set?"
+                )
             without_keys.append(str(run_dir))
         for k, recorded in found.items():
             infos[k].extend(i for i in recorded if all(j.rank != i.rank for j in infos[k]))
@@ -284,21 +299,25 @@ def explain(run_dirs: Sequence[str | os.PathLike[str]], *, key: str | None = Non
             continue
         group_keys.sort(key=lambda k: min(i.rank for i in infos[k]))
         representatives = [infos[k][0] for k in group_keys]
-        groups.append(KeyGroup(
-            graph=graph,
-            label=next((i.label for i in representatives if i.label), f"graph {graph}"),
-            keys=tuple((k, tuple(sorted(i.rank for i in infos[k]))) for k in group_keys),
-            differences=tuple((name, tuple(values)) for name, values in differing(representatives)),
-            context=tuple(i.context for i in representatives),
-        ))
+        groups.append(
+            KeyGroup(
+                graph=graph,
+                label=next((i.label for i in representatives if i.label), f"graph {graph}"),
+                keys=tuple((k, tuple(sorted(i.rank for i in infos[k]))) for k in group_keys),
+                differences=tuple((name, tuple(values)) for name, values in differing(representatives)),
+                context=tuple(i.context for i in representatives),
+            )
+        )
     return Explanation(sorted(groups, key=lambda g: g.label), without_keys)
 
 
 def format_explanation(found: Explanation) -> str:
     """:func:`format_groups`, after a line for each run directory whose ranks recorded no key."""
-    notes = [f"{run_dir} holds no key records: its ranks asked the store for no graph (torch's local cache "
-             f"served every one, or nothing was compiled), so no key could differ there"
-             for run_dir in found.without_keys]
+    notes = [
+        f"{run_dir} holds no key records: its ranks asked the store for no graph (torch's local cache "
+        f"served every one, or nothing was compiled), so no key could differ there"
+        for run_dir in found.without_keys
+    ]
     if notes and not found.groups:
         return "\n".join(notes)
     return "\n".join([*notes, format_groups(found.groups)])

@@ -51,8 +51,17 @@ KEYS_DIR = "keys"
 #: a component's value is cut to this many characters (its hash is kept whole)
 MAX_VALUE_CHARS = 240
 #: ``FxGraphHashDetails`` attributes that describe the graph rather than the process compiling it
-GRAPH_ATTRIBUTES = frozenset({"gm", "example_inputs", "fx_kwargs", "inputs_to_check", "user_defined_triton_source",
-                              "process_group", "device_mesh"})
+GRAPH_ATTRIBUTES = frozenset(
+    {
+        "gm",
+        "example_inputs",
+        "fx_kwargs",
+        "inputs_to_check",
+        "user_defined_triton_source",
+        "process_group",
+        "device_mesh",
+    }
+)
 
 _LINE = re.compile(r"\[([A-Za-z0-9]+)\] ([^:\n]+?): (.*)\Z", re.DOTALL)
 #: device indices differ between ranks on purpose (each rank its own GPU); they do not make another graph
@@ -64,8 +73,22 @@ _UNPRINTABLE = re.compile(r"[^\t\n\x20-\x7e]")
 Components = dict[str, tuple[str, str]]
 
 #: CPU features that decide which vector code torch's kernels are built for (``torch._inductor.cpu_vec_isa``)
-VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
-                "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+VECTOR_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512dq",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "sve",
+)
 
 
 @cache
@@ -88,8 +111,11 @@ def cpu_summary() -> dict[str, str]:
                     flags = set(value.split())
     except OSError:
         pass
-    return {"machine": platform.machine(), "cpu_model": model,
-            "cpu_features": " ".join(f for f in VECTOR_FLAGS if f in flags) or "none"}
+    return {
+        "machine": platform.machine(),
+        "cpu_model": model,
+        "cpu_features": " ".join(f for f in VECTOR_FLAGS if f in flags) or "none",
+    }
 
 
 def parse_details(lines: Iterable[str]) -> Components:
@@ -157,8 +183,16 @@ class KeyLog:
     def enabled(self) -> bool:
         return self._log.enabled
 
-    def record(self, key: str, details: Sequence[str], *, name: str = "", shapes: str = "",
-               context: Mapping[str, Any] | None = None, identity: str | None = None) -> str:
+    def record(
+        self,
+        key: str,
+        details: Sequence[str],
+        *,
+        name: str = "",
+        shapes: str = "",
+        context: Mapping[str, Any] | None = None,
+        identity: str | None = None,
+    ) -> str:
         """Record what ``key`` is made of (torch's hash-detail lines) and what it compiles; returns the graph identity.
 
         ``name`` is the compiled function, ``shapes`` its inputs, ``context`` facts about this
@@ -177,8 +211,16 @@ class KeyLog:
         if env_digest not in self._envs:
             self._envs.add(env_digest)
             self._log.record("key_env", env_digest, components=_encode(environment), context=dict(context or {}))
-        self._log.record("key", key, graph=identity, env=env_digest, name=name, shapes=shapes,
-                         label=f"{name} {shapes}".strip(), components=_encode(graph))
+        self._log.record(
+            "key",
+            key,
+            graph=identity,
+            env=env_digest,
+            name=name,
+            shapes=shapes,
+            label=f"{name} {shapes}".strip(),
+            components=_encode(graph),
+        )
         return identity
 
     def close(self) -> None:
@@ -217,13 +259,18 @@ def keys_dir(run_or_events_dir: str | os.PathLike[str]) -> Path:
 def _components(value: Any) -> bool:
     """Whether ``value`` is a components map as :class:`KeyLog` writes it: ``name -> [hash, shown value]``."""
     return isinstance(value, dict) and all(
-        isinstance(v, list) and len(v) == 2 and all(type(x) is str for x in v) for v in value.values())
+        isinstance(v, list) and len(v) == 2 and all(type(x) is str for x in v) for v in value.values()
+    )
 
 
 def _scalar(value: Any) -> bool:
     """A context value people can read: a string, a bool, None, or a number that prints and serialises."""
-    return (value is None or type(value) in (str, bool) or (type(value) is int and abs(value) < 2**63)
-            or (type(value) is float and math.isfinite(value)))
+    return (
+        value is None
+        or type(value) in (str, bool)
+        or (type(value) is int and abs(value) < 2**63)
+        or (type(value) is float and math.isfinite(value))
+    )
 
 
 def _key_record(rec: dict[str, Any]) -> bool:
@@ -236,8 +283,9 @@ def _key_record(rec: dict[str, Any]) -> bool:
     return all(type(rec.get(name, "")) is str for name in ("graph", "env", "name", "shapes"))
 
 
-def load_keys(run_or_events_dir: str | os.PathLike[str], *, since: float | None = None,
-              skipped: Skipped | None = None) -> dict[str, list[KeyInfo]]:
+def load_keys(
+    run_or_events_dir: str | os.PathLike[str], *, since: float | None = None, skipped: Skipped | None = None
+) -> dict[str, list[KeyInfo]]:
     """Every recorded key of a run, ``key -> [KeyInfo per recording rank]`` (a key can be met on several ranks).
 
     ``since`` (Unix time) skips records written before it (an earlier job in a reused run dir).
@@ -263,8 +311,15 @@ def load_keys(run_or_events_dir: str | os.PathLike[str], *, since: float | None 
     for rec in keys:
         env_components, context = envs.get((rec["rank"], rec.get("env", "")), ({}, {}))
         components = {**env_components, **rec.get("components", {})}
-        info = KeyInfo(rec["key"], rec["rank"], rec.get("graph") or rec["key"],
-                       rec.get("name", ""), rec.get("shapes", ""), components, dict(context))
+        info = KeyInfo(
+            rec["key"],
+            rec["rank"],
+            rec.get("graph") or rec["key"],
+            rec.get("name", ""),
+            rec.get("shapes", ""),
+            components,
+            dict(context),
+        )
         known = out.setdefault(info.key, [])
         if all(k.rank != info.rank for k in known):
             known.append(info)
@@ -300,4 +355,3 @@ def graph_label(key: str, keys: Mapping[str, Sequence[KeyInfo]]) -> str:
     """What people call the graph of ``key``: its recorded label (function and shapes), else ``graph <short key>``."""
     infos = keys.get(key)
     return infos[0].label if infos and infos[0].label else f"graph {short_key(key)}"
-

@@ -61,9 +61,17 @@ def eager_spans(records: Sequence[Mapping[str, Any]]) -> list[EagerSpan]:
     for rec in records:
         if rec["event"] == "eager":
             calls.setdefault((rec["rank"], rec.get("key") or ""), []).append(rec)
-    return [EagerSpan(rank, key, min(_start(r) for r in rs), max(float(r["time"]) for r in rs), len(rs),
-                      sum(float(r.get("duration") or 0.0) for r in rs))
-            for (rank, key), rs in sorted(calls.items())]
+    return [
+        EagerSpan(
+            rank,
+            key,
+            min(_start(r) for r in rs),
+            max(float(r["time"]) for r in rs),
+            len(rs),
+            sum(float(r.get("duration") or 0.0) for r in rs),
+        )
+        for (rank, key), rs in sorted(calls.items())
+    ]
 
 
 def _is_behind(rec: Mapping[str, Any]) -> bool:
@@ -98,8 +106,13 @@ def build_trace(records: Sequence[dict[str, Any]], keys: Mapping[str, Sequence[K
     for rank in sorted({r["rank"] for r in records}):
         host = hosts.get(rank)
         events += [
-            {"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-             "args": {"name": f"rank {rank}" + (f" ({host})" if host else "")}},
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": rank,
+                "tid": 0,
+                "args": {"name": f"rank {rank}" + (f" ({host})" if host else "")},
+            },
             {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
             {"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "recipecache"}},
         ]
@@ -113,28 +126,47 @@ def build_trace(records: Sequence[dict[str, Any]], keys: Mapping[str, Sequence[K
         base = {"pid": rec["rank"], "tid": BEHIND_TID if behind else 0, "cat": kind, "args": args}
         duration = float(rec.get("duration") or 0.0)
         if kind in SPANS and duration > 0:
-            events.append({**base, "ph": "X", "name": f"{'compile behind' if behind else SPANS[kind]} {label}",
-                           "ts": round((_start(rec) - origin) * 1e6, 3), "dur": round(duration * 1e6, 3)})
+            events.append(
+                {
+                    **base,
+                    "ph": "X",
+                    "name": f"{'compile behind' if behind else SPANS[kind]} {label}",
+                    "ts": round((_start(rec) - origin) * 1e6, 3),
+                    "dur": round(duration * 1e6, 3),
+                }
+            )
         if kind in INSTANTS:
             name = f"step {rec.get('step', '')}" if kind == "step" else f"{kind} {label}"
             if rec.get("reason"):
                 name += f" ({rec['reason']})"
-            events.append({**base, "ph": "i", "s": "t", "name": name,
-                           "ts": round((float(rec["time"]) - origin) * 1e6, 3)})
+            events.append(
+                {**base, "ph": "i", "s": "t", "name": name, "ts": round((float(rec["time"]) - origin) * 1e6, 3)}
+            )
     for span in eager_spans(records):
-        events.append({"pid": span.rank, "tid": EAGER_TID, "cat": "eager", "ph": "X",
-                       "name": f"without inductor {_label(span.key, keys)} ({span.calls} calls)",
-                       "ts": round((span.start - origin) * 1e6, 3), "dur": round((span.end - span.start) * 1e6, 3),
-                       "args": {"key": span.key, "calls": span.calls, "seconds": round(span.seconds, 6)}})
+        events.append(
+            {
+                "pid": span.rank,
+                "tid": EAGER_TID,
+                "cat": "eager",
+                "ph": "X",
+                "name": f"without inductor {_label(span.key, keys)} ({span.calls} calls)",
+                "ts": round((span.start - origin) * 1e6, 3),
+                "dur": round((span.end - span.start) * 1e6, 3),
+                "args": {"key": span.key, "calls": span.calls, "seconds": round(span.seconds, 6)},
+            }
+        )
     threads = {(e["pid"], e["tid"]) for e in events if e.get("tid")}
     names = {BEHIND_TID: "compiles behind the steps (worker)", EAGER_TID: "graphs run without inductor"}
-    events += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": names[tid]}}
-               for pid, tid in sorted(threads)]
+    events += [
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": names[tid]}}
+        for pid, tid in sorted(threads)
+    ]
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"origin_unix_s": origin}}
 
 
-def load_run(run_dir: str | os.PathLike[str], *,
-             skipped: Skipped | None = None) -> tuple[list[dict[str, Any]], dict[str, list[KeyInfo]]]:
+def load_run(
+    run_dir: str | os.PathLike[str], *, skipped: Skipped | None = None
+) -> tuple[list[dict[str, Any]], dict[str, list[KeyInfo]]]:
     """A run directory's events (with followers' loads as hits) and key records; ConfigError if it holds no events.
 
     Damaged records and files that are not regular files are left out, counted in ``skipped``.
@@ -146,8 +178,9 @@ def load_run(run_dir: str | os.PathLike[str], *,
     return with_follower_hits(records), load_keys(run_dir, skipped=skipped)
 
 
-def write_trace(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
-                skipped: Skipped | None = None) -> dict[str, Any]:
+def write_trace(
+    run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, skipped: Skipped | None = None
+) -> dict[str, Any]:
     """Write the trace of ``run_dir`` to ``out`` (atomically); returns it. ``skipped`` as in :func:`load_run`."""
     trace = build_trace(*load_run(run_dir, skipped=skipped))
     write_output_file(Path(out), "trace file", json.dumps(trace).encode())
@@ -179,13 +212,21 @@ def draw(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
     behind = [r for r in records if _is_behind(r) and float(r.get("duration") or 0.0) > 0]
     eager = eager_spans(records)
     for rank in ranks:
-        lanes = [(COLOURS[kind], (row[rank] - 0.3, 0.6),
-                  [r for r in records if r["rank"] == rank and r["event"] == kind and not _is_behind(r)])
-                 for kind in COLOURS]
+        lanes = [
+            (
+                COLOURS[kind],
+                (row[rank] - 0.3, 0.6),
+                [r for r in records if r["rank"] == rank and r["event"] == kind and not _is_behind(r)],
+            )
+            for kind in COLOURS
+        ]
         lanes.append((BEHIND_COLOUR, (row[rank] - 0.45, 0.12), [r for r in behind if r["rank"] == rank]))
         for colour, lane, recs in lanes:
-            spans = [(_start(r) - origin, float(r.get("duration") or 0.0)) for r in recs
-                     if float(r.get("duration") or 0.0) > 0]
+            spans = [
+                (_start(r) - origin, float(r.get("duration") or 0.0))
+                for r in recs
+                if float(r.get("duration") or 0.0) > 0
+            ]
             if spans:
                 ax.broken_barh(spans, lane, facecolors=colour, edgecolor="white", linewidth=0.5)
         spans = [(e.start - origin, max(e.end - e.start, 1e-3)) for e in eager if e.rank == rank]
@@ -195,29 +236,50 @@ def draw(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
     for rec in records:
         fits = int(float(rec.get("duration") or 0.0) / max(end, 1e-9) * axes_chars) - 2
         if rec["event"] in ("compile", "wait") and not _is_behind(rec) and fits >= 8:
-            ax.text(_start(rec) - origin + float(rec["duration"]) / 2, row[rec["rank"]], _bar_text(rec, keys, fits),
-                    ha="center", va="center", fontsize=7, color="white", clip_on=True)
+            ax.text(
+                _start(rec) - origin + float(rec["duration"]) / 2,
+                row[rec["rank"]],
+                _bar_text(rec, keys, fits),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+                clip_on=True,
+            )
     hits = [(float(r["time"]) - origin, row[r["rank"]] + 0.38) for r in records if r["event"] == "hit"]
     if hits:
         ax.scatter([x for x, _ in hits], [y for _, y in hits], marker="v", s=28, color=COLOURS["hit"], zorder=3)
     steps = [(float(r["time"]) - origin, row[r["rank"]]) for r in records if r["event"] == "step"]
     if steps:
-        ax.scatter([x for x, _ in steps], [y for _, y in steps], marker="|", s=260, color="black", linewidths=1.2, zorder=3)
+        ax.scatter(
+            [x for x, _ in steps], [y for _, y in steps], marker="|", s=260, color="black", linewidths=1.2, zorder=3
+        )
     ax.set_yticks([row[r] for r in ranks], [f"rank {r}" for r in ranks])
     ax.set_ylim(-0.7, len(ranks) - 0.3)
     ax.set_xlim(0, end * 1.02 if end > 0 else 1)
     ax.set_xlabel("seconds since the job's first cache event")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(f"recipecache timeline: {Path(run_dir).name}", fontsize=11)
-    legend = [Patch(color=COLOURS["compile"], label="compile"), Patch(color=COLOURS["wait"], label="wait for another rank"),
-              Patch(color=COLOURS["put"], label="publish"),
-              plt.Line2D([], [], marker="v", color=COLOURS["hit"], linestyle="", label="hit (loaded from the store)"),
-              plt.Line2D([], [], marker="|", color="black", linestyle="", markersize=12, label="training step ends")]
+    legend = [
+        Patch(color=COLOURS["compile"], label="compile"),
+        Patch(color=COLOURS["wait"], label="wait for another rank"),
+        Patch(color=COLOURS["put"], label="publish"),
+        plt.Line2D([], [], marker="v", color=COLOURS["hit"], linestyle="", label="hit (loaded from the store)"),
+        plt.Line2D([], [], marker="|", color="black", linestyle="", markersize=12, label="training step ends"),
+    ]
     if behind or eager:
-        legend += [Patch(color=BEHIND_COLOUR, label="compile behind the steps (worker)"),
-                   Patch(color=EAGER_COLOUR, label="graph run without inductor")]
-    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.28 if len(ranks) < 3 else -0.12),
-              ncol=len(legend) if len(legend) <= 5 else 4, fontsize=8, frameon=False)
+        legend += [
+            Patch(color=BEHIND_COLOUR, label="compile behind the steps (worker)"),
+            Patch(color=EAGER_COLOUR, label="graph run without inductor"),
+        ]
+    ax.legend(
+        handles=legend,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.28 if len(ranks) < 3 else -0.12),
+        ncol=len(legend) if len(legend) <= 5 else 4,
+        fontsize=8,
+        frameon=False,
+    )
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=120)

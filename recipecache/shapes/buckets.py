@@ -232,9 +232,7 @@ def _min_padded_total(values: np.ndarray, counts: np.ndarray, k: int) -> tuple[f
     return total, np.array(sorted(set(tops)))
 
 
-def _bin_geometric(
-    values: np.ndarray, counts: np.ndarray, bins: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bin_geometric(values: np.ndarray, counts: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Group sorted distinct values into at most ``bins`` bins of equal width in
     ``log(v - v_min + span / bins)``: (lowest, highest, count) per non-empty bin.
 
@@ -319,9 +317,7 @@ def optimal_buckets(
         lower, _ = _min_padded_total(lows, bin_counts, int(k))
         waste = _waste(upper, length_total)
         boundaries = highs[tops].astype(arr.dtype)
-        result = BucketResult(
-            _python_numbers(boundaries), waste, False, max(0.0, waste - _waste(lower, length_total))
-        )
+        result = BucketResult(_python_numbers(boundaries), waste, False, max(0.0, waste - _waste(lower, length_total)))
         log.info(
             "optimal_buckets: %d distinct lengths binned into %d bins; waste %.4f is within %.4f of optimal",
             values.size,

@@ -145,10 +145,7 @@ def _suggest(path: str, dim: int, role: str, sizes: Mapping[int, int]) -> str:
         return f"{len(sizes)} sizes compile once each; or {maybe}"
     if role == "batch":
         return f"{mark}, or a fixed batch size"
-    return (
-        f"bucket {path!r} dim {dim}: recipecache.optimal_buckets(per-item lengths, k) + BucketPadCollate; "
-        f"or {mark}"
-    )
+    return f"bucket {path!r} dim {dim}: recipecache.optimal_buckets(per-item lengths, k) + BucketPadCollate; or {mark}"
 
 
 def _variations(signatures: Counter[Signature]) -> list[DimVariation]:
@@ -201,9 +198,7 @@ class DynamicityReport:
                 }
                 for signature, count in self.signatures
             ],
-            "varying": [
-                {**asdict(v), "sizes": {str(size): n for size, n in v.sizes.items()}} for v in self.varying
-            ],
+            "varying": [{**asdict(v), "sizes": {str(size): n for size, n in v.sizes.items()}} for v in self.varying],
         }
 
     def to_json(self, **kwargs: Any) -> str:
@@ -258,7 +253,5 @@ def data_dynamicity(loader: Iterable[object], *, max_batches: int | None = None)
     if not batches:
         raise ConfigError("the loader yielded no batches")
     report = DynamicityReport(batches, signatures.most_common(), _variations(signatures))
-    log.info(
-        "data_dynamicity: %d batches, %d unique shapes (%s)", batches, report.unique_shapes, report.verdict
-    )
+    log.info("data_dynamicity: %d batches, %d unique shapes (%s)", batches, report.unique_shapes, report.verdict)
     return report

@@ -87,9 +87,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
         if not 0 <= rank < num_replicas:
-            raise ConfigError(
-                f"rank must be in [0, num_replicas), got rank={rank} num_replicas={num_replicas}"
-            )
+            raise ConfigError(f"rank must be in [0, num_replicas), got rank={rank} num_replicas={num_replicas}")
         self.item_buckets = assign_buckets(as_lengths(lengths), buckets)
         self.max_tokens = max_tokens
         self.shuffle = shuffle

@@ -68,7 +68,11 @@ def prewarm(
         return {"compile_s": 0.0, "install_s": 0.0}
     model = module if module is not None else fn if isinstance(fn, torch.nn.Module) else None
     # clones: backward accumulates into an existing .grad in place
-    grads = {p: None if p.grad is None else p.grad.detach().clone() for p in model.parameters()} if model is not None else {}
+    grads = (
+        {p: None if p.grad is None else p.grad.detach().clone() for p in model.parameters()}
+        if model is not None
+        else {}
+    )
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()} if model is not None else {}
     rank, world = _world()
     start = time.perf_counter()
@@ -87,8 +91,14 @@ def prewarm(
             own = dict(model.named_buffers())
             for name, saved in buffers.items():
                 own[name].copy_(saved)
-    log.info("recipecache: prewarmed %d shapes on rank %d/%d: compile %.1f s, install %.1f s",
-             len(example_inputs), rank, world, middle - start, end - middle)
+    log.info(
+        "recipecache: prewarmed %d shapes on rank %d/%d: compile %.1f s, install %.1f s",
+        len(example_inputs),
+        rank,
+        world,
+        middle - start,
+        end - middle,
+    )
     return {"compile_s": middle - start, "install_s": end - middle}
 
 

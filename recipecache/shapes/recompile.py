@@ -238,9 +238,7 @@ class RecompilationDetector:
 
     def _compiled_for(self, forward: Callable[..., Any]) -> Callable[..., Any]:
         if forward not in self._compiled:
-            self._compiled[forward] = torch.compile(
-                _trampoline(forward), backend=self._count, dynamic=self._dynamic
-            )
+            self._compiled[forward] = torch.compile(_trampoline(forward), backend=self._count, dynamic=self._dynamic)
         return self._compiled[forward]
 
     def _wrap(self, path: str, module: torch.nn.Module) -> Callable[..., Any]:
@@ -260,9 +258,7 @@ class RecompilationDetector:
                 output = compiled(*head, *args, **kwargs)
             finally:
                 self._stack.pop()
-            self._record(
-                call, type(module).__name__, _call_signature((args, kwargs)), _call_signature(output)
-            )
+            self._record(call, type(module).__name__, _call_signature((args, kwargs)), _call_signature(output))
             return output
 
         return forward
@@ -316,11 +312,7 @@ class RecompilationDetector:
     @property
     def rows(self) -> list[RecompileRow]:
         """Per step, every module that compiled while it ran, with the Gaudi-style comment."""
-        return [
-            replace(entry.row, comment=_comment(entry))
-            for entry in self._entries.values()
-            if entry.row.graphs
-        ]
+        return [replace(entry.row, comment=_comment(entry)) for entry in self._entries.values() if entry.row.graphs]
 
     def summary(self) -> list[ModuleSummary]:
         """Per module, how often and why it recompiled; most recompiles first."""
@@ -395,9 +387,7 @@ class RecompilationDetector:
             module = index.get((frame.filename, frame.name), [])
             owner = next((path for path, first, last in module if first <= (frame.lineno or 0) <= last), "")
             found.append(
-                DynamicOpFinding(
-                    kind, detail, owner, f"{frame.filename}:{frame.lineno}", (frame.line or "").strip()
-                )
+                DynamicOpFinding(kind, detail, owner, f"{frame.filename}:{frame.lineno}", (frame.line or "").strip())
             )
         return found
 
@@ -458,9 +448,7 @@ class RecompilationDetector:
                     writer = csv.writer(handle)
                     writer.writerow(headers)
                     writer.writerows(rows)
-            log.info(
-                "recompilation analysis written to %s and %s", directory / STEPS_CSV, directory / SUMMARY_CSV
-            )
+            log.info("recompilation analysis written to %s and %s", directory / STEPS_CSV, directory / SUMMARY_CSV)
         return "\n".join(parts)
 
 
@@ -470,11 +458,7 @@ def _recompile_reasons(compile_ids: list[str]) -> list[str]:
     if not compile_ids:
         return []
     wanted = set(compile_ids)
-    return [
-        m.recompile_reason
-        for m in get_compilation_metrics()
-        if str(m.compile_id) in wanted and m.recompile_reason
-    ]
+    return [m.recompile_reason for m in get_compilation_metrics() if str(m.compile_id) in wanted and m.recompile_reason]
 
 
 def _unbacked_ops(gm: torch.fx.GraphModule, path: str) -> list[DynamicOpFinding]:

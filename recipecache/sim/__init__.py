@@ -14,6 +14,16 @@ from .engine import run_policy
 from .model import POLICIES, SCHEDULES, Costs, RankFigures, Report, Scenario, Workload, worst_case_delays
 
 __all__ = [
-    "POLICIES", "SCHEDULES", "Costs", "RankFigures", "Report", "Scenario", "Workload",
-    "build_workload", "compare", "run_policy", "simulate", "worst_case_delays",
+    "POLICIES",
+    "SCHEDULES",
+    "Costs",
+    "RankFigures",
+    "Report",
+    "Scenario",
+    "Workload",
+    "build_workload",
+    "compare",
+    "run_policy",
+    "simulate",
+    "worst_case_delays",
 ]

@@ -10,8 +10,12 @@ from .model import POLICIES, Report, Scenario, Workload
 from .schedules import adversarial_workload, iid_workload, startup_workload
 from .trace import trace_workload
 
-_BUILDERS = {"iid": iid_workload, "adversarial": adversarial_workload, "trace": trace_workload,
-             "startup": startup_workload}
+_BUILDERS = {
+    "iid": iid_workload,
+    "adversarial": adversarial_workload,
+    "trace": trace_workload,
+    "startup": startup_workload,
+}
 
 
 def build_workload(scenario: Scenario) -> Workload:

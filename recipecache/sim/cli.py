@@ -38,13 +38,14 @@ _RATIOS = ("stall_s", "compile_delays", "compile_events", "wall_s")
 def add_parser(subparsers: Any) -> None:
     """Register ``sim`` on an argparse subparsers object."""
     p = subparsers.add_parser(
-        "sim", help="simulate compile stalls of a data-parallel job per cache policy",
+        "sim",
+        help="simulate compile stalls of a data-parallel job per cache policy",
         description="Simulate how much time N lockstep ranks lose to compiles, with and without "
-                    "a shared single-flight cache.")
+        "a shared single-flight cache.",
+    )
     p.add_argument("--ranks", type=int, help="data-parallel ranks N (default 8, or the trace's)")
     p.add_argument("--shapes", type=int, help="distinct shapes S (default 16)")
-    p.add_argument("--steps", type=int,
-                   help="training steps (default: iid 1000, adversarial 1+N*(S-1), trace: all)")
+    p.add_argument("--steps", type=int, help="training steps (default: iid 1000, adversarial 1+N*(S-1), trace: all)")
     p.add_argument("--policy", default="singleflight", choices=POLICIES)
     p.add_argument("--schedule", default="iid", choices=SCHEDULES)
     p.add_argument("--trace", help="event-log directory to replay (RECIPECACHE_EVENT_LOG of a run)")
@@ -53,35 +54,69 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--zipf-exponent", type=float, default=1.0)
     p.add_argument("--weights", help="iid shape weights, comma-separated (fixes S)")
     p.add_argument("--compile-s", type=float, default=_COSTS.compile_s, help="median compile seconds per shape")
-    p.add_argument("--compile-spread", type=float, default=_COSTS.compile_spread,
-                   help="lognormal sigma of compile times (0: all equal)")
+    p.add_argument(
+        "--compile-spread",
+        type=float,
+        default=_COSTS.compile_spread,
+        help="lognormal sigma of compile times (0: all equal)",
+    )
     p.add_argument("--compute-s", type=float, default=_COSTS.compute_s, help="compute seconds per step")
     p.add_argument("--fetch-latency-s", type=float, default=_COSTS.fetch_latency_s)
-    p.add_argument("--bandwidth", type=float, default=_COSTS.bandwidth_mb_s,
-                   help="one fetch's top rate (what one client takes in and verifies), MB/s")
-    p.add_argument("--store-bandwidth", type=float, default=_COSTS.store_mb_s,
-                   help="the store's bandwidth, shared by every fetch in flight, MB/s")
-    p.add_argument("--local-bandwidth", type=float, default=_COSTS.local_mb_s,
-                   help="reading a node directory's copy, MB/s")
+    p.add_argument(
+        "--bandwidth",
+        type=float,
+        default=_COSTS.bandwidth_mb_s,
+        help="one fetch's top rate (what one client takes in and verifies), MB/s",
+    )
+    p.add_argument(
+        "--store-bandwidth",
+        type=float,
+        default=_COSTS.store_mb_s,
+        help="the store's bandwidth, shared by every fetch in flight, MB/s",
+    )
+    p.add_argument(
+        "--local-bandwidth", type=float, default=_COSTS.local_mb_s, help="reading a node directory's copy, MB/s"
+    )
     p.add_argument("--artifact-mb", type=float, default=_COSTS.artifact_mb, help="artifact size, MB")
-    p.add_argument("--trace-s", type=float, default=_COSTS.trace_s,
-                   help="behind: seconds of each compile that are dynamo's trace, paid synchronously by every "
-                        "rank meeting a shape not yet in the store")
-    p.add_argument("--eager-slowdown", type=float, default=_COSTS.eager_slowdown,
-                   help="behind: how many times longer a step runs without inductor (>= 1)")
-    p.add_argument("--behind-cpu-share", type=float, default=_COSTS.behind_cpu_share,
-                   help="behind: share of the steps' CPU a background compile takes while it runs "
-                        "(0 to below 1; 0: a GPU node, where it runs on cores the steps leave idle)")
+    p.add_argument(
+        "--trace-s",
+        type=float,
+        default=_COSTS.trace_s,
+        help="behind: seconds of each compile that are dynamo's trace, paid synchronously by every "
+        "rank meeting a shape not yet in the store",
+    )
+    p.add_argument(
+        "--eager-slowdown",
+        type=float,
+        default=_COSTS.eager_slowdown,
+        help="behind: how many times longer a step runs without inductor (>= 1)",
+    )
+    p.add_argument(
+        "--behind-cpu-share",
+        type=float,
+        default=_COSTS.behind_cpu_share,
+        help="behind: share of the steps' CPU a background compile takes while it runs "
+        "(0 to below 1; 0: a GPU node, where it runs on cores the steps leave idle)",
+    )
     p.add_argument("--ranks-per-node", type=int, default=DEFAULT_RANKS_PER_NODE, help="ranks sharing a node")
-    p.add_argument("--node-tier", action="store_true",
-                   help="one rank per node fetches each artifact; the node's others read its copy")
-    p.add_argument("--colocated", action="store_true",
-                   help="the store and every node share one host (as load_bench.py on 127.0.0.1)")
+    p.add_argument(
+        "--node-tier",
+        action="store_true",
+        help="one rank per node fetches each artifact; the node's others read its copy",
+    )
+    p.add_argument(
+        "--colocated",
+        action="store_true",
+        help="the store and every node share one host (as load_bench.py on 127.0.0.1)",
+    )
     p.add_argument("--warm", action="store_true", help="the store holds every shape when the job starts")
     p.add_argument("--compare", action="store_true", help="every policy on the same schedule, with ratios vs none")
-    p.add_argument("--plot", metavar="FILE.png",
-                   help="also plot stall vs ranks and vs shapes per policy, and the job-start herd vs ranks "
-                        "(8 to 8,192) with and without the node tier")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also plot stall vs ranks and vs shapes per policy, and the job-start herd vs ranks "
+        "(8 to 8,192) with and without the node tier",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -96,15 +131,35 @@ def _weights(text: str | None) -> tuple[float, ...] | None:
 
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
-    costs = Costs(compile_s=args.compile_s, compile_spread=args.compile_spread, compute_s=args.compute_s,
-                  fetch_latency_s=args.fetch_latency_s, bandwidth_mb_s=args.bandwidth, artifact_mb=args.artifact_mb,
-                  store_mb_s=args.store_bandwidth, local_mb_s=args.local_bandwidth, trace_s=args.trace_s,
-                  eager_slowdown=args.eager_slowdown, behind_cpu_share=args.behind_cpu_share)
-    return Scenario(schedule=args.schedule, ranks=args.ranks, shapes=args.shapes, steps=args.steps, seed=args.seed,
-                    costs=costs, distribution=args.distribution, zipf_exponent=args.zipf_exponent,
-                    weights=_weights(args.weights), trace=Path(args.trace) if args.trace else None,
-                    ranks_per_node=args.ranks_per_node, node_tier=args.node_tier, colocated=args.colocated,
-                    warm=args.warm)
+    costs = Costs(
+        compile_s=args.compile_s,
+        compile_spread=args.compile_spread,
+        compute_s=args.compute_s,
+        fetch_latency_s=args.fetch_latency_s,
+        bandwidth_mb_s=args.bandwidth,
+        artifact_mb=args.artifact_mb,
+        store_mb_s=args.store_bandwidth,
+        local_mb_s=args.local_bandwidth,
+        trace_s=args.trace_s,
+        eager_slowdown=args.eager_slowdown,
+        behind_cpu_share=args.behind_cpu_share,
+    )
+    return Scenario(
+        schedule=args.schedule,
+        ranks=args.ranks,
+        shapes=args.shapes,
+        steps=args.steps,
+        seed=args.seed,
+        costs=costs,
+        distribution=args.distribution,
+        zipf_exponent=args.zipf_exponent,
+        weights=_weights(args.weights),
+        trace=Path(args.trace) if args.trace else None,
+        ranks_per_node=args.ranks_per_node,
+        node_tier=args.node_tier,
+        colocated=args.colocated,
+        warm=args.warm,
+    )
 
 
 def ratios(reports: dict[str, Report]) -> dict[str, dict[str, float | None]]:
@@ -112,14 +167,18 @@ def ratios(reports: dict[str, Report]) -> dict[str, dict[str, float | None]]:
     base = reports.get("none")
     if base is None:
         return {}
-    return {policy: {f: (getattr(r, f) / getattr(base, f) if getattr(base, f) else None) for f in _RATIOS}
-            for policy, r in reports.items()}
+    return {
+        policy: {f: (getattr(r, f) / getattr(base, f) if getattr(base, f) else None) for f in _RATIOS}
+        for policy, r in reports.items()
+    }
 
 
 def table(reports: dict[str, Report]) -> str:
     first = next(iter(reports.values()))
-    lines = [f"schedule {first.schedule}: {first.ranks} ranks, {first.shapes} shapes, {first.steps} steps; "
-             f"worst case N*(S-1)+1 = {first.worst_case_delays} compile delays"]
+    lines = [
+        f"schedule {first.schedule}: {first.ranks} ranks, {first.shapes} shapes, {first.steps} steps; "
+        f"worst case N*(S-1)+1 = {first.worst_case_delays} compile delays"
+    ]
     vs_none = ratios(reports)
     heading = f"{'policy':<13}" + "".join(f"{h:>11}" for h, _, _ in _COLUMNS)
     lines.append(heading + (f"{'stall/none':>12}" if vs_none else ""))
@@ -140,8 +199,11 @@ def run(args: argparse.Namespace) -> int:
 
         plot_sweeps(args.plot, scenario)
     if args.json:
-        data: dict[str, Any] = reports[args.policy].to_dict() if not args.compare else {
-            "policies": {p: r.to_dict() for p, r in reports.items()}, "vs_none": ratios(reports)}
+        data: dict[str, Any] = (
+            reports[args.policy].to_dict()
+            if not args.compare
+            else {"policies": {p: r.to_dict() for p, r in reports.items()}, "vs_none": ratios(reports)}
+        )
         print(json.dumps(data, indent=2))
     else:
         print(table(reports))

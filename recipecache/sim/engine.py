@@ -104,8 +104,15 @@ class _Tally:
 
     def figures(self) -> list[RankFigures]:
         return [
-            RankFigures(rank=r, compiles=self.compiles[r], compile_s=self.compile_s[r], waits=self.waits[r],
-                        wait_s=self.wait_s[r], fetches=self.fetches[r], fetch_s=self.fetch_s[r])
+            RankFigures(
+                rank=r,
+                compiles=self.compiles[r],
+                compile_s=self.compile_s[r],
+                waits=self.waits[r],
+                wait_s=self.wait_s[r],
+                fetches=self.fetches[r],
+                fetch_s=self.fetch_s[r],
+            )
             for r in range(len(self.compiles))
         ]
 
@@ -296,21 +303,40 @@ def run_policy(w: Workload, policy: str) -> Report:
     compute_total = float(w.compute_s.sum())
     stall = prewarm_s + extra
     report = Report(
-        policy=policy, schedule=w.scenario.schedule, ranks=w.ranks, shapes=w.shapes, steps=w.steps,
+        policy=policy,
+        schedule=w.scenario.schedule,
+        ranks=w.ranks,
+        shapes=w.shapes,
+        steps=w.steps,
         first_meetings=len(w.step),
-        compile_events=sum(t_compiles), compile_delays=delays,
+        compile_events=sum(t_compiles),
+        compile_delays=delays,
         worst_case_delays=worst_case_delays(w.ranks, w.shapes),
-        wait_events=sum(t_waits), fetch_events=sum(t_fetches),
+        wait_events=sum(t_waits),
+        fetch_events=sum(t_fetches),
         compile_s=compile_total,
         wasted_compile_s=float(np.dot(np.maximum(np.asarray(per_shape) - 1, 0), w.compile_s)),
-        wait_s=sum(t_wait_s), fetch_s=sum(t_fetch_s), prewarm_s=prewarm_s,
-        compute_s=compute_total, wall_s=compute_total + stall, stall_s=stall,
+        wait_s=sum(t_wait_s),
+        fetch_s=sum(t_fetch_s),
+        prewarm_s=prewarm_s,
+        compute_s=compute_total,
+        wall_s=compute_total + stall,
+        stall_s=stall,
         rank_stall_s=compile_total + sum(t_wait_s),
         per_rank=tally.figures(),
-        remote_fetches=remote, remote_mb=remote * fetch_mb, node_reads=node_reads, worst_step_s=worst_step,
+        remote_fetches=remote,
+        remote_mb=remote * fetch_mb,
+        node_reads=node_reads,
+        worst_step_s=worst_step,
     )
-    log.debug("sim %s/%s: %d first meetings, %d compiles, stall %.1f s",
-              policy, w.scenario.schedule, len(w.step), report.compile_events, stall)
+    log.debug(
+        "sim %s/%s: %d first meetings, %d compiles, stall %.1f s",
+        policy,
+        w.scenario.schedule,
+        len(w.step),
+        report.compile_events,
+        stall,
+    )
     return report
 
 
@@ -416,14 +442,39 @@ def _run_behind(w: Workload) -> Report:
     tally.compiles, tally.compile_s = compiles.tolist(), compile_s.tolist()
     tally.fetches, tally.fetch_s = fetches.tolist(), fetch_s.tolist()
     report = Report(
-        policy="behind", schedule=sc.schedule, ranks=ranks, shapes=shapes, steps=w.steps,
-        first_meetings=len(w.step), compile_events=int(compiles.sum()), compile_delays=0,
-        worst_case_delays=worst_case_delays(ranks, shapes), wait_events=0, fetch_events=int(fetches.sum()),
-        compile_s=float(compile_s.sum()), wasted_compile_s=0.0, wait_s=0.0, fetch_s=float(fetch_s.sum()),
-        prewarm_s=0.0, compute_s=compute_total, wall_s=now, stall_s=now - compute_total, rank_stall_s=trace_total,
-        per_rank=tally.figures(), remote_fetches=int(fetches.sum()), remote_mb=float(fetches.sum()) * fetch_mb,
-        worst_step_s=worst, trace_s=trace_total, eager_steps=eager_steps, eager_s=eager_total,
+        policy="behind",
+        schedule=sc.schedule,
+        ranks=ranks,
+        shapes=shapes,
+        steps=w.steps,
+        first_meetings=len(w.step),
+        compile_events=int(compiles.sum()),
+        compile_delays=0,
+        worst_case_delays=worst_case_delays(ranks, shapes),
+        wait_events=0,
+        fetch_events=int(fetches.sum()),
+        compile_s=float(compile_s.sum()),
+        wasted_compile_s=0.0,
+        wait_s=0.0,
+        fetch_s=float(fetch_s.sum()),
+        prewarm_s=0.0,
+        compute_s=compute_total,
+        wall_s=now,
+        stall_s=now - compute_total,
+        rank_stall_s=trace_total,
+        per_rank=tally.figures(),
+        remote_fetches=int(fetches.sum()),
+        remote_mb=float(fetches.sum()) * fetch_mb,
+        worst_step_s=worst,
+        trace_s=trace_total,
+        eager_steps=eager_steps,
+        eager_s=eager_total,
     )
-    log.debug("sim behind/%s: %d background compiles, %d eager steps, stall %.1f s",
-              sc.schedule, report.compile_events, eager_steps, report.stall_s)
+    log.debug(
+        "sim behind/%s: %d background compiles, %d eager steps, stall %.1f s",
+        sc.schedule,
+        report.compile_events,
+        eager_steps,
+        report.stall_s,
+    )
     return report

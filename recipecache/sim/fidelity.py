@@ -64,8 +64,13 @@ def measured_stall(report_path: str | Path, field: str = "total.stall_s") -> flo
     return float(value)
 
 
-def replay(trace_dir: str | Path, report_path: str | Path | None = None, field: str = "total.stall_s", *,
-           policy: str = "singleflight") -> Fidelity:
+def replay(
+    trace_dir: str | Path,
+    report_path: str | Path | None = None,
+    field: str = "total.stall_s",
+    *,
+    policy: str = "singleflight",
+) -> Fidelity:
     """Replay ``trace_dir`` under ``policy`` against what the run measured: under single-flight
     (what the store does) the stall at ``field`` of the run's report, under ``behind`` (a
     ``--no-stall`` run) the eager steps of its event logs."""
@@ -73,8 +78,12 @@ def replay(trace_dir: str | Path, report_path: str | Path | None = None, field: 
         raise ConfigError(f"fidelity replays policy {' or '.join(FIDELITY_POLICIES)}, not {policy!r}")
     report = simulate(policy, schedule="trace", trace=Path(trace_dir))
     if policy == "behind":
-        return Fidelity(float(recorded_eager_steps(trace_dir)), float(report.eager_steps), report,
-                        "eager steps ((rank, step) pairs run without inductor)")
+        return Fidelity(
+            float(recorded_eager_steps(trace_dir)),
+            float(report.eager_steps),
+            report,
+            "eager steps ((rank, step) pairs run without inductor)",
+        )
     if report_path is None:
         raise ConfigError("a single-flight replay compares with the run's report: name it")
     return Fidelity(measured_stall(report_path, field), report.rank_stall_s, report)

@@ -89,15 +89,20 @@ class Costs:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if not math.isfinite(value) or not 0 <= value <= MAX_COST:
-                raise ConfigError(f"{f.name.replace('_', '-')} must be a finite number from 0 to {MAX_COST:g}, "
-                                  f"not {value}")
+                raise ConfigError(
+                    f"{f.name.replace('_', '-')} must be a finite number from 0 to {MAX_COST:g}, not {value}"
+                )
         if self.eager_slowdown < 1:
-            raise ConfigError(f"eager-slowdown must be >= 1 (a step without inductor is no faster), "
-                              f"not {self.eager_slowdown}")
+            raise ConfigError(
+                f"eager-slowdown must be >= 1 (a step without inductor is no faster), not {self.eager_slowdown}"
+            )
         if self.behind_cpu_share >= 1:
             raise ConfigError(f"behind-cpu-share must be >= 0 and < 1, not {self.behind_cpu_share}")
-        for name, what in (("bandwidth_mb_s", "bandwidth"), ("store_mb_s", "store bandwidth"),
-                           ("local_mb_s", "local bandwidth")):
+        for name, what in (
+            ("bandwidth_mb_s", "bandwidth"),
+            ("store_mb_s", "store bandwidth"),
+            ("local_mb_s", "local bandwidth"),
+        ):
             if getattr(self, name) == 0:
                 raise ConfigError(f"{what} must be > 0 MB/s")
 
@@ -223,7 +228,9 @@ class Workload:
 def calls_by_step(step: np.ndarray, rank: np.ndarray, shape: np.ndarray) -> Iterator[Calls]:
     """(step, rank, shape) arrays sorted by step, rank and order, as ``Workload.calls`` yields them."""
     bounds = np.flatnonzero(np.diff(step)) + 1
-    for first, ranks, shapes in zip([0, *bounds.tolist()], np.split(rank, bounds), np.split(shape, bounds), strict=True):
+    for first, ranks, shapes in zip(
+        [0, *bounds.tolist()], np.split(rank, bounds), np.split(shape, bounds), strict=True
+    ):
         if len(ranks):
             yield int(step[first]), ranks, shapes
 

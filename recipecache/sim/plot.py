@@ -66,8 +66,10 @@ def plot_sweeps(path: str | Path, scenario: Scenario, policies: Sequence[str] = 
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     _plot_herd(axes[-1], scenario.replace(ranks=None), shapes)
-    fig.suptitle(f"compile stall per policy, schedule {scenario.schedule}"
-                 f"{', node tier' if scenario.node_tier else ''}; right: every rank fetching at job start")
+    fig.suptitle(
+        f"compile stall per policy, schedule {scenario.schedule}"
+        f"{', node tier' if scenario.node_tier else ''}; right: every rank fetching at job start"
+    )
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png")
@@ -84,12 +86,22 @@ def _plot_herd(ax: Any, scenario: Scenario, shapes: int) -> None:
     """
     costs = scenario.costs
     per_node = scenario.ranks_per_node
-    lines = (("warm store", True, False, "o", "-"), (f"warm store, node tier ({per_node} ranks/node)", True, True, "s", "-"),
-             ("cold store", False, False, "^", "--"), ("cold store, node tier", False, True, "D", "--"))
+    lines = (
+        ("warm store", True, False, "o", "-"),
+        (f"warm store, node tier ({per_node} ranks/node)", True, True, "s", "-"),
+        ("cold store", False, False, "^", "--"),
+        ("cold store, node tier", False, True, "D", "--"),
+    )
     for label, warm, tier, marker, style in lines:
-        stalls = [simulate("singleflight", scenario.replace(schedule="startup", ranks=n, steps=1, weights=None,
-                                                            trace=None, warm=warm, node_tier=tier)).stall_s
-                  for n in HERD_RANKS]
+        stalls = [
+            simulate(
+                "singleflight",
+                scenario.replace(
+                    schedule="startup", ranks=n, steps=1, weights=None, trace=None, warm=warm, node_tier=tier
+                ),
+            ).stall_s
+            for n in HERD_RANKS
+        ]
         ax.plot(HERD_RANKS, stalls, marker=marker, linestyle=style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

@@ -93,11 +93,17 @@ def iid_workload(scenario: Scenario) -> Workload:
     order = np.argsort(first[met], kind="stable")
     cell, code = first[met][order], met[order]
     return Workload(
-        scenario=scenario, ranks=ranks, shapes=shapes, steps=steps,
-        step=cell // ranks, rank=code // shapes, shape=code % shapes,
+        scenario=scenario,
+        ranks=ranks,
+        shapes=shapes,
+        steps=steps,
+        step=cell // ranks,
+        rank=code // shapes,
+        shape=code % shapes,
         compute_s=np.full(steps, scenario.costs.compute_s),
         compile_s=scenario.costs.compile_times(shapes, cost_rng),
-        fetch_s=scenario.costs.fetch_s, fetch_mb=scenario.costs.artifact_mb,
+        fetch_s=scenario.costs.fetch_s,
+        fetch_mb=scenario.costs.artifact_mb,
         calls=_one_call_per_rank(lambda: _iid_draws(scenario, ranks, shapes, steps)),
     )
 
@@ -124,11 +130,17 @@ def adversarial_workload(scenario: Scenario) -> Workload:
             yield start, draw
 
     return Workload(
-        scenario=scenario, ranks=ranks, shapes=shapes, steps=steps,
-        step=step[keep], rank=rank[keep], shape=shape[keep],
+        scenario=scenario,
+        ranks=ranks,
+        shapes=shapes,
+        steps=steps,
+        step=step[keep],
+        rank=rank[keep],
+        shape=shape[keep],
         compute_s=np.full(steps, scenario.costs.compute_s),
         compile_s=scenario.costs.compile_times(shapes, cost_rng),
-        fetch_s=scenario.costs.fetch_s, fetch_mb=scenario.costs.artifact_mb,
+        fetch_s=scenario.costs.fetch_s,
+        fetch_mb=scenario.costs.artifact_mb,
         calls=_one_call_per_rank(draws),
     )
 
@@ -147,10 +159,16 @@ def startup_workload(scenario: Scenario) -> Workload:
             yield t, rank, shape
 
     return Workload(
-        scenario=scenario, ranks=ranks, shapes=shapes, steps=steps,
-        step=np.zeros(cells, dtype=np.int64), rank=rank[:cells], shape=shape[:cells],
+        scenario=scenario,
+        ranks=ranks,
+        shapes=shapes,
+        steps=steps,
+        step=np.zeros(cells, dtype=np.int64),
+        rank=rank[:cells],
+        shape=shape[:cells],
         compute_s=np.full(steps, scenario.costs.compute_s),
         compile_s=scenario.costs.compile_times(shapes, cost_rng),
-        fetch_s=scenario.costs.fetch_s, fetch_mb=scenario.costs.artifact_mb,
+        fetch_s=scenario.costs.fetch_s,
+        fetch_mb=scenario.costs.artifact_mb,
         calls=calls,
     )

@@ -68,7 +68,9 @@ def _usable(rec: Record) -> bool:
     """A store event the replay can place: a kind it knows (not e.g. an HPU agent's), numbers, a key."""
     return (
         rec["event"] in EVENT_KINDS
-        and _is_number(rec.get("time")) and isinstance(rec.get("rank"), int) and _is_number(rec.get("duration", 0.0))
+        and _is_number(rec.get("time"))
+        and isinstance(rec.get("rank"), int)
+        and _is_number(rec.get("duration", 0.0))
         and (rec["event"] == "step" or isinstance(rec.get("key"), str))
     )
 
@@ -138,9 +140,12 @@ class _Step:
 def _rank_steps(records: list[Record], by_steps: bool) -> list[_Step]:
     segments = _by_step_events(records) if by_steps else _by_meetings(records)
     return [
-        _Step(index, list(dict.fromkeys(r["key"] for r in recs)),
-              max(0.0, end - begin - _covered(begin, end, [r for r in recs if r["event"] != "eager"])),
-              frozenset(r["event"] for r in recs))
+        _Step(
+            index,
+            list(dict.fromkeys(r["key"] for r in recs)),
+            max(0.0, end - begin - _covered(begin, end, [r for r in recs if r["event"] != "eager"])),
+            frozenset(r["event"] for r in recs),
+        )
         for index, begin, end, recs in segments
     ]
 
@@ -197,8 +202,7 @@ def trace_workload(scenario: Scenario) -> Workload:
     """Turn the event logs under ``scenario.trace`` into first meetings, calls and costs."""
     path = Path(scenario.trace or "")
     records, steps_of, by_steps = _read(path)
-    slowdown = _eager_slowdown((step for rank_steps in steps_of for step in rank_steps),
-                               scenario.costs.eager_slowdown)
+    slowdown = _eager_slowdown((step for rank_steps in steps_of for step in rank_steps), scenario.costs.eager_slowdown)
 
     indices = sorted({step.index for rank_steps in steps_of for step in rank_steps})
     dense = {index: d for d, index in enumerate(indices)}
@@ -224,19 +228,36 @@ def trace_workload(scenario: Scenario) -> Workload:
     known = [statistics.fmean(v) for v in compiles.values()]
     fallback_compile = _median_or(known, scenario.costs.compile_s)
     compile_s = np.array([statistics.fmean(compiles[k]) if k in compiles else fallback_compile for k in shape_of])
-    fetch_s = _median_or([float(r.get("duration", 0.0)) for r in records if r["event"] in ("hit", "switch")],
-                         scenario.costs.fetch_s)
+    fetch_s = _median_or(
+        [float(r.get("duration", 0.0)) for r in records if r["event"] in ("hit", "switch")], scenario.costs.fetch_s
+    )
 
     ranks = scenario.ranks or len(steps_of)
-    step, rank, shape = _replicate([(d, pos, order, shape_of[key]) for d, pos, order, key in met],
-                                   ranks, len(steps_of))
-    calls = _replicate([(d, pos, order, shape_of[key]) for d, pos, order, key in called if d < steps],
-                       ranks, len(steps_of))
-    log.info("trace %s: %d ranks, %d steps (%s), %d keys; replayed on %d ranks",
-             path, len(steps_of), len(indices), "step events" if by_steps else "one per meeting",
-             len(shape_of), ranks)
+    step, rank, shape = _replicate([(d, pos, order, shape_of[key]) for d, pos, order, key in met], ranks, len(steps_of))
+    calls = _replicate(
+        [(d, pos, order, shape_of[key]) for d, pos, order, key in called if d < steps], ranks, len(steps_of)
+    )
+    log.info(
+        "trace %s: %d ranks, %d steps (%s), %d keys; replayed on %d ranks",
+        path,
+        len(steps_of),
+        len(indices),
+        "step events" if by_steps else "one per meeting",
+        len(shape_of),
+        ranks,
+    )
     return Workload(
-        scenario=scenario, ranks=ranks, shapes=len(shape_of), steps=steps, step=step, rank=rank, shape=shape,
-        compute_s=compute[:steps], compile_s=compile_s, fetch_s=fetch_s,
-        calls=lambda: calls_by_step(*calls), trace_s=np.zeros(len(shape_of)), eager_slowdown=slowdown,
+        scenario=scenario,
+        ranks=ranks,
+        shapes=len(shape_of),
+        steps=steps,
+        step=step,
+        rank=rank,
+        shape=shape,
+        compute_s=compute[:steps],
+        compile_s=compile_s,
+        fetch_s=fetch_s,
+        calls=lambda: calls_by_step(*calls),
+        trace_s=np.zeros(len(shape_of)),
+        eager_slowdown=slowdown,
     )

@@ -53,8 +53,13 @@ class EntryReport:
     reason: Reason | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"storage_key": self.storage_key, "size": self.size, "problem": self.problem,
-                               "reason": self.reason, "last_used": self.last_used}
+        out: dict[str, Any] = {
+            "storage_key": self.storage_key,
+            "size": self.size,
+            "problem": self.problem,
+            "reason": self.reason,
+            "last_used": self.last_used,
+        }
         if self.header is not None:
             out.update(self.header.to_dict())
         return out
@@ -83,8 +88,9 @@ def check_entry(store: Store, skey: str, blob: Buffer) -> tuple[envelope.Header 
     return header, None
 
 
-def _report(info_key: str, size: int, header: envelope.Header | None, refusal: VerificationError | None,
-            last_used: float | None) -> EntryReport:
+def _report(
+    info_key: str, size: int, header: envelope.Header | None, refusal: VerificationError | None, last_used: float | None
+) -> EntryReport:
     problem = None if refusal is None else f"{refusal.reason}: {refusal}"
     return EntryReport(info_key, size, header, problem, last_used, None if refusal is None else refusal.reason)
 
@@ -116,9 +122,12 @@ def namespace_sizes(store: Store) -> dict[str, Any]:
         ns = namespaces.setdefault(info.key.split("/", 1)[0], {"entries": 0, "bytes": 0})
         ns["entries"] += 1
         ns["bytes"] += info.size
-    return {"url": store.url, "namespaces": namespaces,
-            "entries": sum(n["entries"] for n in namespaces.values()),
-            "bytes": sum(n["bytes"] for n in namespaces.values())}
+    return {
+        "url": store.url,
+        "namespaces": namespaces,
+        "entries": sum(n["entries"] for n in namespaces.values()),
+        "bytes": sum(n["bytes"] for n in namespaces.values()),
+    }
 
 
 def verify(store: Store, *, fix: bool) -> VerifyResult:
@@ -260,9 +269,11 @@ def import_file(store: Store, path: Path, *, unsigned: bool = False) -> tuple[in
     with fh:
         if not store.settings.secret and not unsigned:
             if _signed_elsewhere(fh, Path(path), store.namespace):
-                raise ConfigError(f"{path} holds signed entries of another namespace, and importing them into "
-                                  f"namespace {store.namespace} without a secret would drop their signatures: set "
-                                  f"RECIPECACHE_SECRET(_FILE) to sign them anew, or pass --unsigned")
+                raise ConfigError(
+                    f"{path} holds signed entries of another namespace, and importing them into "
+                    f"namespace {store.namespace} without a secret would drop their signatures: set "
+                    f"RECIPECACHE_SECRET(_FILE) to sign them anew, or pass --unsigned"
+                )
             fh.seek(0)
         try:
             for blob in _export_entries(fh, Path(path)):
@@ -274,11 +285,13 @@ def import_file(store: Store, path: Path, *, unsigned: bool = False) -> tuple[in
                     refused += 1
                     continue
                 if header.namespace != store.namespace:
-                    blob = envelope.seal(header.key, payload, namespace=store.namespace, secret=store.settings.secret,
-                                         meta=header.meta)
+                    blob = envelope.seal(
+                        header.key, payload, namespace=store.namespace, secret=store.settings.secret, meta=header.meta
+                    )
                 store.write_raw(storage_key(store.namespace, header.key), blob)
                 imported += 1
         except _Damaged as exc:
-            raise ConfigError(f"{path} is damaged: {exc}; imported {imported} entries before the damage "
-                              f"(refused {refused})") from None
+            raise ConfigError(
+                f"{path} is damaged: {exc}; imported {imported} entries before the damage (refused {refused})"
+            ) from None
     return imported, refused

@@ -42,8 +42,10 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 def cmd_stats(args: argparse.Namespace) -> int:
     data = admin.namespace_sizes(_store(args))
     lines = [f"store {data['url']}: {data['entries']} entries, {format_size(data['bytes'])}"]
-    lines += [f"  {name:<24} {n['entries']:>8} entries {format_size(n['bytes']):>12}"
-              for name, n in sorted(data["namespaces"].items())]
+    lines += [
+        f"  {name:<24} {n['entries']:>8} entries {format_size(n['bytes']):>12}"
+        for name, n in sorted(data["namespaces"].items())
+    ]
     _emit(args, data, "\n".join(lines))
     return 0
 
@@ -54,16 +56,22 @@ def _when(unix: float | None) -> str:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     reports = list(admin.inspect_entries(_store(args)))
-    lines = [f"{'KIND':<10} {'WHAT':<52} {'COMPILE_S':>9} {'SIZE':>10}  {'CREATED':<16}  {'PRODUCER':<18} "
-             f"{'LAST USED':<16}  STATUS"]
+    lines = [
+        f"{'KIND':<10} {'WHAT':<52} {'COMPILE_S':>9} {'SIZE':>10}  {'CREATED':<16}  {'PRODUCER':<18} "
+        f"{'LAST USED':<16}  STATUS"
+    ]
     for r in reports:
         meta = r.header.meta if r.header else {}
-        what = " ".join(str(meta[k]) for k in ("name", "shapes") if meta.get(k)) or (r.header.key if r.header else r.storage_key)
+        what = " ".join(str(meta[k]) for k in ("name", "shapes") if meta.get(k)) or (
+            r.header.key if r.header else r.storage_key
+        )
         compile_s = f"{meta['compile_s']:.1f}" if isinstance(meta.get("compile_s"), (int, float)) else "-"
         producer = f"{r.header.host}/rank{r.header.rank}" if r.header else "?"
-        lines.append(f"{str(meta.get('kind', '-'))[:10]:<10} {what[:52]:<52} {compile_s:>9} {format_size(r.size):>10}  "
-                     f"{_when(r.header.created if r.header else None):<16}  {producer[:18]:<18} {_when(r.last_used):<16}  "
-                     f"{r.problem or ('signed' if r.header and r.header.signed else 'ok')}")
+        lines.append(
+            f"{str(meta.get('kind', '-'))[:10]:<10} {what[:52]:<52} {compile_s:>9} {format_size(r.size):>10}  "
+            f"{_when(r.header.created if r.header else None):<16}  {producer[:18]:<18} {_when(r.last_used):<16}  "
+            f"{r.problem or ('signed' if r.header and r.header.signed else 'ok')}"
+        )
     _emit(args, [r.to_dict() for r in reports], "\n".join(lines))
     return 0
 
@@ -78,16 +86,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.fix:
         lines.append(f"{len(removed)} corrupt entries removed from namespace {store.namespace}")
         if changed:
-            lines.append(f"{len(changed)} corrupt entries were rewritten or removed by others while verify ran and "
-                         "are left as they are now (run verify again to check them)")
+            lines.append(
+                f"{len(changed)} corrupt entries were rewritten or removed by others while verify ran and "
+                "are left as they are now (run verify again to check them)"
+            )
         if left:
-            lines.append(f"{left.total()} refused entries left in place "
-                         f"({', '.join(f'{reason} {n}' for reason, n in sorted(left.items()))}): they are intact, "
-                         f"only not acceptable with this secret (is it the right one?); jobs that can use them still may")
+            lines.append(
+                f"{left.total()} refused entries left in place "
+                f"({', '.join(f'{reason} {n}' for reason, n in sorted(left.items()))}): they are intact, "
+                f"only not acceptable with this secret (is it the right one?); jobs that can use them still may"
+            )
     else:
         lines.append(f"{len(result.bad)} bad entries found in namespace {store.namespace}")
-    _emit(args, {"checked": result.checked, "bad": [r.to_dict() for r in result.bad], "fixed": args.fix,
-                 "removed": sorted(removed), "changed": sorted(changed)}, "\n".join(lines))
+    _emit(
+        args,
+        {
+            "checked": result.checked,
+            "bad": [r.to_dict() for r in result.bad],
+            "fixed": args.fix,
+            "removed": sorted(removed),
+            "changed": sorted(changed),
+        },
+        "\n".join(lines),
+    )
     return 1 if left else 0
 
 
@@ -109,15 +130,22 @@ def cmd_clear(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     store = _store(args)
     count = admin.export_namespace(store, Path(args.file))
-    _emit(args, {"exported": count, "file": args.file}, f"exported {count} entries of namespace {store.namespace} to {args.file}")
+    _emit(
+        args,
+        {"exported": count, "file": args.file},
+        f"exported {count} entries of namespace {store.namespace} to {args.file}",
+    )
     return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     store = _store(args)
     imported, refused = admin.import_file(store, Path(args.file), unsigned=args.unsigned)
-    _emit(args, {"imported": imported, "refused": refused},
-          f"imported {imported} entries into namespace {store.namespace}; refused {refused} that failed verification")
+    _emit(
+        args,
+        {"imported": imported, "refused": refused},
+        f"imported {imported} entries into namespace {store.namespace}; refused {refused} that failed verification",
+    )
     return 1 if refused else 0
 
 
@@ -146,8 +174,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
         timeline.draw(args.run_dir, args.png)
     events = trace["traceEvents"]
     ranks = len({e["pid"] for e in events})
-    print(f"wrote {args.output}: {len(events)} events on {ranks} rank tracks (open in ui.perfetto.dev)"
-          + (f"; {args.png}" if args.png else ""))
+    print(
+        f"wrote {args.output}: {len(events)} events on {ranks} rank tracks (open in ui.perfetto.dev)"
+        + (f"; {args.png}" if args.png else "")
+    )
     return 0
 
 
@@ -173,28 +203,44 @@ def build_parser() -> argparse.ArgumentParser:
     add("stats", cmd_stats, "entries and bytes per namespace")
     add("ls", cmd_ls, "list the entries of a namespace with their producer and status")
     add("verify", cmd_verify, "check every entry's checksum and signature").add_argument(
-        "--fix", action="store_true", help="remove bad entries")
+        "--fix", action="store_true", help="remove bad entries"
+    )
     add("prune", cmd_prune, "evict least-recently-used entries down to a size").add_argument(
-        "--max-size", required=True, help="size cap, e.g. 10GiB")
+        "--max-size", required=True, help="size cap, e.g. 10GiB"
+    )
     add("clear", cmd_clear, "remove every entry of a namespace").add_argument(
-        "--all", action="store_true", help="every namespace")
+        "--all", action="store_true", help="every namespace"
+    )
     add("export", cmd_export, "write a namespace's verified entries to a file").add_argument("file")
     load = add("import", cmd_import, "verify and load an exported file into a namespace")
     load.add_argument("file")
-    load.add_argument("--unsigned", action="store_true",
-                      help="without a secret, import signed entries of another namespace unsigned (drops their "
-                           "signatures; refused otherwise)")
-    add("doctor", cmd_doctor, "check that this node can share artifacts: store, rights, clock, space, signing, "
-                              "key inputs (exit 1 if a check fails)")
-    why = sub.add_parser("explain", help="why graphs were compiled under different keys: the differing key components",
-                         description="For every graph a job (or several) met under more than one key, the key "
-                                     "components that differ, side by side.")
+    load.add_argument(
+        "--unsigned",
+        action="store_true",
+        help="without a secret, import signed entries of another namespace unsigned (drops their "
+        "signatures; refused otherwise)",
+    )
+    add(
+        "doctor",
+        cmd_doctor,
+        "check that this node can share artifacts: store, rights, clock, space, signing, "
+        "key inputs (exit 1 if a check fails)",
+    )
+    why = sub.add_parser(
+        "explain",
+        help="why graphs were compiled under different keys: the differing key components",
+        description="For every graph a job (or several) met under more than one key, the key "
+        "components that differ, side by side.",
+    )
     why.add_argument("run_dir", nargs="+", help="recipecache-run's run directory (several: compare across jobs)")
     why.add_argument("--key", help="only the graph of this key (a store key, or the start of torch's hash)")
     why.add_argument("--json", action="store_true", help="print JSON")
     why.set_defaults(func=cmd_explain)
-    trace = sub.add_parser("trace", help="write a job's timeline as a Chrome/Perfetto trace (and a PNG)",
-                           description="One track per rank: compiles, waits, fetches, publishes, hits and steps.")
+    trace = sub.add_parser(
+        "trace",
+        help="write a job's timeline as a Chrome/Perfetto trace (and a PNG)",
+        description="One track per rank: compiles, waits, fetches, publishes, hits and steps.",
+    )
     trace.add_argument("run_dir", help="recipecache-run's run directory")
     trace.add_argument("-o", "--output", default="trace.json", help="trace file (default trace.json)")
     trace.add_argument("--png", metavar="FILE", help="also draw the timeline as a picture (needs matplotlib)")

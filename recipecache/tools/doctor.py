@@ -82,9 +82,14 @@ class _StoreChecks:
         (a malformed URL's URLError, a bad namespace's ConfigError)."""
         self._thread.join(max(0.0, self._deadline - time.monotonic()))
         if self._thread.is_alive():
-            return [HealthCheck("store", FAIL, f"{self._url.redacted}: no answer within {self.budget_s:g} s "
-                                               "(the store's checks together)",
-                                "start the server, or correct the URL, password or mount")]
+            return [
+                HealthCheck(
+                    "store",
+                    FAIL,
+                    f"{self._url.redacted}: no answer within {self.budget_s:g} s (the store's checks together)",
+                    "start the server, or correct the URL, password or mount",
+                )
+            ]
         if self._error is not None:
             raise self._error
         return self._checks
@@ -135,17 +140,29 @@ def _round_trip(store: Store, key: str) -> HealthCheck:
         blob = store.read_raw(skey)
         store.delete_raw(skey)
     except BackendError as exc:
-        return HealthCheck("store", FAIL, f"{store.url}: {exc.reason}: {exc}",
-                           "start the server, or correct the URL, password or mount")
+        return HealthCheck(
+            "store",
+            FAIL,
+            f"{store.url}: {exc.reason}: {exc}",
+            "start the server, or correct the URL, password or mount",
+        )
     elapsed_ms = (time.perf_counter() - start) * 1000
     if blob is None:
-        return HealthCheck("store", FAIL, f"{store.url}: an entry written was not there to read back",
-                           "check for an eviction policy or a full store")
+        return HealthCheck(
+            "store",
+            FAIL,
+            f"{store.url}: an entry written was not there to read back",
+            "check for an eviction policy or a full store",
+        )
     try:
         read = store.open_entry(key, blob)
     except VerificationError as exc:
-        return HealthCheck("store", FAIL, f"{store.url}: the entry read back failed verification ({exc.reason})",
-                           "something rewrites values in this store; use another one")
+        return HealthCheck(
+            "store",
+            FAIL,
+            f"{store.url}: the entry read back failed verification ({exc.reason})",
+            "something rewrites values in this store; use another one",
+        )
     if bytes(read) != payload:
         return HealthCheck("store", FAIL, f"{store.url}: read back other bytes than written", "use another store")
     return HealthCheck("store", PASS, f"{store.url}: write, read, verify, delete in {elapsed_ms:.1f} ms")
@@ -157,8 +174,12 @@ def _lease_check(store: Store, key: str) -> HealthCheck:
     except BackendError as exc:
         return HealthCheck("leases", FAIL, f"{exc.reason}: {exc}", "without leases every rank compiles every graph")
     if not exclusive:
-        return HealthCheck("leases", FAIL, "a lease could not be taken, or was taken twice",
-                           "the store does not coordinate; check the backend")
+        return HealthCheck(
+            "leases",
+            FAIL,
+            "a lease could not be taken, or was taken twice",
+            "the store does not coordinate; check the backend",
+        )
     return HealthCheck("leases", PASS, "a lease is taken once and released")
 
 
@@ -180,9 +201,13 @@ def _signing_check() -> HealthCheck:
     except ConfigError as exc:
         return HealthCheck("signing", FAIL, str(exc), "fix the key (at least 16 random bytes)")
     if secret is None:
-        return HealthCheck("signing", WARN, f"off: entries are not signed ({env.SECRET_FILE} unset)",
-                           f"anyone who can write the store runs code on every rank; set {env.SECRET_FILE} "
-                           "to a file of `openssl rand -hex 32` (chmod 600)")
+        return HealthCheck(
+            "signing",
+            WARN,
+            f"off: entries are not signed ({env.SECRET_FILE} unset)",
+            f"anyone who can write the store runs code on every rank; set {env.SECRET_FILE} "
+            "to a file of `openssl rand -hex 32` (chmod 600)",
+        )
     source = env.SECRET_FILE if os.environ.get(env.SECRET_FILE) and not os.environ.get(env.SECRET) else env.SECRET
     return HealthCheck("signing", PASS, f"on: keyed BLAKE3 with a {len(secret)}-byte key from {source}")
 
@@ -227,17 +252,32 @@ def _torch_checks() -> list[HealthCheck]:
     local = Path(cache_dir())
     threads = torch.get_num_threads()
     omp = os.environ.get("OMP_NUM_THREADS")
-    checks = [writable("torch cache", local), free_space("torch cache", local),
-              HealthCheck("torch", PASS, f"torch {torch.__version__}"), *_hook_checks()]
+    checks = [
+        writable("torch cache", local),
+        free_space("torch cache", local),
+        HealthCheck("torch", PASS, f"torch {torch.__version__}"),
+        *_hook_checks(),
+    ]
     if inductor_config.cpp.dynamic_threads or inductor_config.cpp.threads >= 1:
         checks.append(HealthCheck("threads", PASS, f"{threads} threads; kernels do not specialise on the count"))
     elif omp:
-        checks.append(HealthCheck("threads", PASS, f"{threads} threads (OMP_NUM_THREADS={omp}); it is in every "
-                                                   "graph key, so every rank needs the same"))
+        checks.append(
+            HealthCheck(
+                "threads",
+                PASS,
+                f"{threads} threads (OMP_NUM_THREADS={omp}); it is in every graph key, so every rank needs the same",
+            )
+        )
     else:
-        checks.append(HealthCheck("threads", WARN, f"{threads} threads: torch's default, the core count, which "
-                                                   "differs between node types and is in every graph key",
-                                  "set OMP_NUM_THREADS the same on every node (recipecache-run --threads does)"))
+        checks.append(
+            HealthCheck(
+                "threads",
+                WARN,
+                f"{threads} threads: torch's default, the core count, which "
+                "differs between node types and is in every graph key",
+                "set OMP_NUM_THREADS the same on every node (recipecache-run --threads does)",
+            )
+        )
     config_digest = _digest(inductor_config.save_config_portable())
     shown = ", ".join(f"{k}={v}" for k, v in settings.items()) or "no TORCHINDUCTOR_/TORCH_COMPILE_ variables"
     checks.append(HealthCheck("compile", PASS, f"{shown}; inductor config digest {config_digest}"))
@@ -248,13 +288,25 @@ def _torch_checks() -> list[HealthCheck]:
         in_keys = host_cpu.fingerprint()
     except ConfigError as exc:  # a malformed RECIPECACHE_CPU_FINGERPRINT: enable() would stop on it too
         return [*checks, HealthCheck("cpu", FAIL, str(exc), "fix or unset it")]
-    checks.append(HealthCheck("cpu", PASS, f"fingerprint in keys {in_keys}: {cpu['machine']} {cpu['cpu_features']} "
-                                           f"({cpu['cpu_model']}); kernels built for vector features a CPU lacks "
-                                           "do not run on it"))
-    digest = _digest({"torch": torch.__version__, "threads": threads, "settings": settings, "config": config_digest,
-                      "cpu": in_keys})
-    checks.append(HealthCheck("key inputs", PASS, f"digest {digest}: run recipecache doctor on every node; "
-                                                  "equal digests mean equal keys for equal graphs"))
+    checks.append(
+        HealthCheck(
+            "cpu",
+            PASS,
+            f"fingerprint in keys {in_keys}: {cpu['machine']} {cpu['cpu_features']} "
+            f"({cpu['cpu_model']}); kernels built for vector features a CPU lacks "
+            "do not run on it",
+        )
+    )
+    digest = _digest(
+        {"torch": torch.__version__, "threads": threads, "settings": settings, "config": config_digest, "cpu": in_keys}
+    )
+    checks.append(
+        HealthCheck(
+            "key inputs",
+            PASS,
+            f"digest {digest}: run recipecache doctor on every node; equal digests mean equal keys for equal graphs",
+        )
+    )
     return checks
 
 
@@ -271,8 +323,14 @@ def _hook_checks() -> list[HealthCheck]:
         if state.on:
             checks.append(HealthCheck("hook", PASS, f"{hook.name} on ({state.why}): {hook.purpose}"))
         else:
-            checks.append(HealthCheck("hook", WARN, f"{hook.name} off ({state.why}); lost: {hook.purpose}",
-                                      f"use a torch release recipecache was checked on ({', '.join(CHECKED_RELEASES)})"))
+            checks.append(
+                HealthCheck(
+                    "hook",
+                    WARN,
+                    f"{hook.name} off ({state.why}); lost: {hook.purpose}",
+                    f"use a torch release recipecache was checked on ({', '.join(CHECKED_RELEASES)})",
+                )
+            )
     return checks
 
 
@@ -283,4 +341,3 @@ def _digest(value: Any) -> str:
 def exit_status(checks: list[HealthCheck]) -> int:
     """0 when nothing failed (warnings pass), 1 otherwise."""
     return 1 if any(c.failed for c in checks) else 0
-

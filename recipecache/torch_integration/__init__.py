@@ -97,13 +97,14 @@ def enable(
             return _session.store
         store = open_store(url, namespace=namespace, secret=secret)
         template = metrics_file or os.environ.get(env.METRICS_FILE)
-        metrics = Metrics(store,
-                          metrics_path(template, process_rank()),
-                          flush=env.switch(env.METRICS_FLUSH))
+        metrics = Metrics(store, metrics_path(template, process_rank()), flush=env.switch(env.METRICS_FLUSH))
         want_tier = precompile if precompile is not None else env.switch(env.PRECOMPILE)
         want_behind = no_stall if no_stall is not None else env.switch(env.NO_STALL)
-        grace = (env.seconds(env.EXIT_GRACE, env.DEFAULT_EXIT_GRACE_S) if exit_grace is None
-                 else env.positive_seconds("exit_grace", str(exit_grace)))
+        grace = (
+            env.seconds(env.EXIT_GRACE, env.DEFAULT_EXIT_GRACE_S)
+            if exit_grace is None
+            else env.positive_seconds("exit_grace", str(exit_grace))
+        )
         behind_timeout = env.seconds(env.BEHIND_TIMEOUT, DEFAULT_BEHIND_TIMEOUT_S)
         try:
             import torch
@@ -120,7 +121,9 @@ def enable(
         else:
             _session.hooked = True
             skip = () if want_tier else ("precompiled",)
-            left_off, message = compat.warning(hooks, torch.__version__, skip=skip if want_behind else (*skip, "no_stall"))
+            left_off, message = compat.warning(
+                hooks, torch.__version__, skip=skip if want_behind else (*skip, "no_stall")
+            )
             if left_off:
                 metrics.fallback(Reason.TORCH_INTERNALS, message)
             elif message:
@@ -131,8 +134,9 @@ def enable(
             try:
                 from . import precompile as tier
 
-                _session.tier = tier.attach(store, metrics, wait_timeout, integration.cpu_key,
-                                            integration.kernels_loaded)
+                _session.tier = tier.attach(
+                    store, metrics, wait_timeout, integration.cpu_key, integration.kernels_loaded
+                )
             except (ImportError, AttributeError) as exc:  # beyond what compat checks
                 metrics.fallback(Reason.TORCH_INTERNALS, f"no precompiled tier on this torch ({exc!r})")
         if _session.hooked and behind_on:
@@ -160,9 +164,11 @@ def _warn_per_rank_graphs() -> None:
     from .precompile_keys import compile_on_one_rank
 
     if compile_on_one_rank():
-        log.warning("recipecache: torch's compile_on_one_rank is on: graphs that hold a device mesh (DTensor tensor "
-                    "or sequence parallel) will be compiled by every rank, not once per job (they read their process "
-                    "groups from the mesh they hold, which a graph loaded from a cache lacks); turn it off to share them")
+        log.warning(
+            "recipecache: torch's compile_on_one_rank is on: graphs that hold a device mesh (DTensor tensor "
+            "or sequence parallel) will be compiled by every rank, not once per job (they read their process "
+            "groups from the mesh they hold, which a graph loaded from a cache lacks); turn it off to share them"
+        )
 
 
 def disable() -> None:

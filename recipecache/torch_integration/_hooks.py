@@ -84,6 +84,7 @@ R = TypeVar("R")
 #: optimized source, the header stub itself): still the same kernel
 _SAME_KERNEL_WRITES = frozenset({"optimized.cpp", "h"})
 
+
 class _Attempt(threading.local):
     """This thread's current FX graph, from torch's remote lookup to its put or the end of its compile."""
 
@@ -117,8 +118,9 @@ class _Attempt(threading.local):
 class Integration:
     """One enabled store: the state the hooks share (torch builds backends with no arguments)."""
 
-    def __init__(self, store: Store, metrics: Metrics, wait_timeout: float | None, *,
-                 wait_for_lease: bool = True) -> None:
+    def __init__(
+        self, store: Store, metrics: Metrics, wait_timeout: float | None, *, wait_for_lease: bool = True
+    ) -> None:
         #: graph artifacts (FX) are single-flighted and traced in the event log (the simulator
         #: replays it as the job's compile keys); AOTAutograd, PGO and probe entries are not
         #: compiles, so their lookups and puts stay out of the trace (``trace=False``)
@@ -153,8 +155,16 @@ class Integration:
         #: across ranks (:attr:`.rank_binding.RankBound.identity`), for the key records
         self._rank_bound: dict[str, str | None] = {}
         #: the CPU-feature probe libraries, shared as artifacts of kind ``isa``
-        self.probes = IsaProbes(store, metrics, wait_timeout, cpu_key=self.cpu_key, fetch=self.fetch,
-                                take=self._take, put=self._put, guarded=self.guarded)
+        self.probes = IsaProbes(
+            store,
+            metrics,
+            wait_timeout,
+            cpu_key=self.cpu_key,
+            fetch=self.fetch,
+            take=self._take,
+            put=self._put,
+            guarded=self.guarded,
+        )
 
     def guarded(self, fn: Callable[..., R], *args: Any) -> R | None:
         """``fn(*args)``, or None with a counted ``hook_error`` if it raises: our bugs must not stop a compile."""
@@ -162,7 +172,9 @@ class Integration:
             return fn(*args)
         except Exception as exc:
             log.debug("recipecache hook %s failed", getattr(fn, "__name__", fn), exc_info=True)
-            self.metrics.fallback(Reason.HOOK_ERROR, f"{getattr(fn, '__name__', fn)}: {exc!r}; torch goes on without it")
+            self.metrics.fallback(
+                Reason.HOOK_ERROR, f"{getattr(fn, '__name__', fn)}: {exc!r}; torch goes on without it"
+            )
             return None
 
     # -- keys ------------------------------------------------------------------------
@@ -203,8 +215,9 @@ class Integration:
             return None
         artifact = self._unpack(key, data, kind)
         if artifact is None or not self._install(key, artifact, artifact.entries[0]):
-            self.store.record_unused_hit(key, Reason.BAD_ARTIFACT if artifact is None else Reason.INSTALL_FAILED,
-                                         kind=kind, trace=False)
+            self.store.record_unused_hit(
+                key, Reason.BAD_ARTIFACT if artifact is None else Reason.INSTALL_FAILED, kind=kind, trace=False
+            )
             self.metrics.changed()
             return None
         self.metrics.saved(artifact.entries[0].compile_s)
@@ -358,8 +371,14 @@ class Integration:
                 # (its put replaces the stored twin with the same guards), or stop waiting
                 self._unused_hit(key, reason)
                 return
-            flight = self.store.begin(key, wait_timeout=self.wait_timeout, stale=flight.data, stale_reason=reason,
-                                      kind="fx", wait=self.wait_for_lease)
+            flight = self.store.begin(
+                key,
+                wait_timeout=self.wait_timeout,
+                stale=flight.data,
+                stale_reason=reason,
+                kind="fx",
+                wait=self.wait_for_lease,
+            )
 
     def defer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
         """No-stall: torch is about to compile the graph this thread looked up and missed; the
@@ -389,8 +408,11 @@ class Integration:
         attempt = self.attempt
         files, missing = collect(attempt.kernels, Path(cache_dir()))
         if missing:
-            self.metrics.fallback(Reason.KERNEL_MISSING, f"{len(missing)} kernel(s) of {key} not built when it was saved; "
-                                  "publishing it without them (a hit compiles those)")
+            self.metrics.fallback(
+                Reason.KERNEL_MISSING,
+                f"{len(missing)} kernel(s) of {key} not built when it was saved; "
+                "publishing it without them (a hit compiles those)",
+            )
         ours = attempt.key == key
         compile_s = attempt.compile_s if ours else 0.0
         variant = Entry(data, compile_s, tuple(f.path for f in files), _guards_of(data))
@@ -490,13 +512,29 @@ class Integration:
         described = None if groups is None else self.guarded(rank_binding.describe_groups, gm, example_inputs, groups)
         if described:  # what of this rank's groups the key holds, for explain (torch's lines cut the code short)
             details = [*details, *described]
-        self.attempt.described = (fx_key, details, describe.function_name(fx_kwargs), describe.input_shapes(example_inputs))
-        if "rank_binding" in self.on and groups is not None and fx_key not in self._bindings \
-                and fx_key not in self._rank_bound:
+        self.attempt.described = (
+            fx_key,
+            details,
+            describe.function_name(fx_kwargs),
+            describe.input_shapes(example_inputs),
+        )
+        if (
+            "rank_binding" in self.on
+            and groups is not None
+            and fx_key not in self._bindings
+            and fx_key not in self._rank_bound
+        ):
             self.guarded(self._bind, fx_key, gm, example_inputs, fx_kwargs, inputs_to_check, groups)
 
-    def _bind(self, fx_key: str, gm: Any, example_inputs: Any, fx_kwargs: Any, inputs_to_check: Any,
-              groups: rank_binding.Groups) -> None:
+    def _bind(
+        self,
+        fx_key: str,
+        gm: Any,
+        example_inputs: Any,
+        fx_kwargs: Any,
+        inputs_to_check: Any,
+        groups: rank_binding.Groups,
+    ) -> None:
         """Share the key of a graph that uses this rank's process groups across ranks, if it can be bound to
         every rank's own groups (:mod:`.rank_binding`); else it stays keyed per rank, counted."""
         try:
@@ -504,8 +542,11 @@ class Integration:
         except rank_binding.RankBound as exc:
             with self._lock:
                 self._rank_bound[fx_key] = exc.identity
-            self.metrics.fallback(Reason.RANK_BOUND, f"graph {fx_key[:10]} uses this rank's process groups and is "
-                                  f"compiled by every rank that traces it, not once per job: {exc}")
+            self.metrics.fallback(
+                Reason.RANK_BOUND,
+                f"graph {fx_key[:10]} uses this rank's process groups and is "
+                f"compiled by every rank that traces it, not once per job: {exc}",
+            )
             return
         if binding is not None:
             with self._lock:
@@ -531,8 +572,14 @@ class Integration:
         attempt.what = (name, shapes)
         if self.keys.enabled and attempt.key is not None:  # parsing torch's hash details costs a few ms per lookup
             identity = attempt.binding.key if attempt.binding is not None else self._rank_bound.get(fx_key)
-            self.keys.record(attempt.key, details, name=name, shapes=shapes, identity=identity,
-                             context={**describe.process_context(), "cpu_key": self.cpu})
+            self.keys.record(
+                attempt.key,
+                details,
+                name=name,
+                shapes=shapes,
+                identity=identity,
+                context={**describe.process_context(), "cpu_key": self.cpu},
+            )
 
     def compiled(self, seconds: float) -> None:
         """inductor codegen of one graph ran here for ``seconds``."""

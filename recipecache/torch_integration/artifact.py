@@ -114,8 +114,14 @@ class Artifact:
     bound: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def single(cls, kind: str, data: bytes, files: Iterable[KernelFile] = (), compile_s: float = 0.0,
-               bound: Iterable[tuple[str, str]] = ()) -> Artifact:
+    def single(
+        cls,
+        kind: str,
+        data: bytes,
+        files: Iterable[KernelFile] = (),
+        compile_s: float = 0.0,
+        bound: Iterable[tuple[str, str]] = (),
+    ) -> Artifact:
         """An artifact of one entry that loads all of ``files``."""
         files = tuple(files)
         return cls(kind, (Entry(data, compile_s, tuple(f.path for f in files)),), files, tuple(bound))
@@ -173,10 +179,15 @@ class Artifact:
             raise ArtifactError("artifact entry list malformed")
         bound = obj.get("bound", [])
         if not isinstance(bound, list) or not all(
-                isinstance(pair, list) and len(pair) == 2 and all(isinstance(k, str) and k for k in pair) for pair in bound):
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(k, str) and k for k in pair) for pair in bound
+        ):
             raise ArtifactError("artifact list of bound graph keys malformed")
-        return cls(kind, tuple(_checked_entry(e, paths) for e in entries), checked_files,
-                   tuple((fx_key, shared) for fx_key, shared in bound))
+        return cls(
+            kind,
+            tuple(_checked_entry(e, paths) for e in entries),
+            checked_files,
+            tuple((fx_key, shared) for fx_key, shared in bound),
+        )
 
 
 def torch_pickle(value: bytes) -> bytes:
@@ -231,12 +242,12 @@ def install(files: Iterable[KernelFile], root: Path) -> int:
     ours alone (:func:`write_private`); anything else raises ConfigError before that
     directory gets a byte.
     """
-    return write_private(root, ((f.path, f.data) for f in files), "torch's kernel cache directory",
-                         keep=_same_file_at)
+    return write_private(root, ((f.path, f.data) for f in files), "torch's kernel cache directory", keep=_same_file_at)
 
 
-def write_private(root: Path, files: Iterable[tuple[str, Buffer]], what: str, *,
-                  keep: Callable[[int, str, Buffer], bool]) -> int:
+def write_private(
+    root: Path, files: Iterable[tuple[str, Buffer]], what: str, *, keep: Callable[[int, str, Buffer], bool]
+) -> int:
     """Write ``(relative path, data)`` files under ``root`` through directories that are ours alone.
 
     ``root`` and every directory on a file's path must be private, as the store's own
@@ -261,8 +272,11 @@ def write_private(root: Path, files: Iterable[tuple[str, Buffer]], what: str, *,
             fds: list[int] = []
             try:
                 for sub in directory.split("/"):
-                    fds.append(open_private_directory(sub, f"the directory {directory} in {root}:",
-                                                      dir_fd=fds[-1] if fds else root_fd))
+                    fds.append(
+                        open_private_directory(
+                            sub, f"the directory {directory} in {root}:", dir_fd=fds[-1] if fds else root_fd
+                        )
+                    )
                 for path, data in group:
                     name = path.rpartition("/")[2]
                     if not keep(fds[-1], name, data):

@@ -99,8 +99,9 @@ class Deferred(Exception):
     torch wraps it (``InductorError``); :func:`deferred_of` finds it again.
     """
 
-    def __init__(self, key: str, what: tuple[str, str], job: Future[float] | None, config: dict[str, Any],
-                 context: Any) -> None:
+    def __init__(
+        self, key: str, what: tuple[str, str], job: Future[float] | None, config: dict[str, Any], context: Any
+    ) -> None:
         super().__init__(f"compile of {key} deferred")
         self.key = key
         self.what = what
@@ -153,7 +154,9 @@ def needs_process_groups(gm: torch.fx.GraphModule, example_inputs: Any) -> str |
     return None
 
 
-def wire_input(gm: torch.fx.GraphModule, example_inputs: Any, inputs_to_check: Any, graph_kwargs: dict[str, Any]) -> bytes | None:
+def wire_input(
+    gm: torch.fx.GraphModule, example_inputs: Any, inputs_to_check: Any, graph_kwargs: dict[str, Any]
+) -> bytes | None:
     """torch's wire-format input of one graph compile (what ``_SerializedFxCompile.serialize_compile``
     builds), pickled with :data:`_WORKER_OPS` allowed; None if the graph cannot travel (torch's reasons:
     a higher-order op its cache bypasses, a Triton kernel wrapper, something unpicklable)."""
@@ -168,11 +171,18 @@ def wire_input(gm: torch.fx.GraphModule, example_inputs: Any, inputs_to_check: A
         if ext._graph_contains_triton_kernel_wrappers(gm):
             return None
         fields = {
-            "gm": gm, "example_inputs": example_inputs, "inputs_to_check": inputs_to_check,
-            "graph_kwargs": graph_kwargs, "tracing_context": torch._guards.TracingContext.try_get(),
-            "config": inductor_config.save_config_portable(), "virtualized": ext._VirtualizedSerializer.serialize(),
-            "deterministic_guard_for_testing": None, "logger_state": ext._LoggerState(),
-            "lowering": ext._LoweringSerializer(), "fake_tensor_mode": ext._FakeTensorModeSerializer(ext._current_fake_mode())}
+            "gm": gm,
+            "example_inputs": example_inputs,
+            "inputs_to_check": inputs_to_check,
+            "graph_kwargs": graph_kwargs,
+            "tracing_context": torch._guards.TracingContext.try_get(),
+            "config": inductor_config.save_config_portable(),
+            "virtualized": ext._VirtualizedSerializer.serialize(),
+            "deterministic_guard_for_testing": None,
+            "logger_state": ext._LoggerState(),
+            "lowering": ext._LoweringSerializer(),
+            "fake_tensor_mode": ext._FakeTensorModeSerializer(ext._current_fake_mode()),
+        }
         if "backend_configs" in {f.name for f in dataclasses.fields(ext._WireProtocolInput)}:  # torch >= 2.15
             fields["backend_configs"] = backend_configs()
         return GraphPickler.dumps(ext._WireProtocolInput(**fields), Options(ops_filter=_worker_op))
@@ -187,8 +197,11 @@ def backend_configs() -> dict[str, dict[str, Any]]:
     the worker compiles under them (``patch`` of each module, as torch's own child does)."""
     from torch._inductor.codegen.common import custom_backend_codegen_configs
 
-    return {module.__name__: module.get_serializable_config_copy()
-            for module in custom_backend_codegen_configs.values() if module is not None}
+    return {
+        module.__name__: module.get_serializable_config_copy()
+        for module in custom_backend_codegen_configs.values()
+        if module is not None
+    }
 
 
 @dataclass
@@ -210,11 +223,17 @@ class _Graph:
     guard_rejected: int = 0
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "shapes": self.shapes, "eager_calls": self.eager_calls,
-                "eager_s": round(self.eager_s, 6), "switched_at": self.switched_at,
-                "switch_s": round(self.switch_s, 6), "compile_s": round(self.compile_s, 6),
-                **({"failed": self.failed} if self.failed else {}),
-                **({"guard_rejected": self.guard_rejected} if self.guard_rejected else {})}
+        return {
+            "name": self.name,
+            "shapes": self.shapes,
+            "eager_calls": self.eager_calls,
+            "eager_s": round(self.eager_s, 6),
+            "switched_at": self.switched_at,
+            "switch_s": round(self.switch_s, 6),
+            "compile_s": round(self.compile_s, 6),
+            **({"failed": self.failed} if self.failed else {}),
+            **({"guard_rejected": self.guard_rejected} if self.guard_rejected else {}),
+        }
 
 
 @dataclass
@@ -321,7 +340,12 @@ class _Worker:
         # started in the package's root, which ``-m`` puts first on sys.path: never a module of the rank's directory
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "recipecache.torch_integration.behind_worker", str(os.getpid())],
-            env=environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, cwd=package_root)
+            env=environ,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            cwd=package_root,
+        )
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -345,7 +369,9 @@ class _Worker:
         finally:
             timer.cancel()
         if self.expired:
-            raise CompileTimeout(f"the compile ran past its deadline ({timeout:g} s, {env.BEHIND_TIMEOUT}); its worker was ended")
+            raise CompileTimeout(
+                f"the compile ran past its deadline ({timeout:g} s, {env.BEHIND_TIMEOUT}); its worker was ended"
+            )
         if reply is None:
             self.kill()
             tail = os.pread(self.log.fileno(), 600, max(log_start, os.fstat(self.log.fileno()).st_size - 600))
@@ -413,8 +439,9 @@ class Behind:
         self._probe_warmed = False
 
     # -- the hook side ------------------------------------------------------------
-    def intercept(self, flight: Flight | None, what: tuple[str, str], args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> Deferred | None:
+    def intercept(
+        self, flight: Flight | None, what: tuple[str, str], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Deferred | None:
         """torch is about to compile a graph that missed (``fx_codegen_and_compile(*args, **kwargs)``).
 
         ``flight`` is this thread's single-flight of the graph's key: a leader sends the graph
@@ -480,7 +507,9 @@ class Behind:
             if self._retry_at.get(key) == float("inf"):
                 self._retry_at[key] = time.monotonic() + RETRY_S
 
-    def _sendable(self, flight: Flight, what: tuple[str, str], wire: bytes | None) -> tuple[bytes, dict[str, Any]] | None:
+    def _sendable(
+        self, flight: Flight, what: tuple[str, str], wire: bytes | None
+    ) -> tuple[bytes, dict[str, Any]] | None:
         """The graph's wire input and this process's global state (:mod:`.global_state`), or None (counted):
         a worker could not compile it under this process's key, which compiles it inline."""
         if wire is None:
@@ -501,8 +530,9 @@ class Behind:
         so the thread mostly waits without the interpreter lock.
         """
         with self._lock:
-            if self._probe_warmed or not any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
-                                             for t in example_inputs):
+            if self._probe_warmed or not any(
+                isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in example_inputs
+            ):
                 return
             self._probe_warmed = True
 
@@ -516,8 +546,9 @@ class Behind:
 
         threading.Thread(target=pick, name="recipecache-isa", daemon=True).start()
 
-    def graph(self, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule,
-              example_inputs: list[Any]) -> BehindGraph:
+    def graph(
+        self, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule, example_inputs: list[Any]
+    ) -> BehindGraph:
         """The switching callable ``_compile_fx_inner`` returns for the deferred graph."""
         self._row(deferred.key, deferred.what)
         return BehindGraph(self, deferred, reload, gm, example_inputs)
@@ -535,8 +566,15 @@ class Behind:
     # -- background compiles -------------------------------------------------------
     def _submit(self, flight: Flight, wire: bytes, state: dict[str, Any]) -> Future[float]:
         # sent on the worker's stdin, never written to disk: the settings hold the store's secret
-        payload = pickle.dumps({"settings": self.store.settings, "key": flight.key, "wire": wire,
-                                "state": state, "sys_path": list(sys.path)})
+        payload = pickle.dumps(
+            {
+                "settings": self.store.settings,
+                "key": flight.key,
+                "wire": wire,
+                "state": state,
+                "sys_path": list(sys.path),
+            }
+        )
         job = _Job(flight.key, payload, flight)
         self.store.events.record("compile_start", flight.key, behind=True)
         with self._lock:
@@ -581,11 +619,15 @@ class Behind:
         if result.get("stale_worker"):  # an earlier job's state stuck in the kept worker: again in a fresh one
             result = self._worker_for(job, fresh=True).compile(job.payload, max(deadline - time.monotonic(), 0.0))
         if result.get("error"):
-            raise WorkerFailed(result["error"], inline=bool(result.get("inline")),
-                               key_mismatch=bool(result.get("key_mismatch")))
+            raise WorkerFailed(
+                result["error"], inline=bool(result.get("inline")), key_mismatch=bool(result.get("key_mismatch"))
+            )
         for reason in result.get("unpublished", ()):
-            self.metrics.fallback(Reason(reason), f"the no-stall worker compiled {job.key} but could not publish it; "
-                                  "this process loads it from torch's local cache, other processes compile it again")
+            self.metrics.fallback(
+                Reason(reason),
+                f"the no-stall worker compiled {job.key} but could not publish it; "
+                "this process loads it from torch's local cache, other processes compile it again",
+            )
         return float(result["compile_s"])
 
     def _worker_for(self, job: _Job, *, fresh: bool = False) -> _Worker:
@@ -630,7 +672,9 @@ class Behind:
         if pending:
             log.info("recipecache: finishing %d compile(s) behind before exit (at most %.0f s)", len(pending), timeout)
         for future in futures:
-            with contextlib.suppress(Exception):  # failures are counted where they are seen; here only the deadline counts
+            with contextlib.suppress(
+                Exception
+            ):  # failures are counted where they are seen; here only the deadline counts
                 future.result(timeout=_wait_s(deadline))
         with self._lock:
             jobs = list(self._jobs.values())
@@ -638,8 +682,10 @@ class Behind:
                 job.cancelled = True
             worker = self._worker
         if jobs:
-            log.warning("recipecache: ending the compile(s) behind of %s: past the exit grace",
-                        ", ".join(job.key for job in jobs))
+            log.warning(
+                "recipecache: ending the compile(s) behind of %s: past the exit grace",
+                ", ".join(job.key for job in jobs),
+            )
         for job in jobs:
             if job.future is not None and job.future.cancel():
                 self._drop(job)
@@ -675,8 +721,14 @@ class BehindGraph:
     entry through its own trace.
     """
 
-    def __init__(self, behind: Behind, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule,
-                 example_inputs: list[Any]) -> None:
+    def __init__(
+        self,
+        behind: Behind,
+        deferred: Deferred,
+        reload: Callable[[], Any],
+        gm: torch.fx.GraphModule,
+        example_inputs: list[Any],
+    ) -> None:
         from torch._inductor.codecache import FxGraphCache
         from torch.fx._lazy_graph_module import _LazyGraphModule
 
@@ -749,8 +801,12 @@ class BehindGraph:
             graph.guard_rejected += 1
             first = graph.guard_rejected == 1
         if first:
-            log.warning("recipecache: %s %s: inductor specialized the graph compiled behind (%s); inputs it rejects "
-                        "run without inductor", *self._what, self._guards)
+            log.warning(
+                "recipecache: %s %s: inductor specialized the graph compiled behind (%s); inputs it rejects "
+                "run without inductor",
+                *self._what,
+                self._guards,
+            )
         return self._eager(*args)
 
     def _due(self) -> bool:

@@ -95,8 +95,11 @@ def compile_job(job: dict[str, Any], first: bool = True) -> dict[str, Any]:
         if key is None:  # torch's local cache (shared with the rank) had it: nothing to publish
             return {"compile_s": seconds}
         if key != job["key"]:
-            return {"error": f"the worker computed key {key}, the rank {job['key']}", "inline": True,
-                    "key_mismatch": True}
+            return {
+                "error": f"the worker computed key {key}, the rank {job['key']}",
+                "inline": True,
+                "key_mismatch": True,
+            }
         if not published["put"] and not published["hit"]:
             # the store failed (an outage, a full store): the compiled graph is in torch's local cache,
             # which the rank shares, so the rank still switches to it; the store's reasons go with it

@@ -71,8 +71,7 @@ def current(sources: Iterable[SourceFile]) -> tuple[SourceFile, ...]:
     """``sources`` (an artifact's) with the digests of what this process runs from their files."""
     sources = list(sources)
     namespaces = _namespaces(s.path for s in sources)
-    return tuple(SourceFile(s.path, _digest(s.path, namespaces.get(s.path, []), s.names, ()), s.names)
-                 for s in sources)
+    return tuple(SourceFile(s.path, _digest(s.path, namespaces.get(s.path, []), s.names, ()), s.names) for s in sources)
 
 
 def stale(sources: Iterable[SourceFile]) -> list[str]:
@@ -96,8 +95,9 @@ def _namespaces(paths: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def _digest(path: str, namespaces: list[dict[str, Any]], names: Iterable[str],
-            roots: Iterable[types.CodeType]) -> bytes:
+def _digest(
+    path: str, namespaces: list[dict[str, Any]], names: Iterable[str], roots: Iterable[types.CodeType]
+) -> bytes:
     """The digest of ``path``'s code in ``namespaces`` (plus ``roots``) and of its globals ``names``; or MISSING."""
     codes: dict[int, types.CodeType] = {}
     for namespace in namespaces:
@@ -157,9 +157,18 @@ def _nested(code: types.CodeType) -> Iterable[types.CodeType]:
 
 def _code_digest(code: types.CodeType) -> bytes:
     h = hashlib.sha256()
-    layout = (getattr(code, "co_qualname", code.co_name), code.co_firstlineno, code.co_argcount,
-              code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags, code.co_names, code.co_varnames,
-              code.co_freevars, code.co_cellvars)
+    layout = (
+        getattr(code, "co_qualname", code.co_name),
+        code.co_firstlineno,
+        code.co_argcount,
+        code.co_posonlyargcount,
+        code.co_kwonlyargcount,
+        code.co_flags,
+        code.co_names,
+        code.co_varnames,
+        code.co_freevars,
+        code.co_cellvars,
+    )
     _feed(h, repr(layout).encode())
     for part in (code.co_code, code.co_linetable, getattr(code, "co_exceptiontable", b"")):
         _feed(h, part)

@@ -96,92 +96,165 @@ class Hook:
 
 #: every hook, in the order they are installed and listed
 HOOKS: tuple[Hook, ...] = (
-    Hook("compile_scope", "a lease whose compile raised is freed when that compile ends, not at its TTL",
-         (_i("_inductor.compile_fx", "_compile_fx_inner", "gm", "example_inputs"),)),
-    Hook("graphs", "compiled graphs (FX entries with their kernels) from and to the store, one compile per graph",
-         (_i("_inductor.config", "fx_graph_remote_cache"),
-          _i("_inductor.remote_cache", "RemoteFxGraphCache.backend_override_cls"),
-          _i("_inductor.remote_cache", "RemoteFxGraphCache._get_key", "key"),
-          _i("_inductor.remote_cache", "RemoteCacheBackend._get", "key"),
-          _i("_inductor.remote_cache", "RemoteCacheBackend._put", "key", "data"),
-          _i("_inductor.codecache", "FxGraphCache.iterate_over_candidates", "local", "remote_cache", "key")),
-         requires=("compile_scope",)),
-    Hook("autograd", "AOTAutograd entries from and to the store",
-         (_i("_functorch.config", "enable_remote_autograd_cache"),
-          _i("_inductor.remote_cache", "RemoteAOTAutogradCache.backend_override_cls"),
-          _i("_functorch._aot_autograd.autograd_cache", "AOTAutogradCache.get_remote_cache.cache_clear"),
-          _i("_inductor.codecache", "FxGraphCachePickler._reduce_fake_script_object", "t"))),
-    Hook("pgo", "automatic-dynamic decisions (PGO) shared by every rank",
-         (_i("_dynamo.config", "automatic_dynamic_remote_pgo"),
-          _i("_inductor.remote_cache", "RemoteDynamoPGOCache.backend_override_cls"),
-          _i("compiler.config", "job_id"))),
-    Hook("kernels", "a graph's compiled kernels travel with it (without: a hit runs the compiler)",
-         (_i("_inductor.codecache", "write", "content", "extension"),
-          _i("_inductor.runtime.runtime_utils", "cache_dir"))),
-    Hook("precompiled_header", "torch's precompiled header stays on (it is in the key) and a hit skips building it",
-         (_i("_inductor.config", "cpp_cache_precompile_headers"),
-          _i("_inductor.codecache", "_precompile_header", "header", "hashable_cmd_line", KEYWORDS)),
-         requires=("kernels",)),
-    Hook("cpu_probes", "torch's CPU-feature probe libraries come from the store, and ranks share the probing",
-         (_i("_inductor.cpu_vec_isa", "VecISA.check_build", "code"),
-          _i("_inductor.cpu_vec_isa", "VecISA._probe_load", "output_path"),
-          _i("_inductor.cpu_vec_isa", "VecISA.build_arch_flags"),
-          _i("_inductor.cpu_vec_isa", "valid_vec_isa_list"),
-          _i("_inductor.cpu_vec_isa", "x86_isa_checker"),
-          _i("_inductor.cpu_vec_isa", "supported_vec_isa_list"),
-          _i("_inductor.cpp_builder", "get_compiler_version_info"),
-          _i("_inductor.cpp_builder", "get_cpp_compiler")),
-         requires=("kernels",)),
-    Hook("autotune", "GPU kernels' runtime autotuning results (launch configs, JSON) from and to the store",
-         (_i("_inductor.config", "autotune_remote_cache"),
-          _i("_inductor.remote_cache", "RemoteAutotuneCache.backend_override_cls"))),
-    Hook("compile_count", "graphs compiled here are counted and timed (metrics, the report's compile seconds)",
-         (_i("_inductor.compile_fx", "fx_codegen_and_compile", "gm", "example_inputs"),)),
-    Hook("key_records", "what each graph key is made of, for recipecache explain, and graph names in the report",
-         (_i("_inductor.codecache", "compiled_fx_graph_hash", "gm", "example_inputs", "fx_kwargs"),)),
-    Hook("rank_binding", "graphs that carry collectives (tensor, sequence, expert parallel) are compiled once per job "
-                         "and bound to each rank's own process groups (without: compiled by every rank)",
-         (_i("distributed.distributed_c10d", "_World.pg_names"),
-          _i("distributed.distributed_c10d", "_World.pg_group_ranks"),
-          _i("distributed.distributed_c10d", "_world"),
-          _i("_inductor.codecache", "FxGraphHashDetails", "gm", "example_inputs", "fx_kwargs", "inputs_to_check"),
-          _i("_inductor.codecache", "FxGraphCachePickler", "gm", "has_user_defined_triton_kernels"),
-          _i("_inductor.codecache", "FxGraphCachePickler.get_key", "obj"),
-          _i("_inductor.codecache", "_ident"),
-          _i("_inductor.codecache", "get_hash"),
-          _i("_library.fake_class_registry", "FakeScriptObject")),
-         requires=("graphs", "key_records")),
-    Hook("precompiled", "the precompiled tier (enable(precompile=True)): fresh ranks load whole compiled functions",
-         (_i("_dynamo.aot_compile", "aot_compile_fullgraph"),
-          _i("_dynamo.aot_compile", "AOTCompiledFunction.serialize"),
-          _i("_dynamo.aot_compile", "AOTCompiledFunction.deserialize"),
-          _i("_dynamo.convert_frame", "get_traced_fn"),
-          _i("_dynamo.hooks", "Hooks"),
-          _i("_dynamo.eval_frame", "OptimizedModule"),
-          _i("_dynamo.symbolic_convert", "InliningInstructionTranslator.inline_call_"),
-          Interface("torch", "_TorchCompileInductorWrapper")),
-         requires=("graphs",)),
-    Hook("no_stall", "no-stall (enable(no_stall=True)): a graph that missed runs without inductor while one process "
-                     "compiles it in a worker",
-         (Interface("torch._inductor.compile_fx_ext", "_WireProtocolInput",
-                    ("gm", "example_inputs", "inputs_to_check", "graph_kwargs", "tracing_context", "config",
-                     "virtualized", "deterministic_guard_for_testing", "logger_state", "lowering", "fake_tensor_mode"),
-                    optional=("backend_configs",)),
-          _i("_inductor.codegen.common", "custom_backend_codegen_configs"),
-          _i("_inductor.compile_fx_ext", "_graph_contains_triton_kernel_wrappers"),
-          _i("_inductor.compile_fx_ext", "_VirtualizedSerializer.serialize"),
-          _i("_inductor.compile_fx_ext", "_LoweringSerializer"),
-          _i("_inductor.compile_fx_ext", "_LoggerState"),
-          _i("_inductor.compile_fx_ext", "_FakeTensorModeSerializer"),
-          _i("_inductor.codecache", "FxGraphCache._check_for_hop"),
-          _i("fx._graph_pickler", "GraphPickler.dumps", "obj", "options"),
-          _i("fx._graph_pickler", "Options"),
-          _i("_inductor.compile_fx_ext", "_WireProtocolPickledInput.deserialize"),
-          _i("_inductor.compile_fx_ext", "_current_fake_mode"),
-          _i("_inductor.config", "save_config_portable"),
-          _i("_guards", "tracing"),
-          _i("fx._lazy_graph_module", "_LazyGraphModule.force_recompile")),
-         requires=("graphs", "compile_count")),
+    Hook(
+        "compile_scope",
+        "a lease whose compile raised is freed when that compile ends, not at its TTL",
+        (_i("_inductor.compile_fx", "_compile_fx_inner", "gm", "example_inputs"),),
+    ),
+    Hook(
+        "graphs",
+        "compiled graphs (FX entries with their kernels) from and to the store, one compile per graph",
+        (
+            _i("_inductor.config", "fx_graph_remote_cache"),
+            _i("_inductor.remote_cache", "RemoteFxGraphCache.backend_override_cls"),
+            _i("_inductor.remote_cache", "RemoteFxGraphCache._get_key", "key"),
+            _i("_inductor.remote_cache", "RemoteCacheBackend._get", "key"),
+            _i("_inductor.remote_cache", "RemoteCacheBackend._put", "key", "data"),
+            _i("_inductor.codecache", "FxGraphCache.iterate_over_candidates", "local", "remote_cache", "key"),
+        ),
+        requires=("compile_scope",),
+    ),
+    Hook(
+        "autograd",
+        "AOTAutograd entries from and to the store",
+        (
+            _i("_functorch.config", "enable_remote_autograd_cache"),
+            _i("_inductor.remote_cache", "RemoteAOTAutogradCache.backend_override_cls"),
+            _i("_functorch._aot_autograd.autograd_cache", "AOTAutogradCache.get_remote_cache.cache_clear"),
+            _i("_inductor.codecache", "FxGraphCachePickler._reduce_fake_script_object", "t"),
+        ),
+    ),
+    Hook(
+        "pgo",
+        "automatic-dynamic decisions (PGO) shared by every rank",
+        (
+            _i("_dynamo.config", "automatic_dynamic_remote_pgo"),
+            _i("_inductor.remote_cache", "RemoteDynamoPGOCache.backend_override_cls"),
+            _i("compiler.config", "job_id"),
+        ),
+    ),
+    Hook(
+        "kernels",
+        "a graph's compiled kernels travel with it (without: a hit runs the compiler)",
+        (
+            _i("_inductor.codecache", "write", "content", "extension"),
+            _i("_inductor.runtime.runtime_utils", "cache_dir"),
+        ),
+    ),
+    Hook(
+        "precompiled_header",
+        "torch's precompiled header stays on (it is in the key) and a hit skips building it",
+        (
+            _i("_inductor.config", "cpp_cache_precompile_headers"),
+            _i("_inductor.codecache", "_precompile_header", "header", "hashable_cmd_line", KEYWORDS),
+        ),
+        requires=("kernels",),
+    ),
+    Hook(
+        "cpu_probes",
+        "torch's CPU-feature probe libraries come from the store, and ranks share the probing",
+        (
+            _i("_inductor.cpu_vec_isa", "VecISA.check_build", "code"),
+            _i("_inductor.cpu_vec_isa", "VecISA._probe_load", "output_path"),
+            _i("_inductor.cpu_vec_isa", "VecISA.build_arch_flags"),
+            _i("_inductor.cpu_vec_isa", "valid_vec_isa_list"),
+            _i("_inductor.cpu_vec_isa", "x86_isa_checker"),
+            _i("_inductor.cpu_vec_isa", "supported_vec_isa_list"),
+            _i("_inductor.cpp_builder", "get_compiler_version_info"),
+            _i("_inductor.cpp_builder", "get_cpp_compiler"),
+        ),
+        requires=("kernels",),
+    ),
+    Hook(
+        "autotune",
+        "GPU kernels' runtime autotuning results (launch configs, JSON) from and to the store",
+        (
+            _i("_inductor.config", "autotune_remote_cache"),
+            _i("_inductor.remote_cache", "RemoteAutotuneCache.backend_override_cls"),
+        ),
+    ),
+    Hook(
+        "compile_count",
+        "graphs compiled here are counted and timed (metrics, the report's compile seconds)",
+        (_i("_inductor.compile_fx", "fx_codegen_and_compile", "gm", "example_inputs"),),
+    ),
+    Hook(
+        "key_records",
+        "what each graph key is made of, for recipecache explain, and graph names in the report",
+        (_i("_inductor.codecache", "compiled_fx_graph_hash", "gm", "example_inputs", "fx_kwargs"),),
+    ),
+    Hook(
+        "rank_binding",
+        "graphs that carry collectives (tensor, sequence, expert parallel) are compiled once per job "
+        "and bound to each rank's own process groups (without: compiled by every rank)",
+        (
+            _i("distributed.distributed_c10d", "_World.pg_names"),
+            _i("distributed.distributed_c10d", "_World.pg_group_ranks"),
+            _i("distributed.distributed_c10d", "_world"),
+            _i("_inductor.codecache", "FxGraphHashDetails", "gm", "example_inputs", "fx_kwargs", "inputs_to_check"),
+            _i("_inductor.codecache", "FxGraphCachePickler", "gm", "has_user_defined_triton_kernels"),
+            _i("_inductor.codecache", "FxGraphCachePickler.get_key", "obj"),
+            _i("_inductor.codecache", "_ident"),
+            _i("_inductor.codecache", "get_hash"),
+            _i("_library.fake_class_registry", "FakeScriptObject"),
+        ),
+        requires=("graphs", "key_records"),
+    ),
+    Hook(
+        "precompiled",
+        "the precompiled tier (enable(precompile=True)): fresh ranks load whole compiled functions",
+        (
+            _i("_dynamo.aot_compile", "aot_compile_fullgraph"),
+            _i("_dynamo.aot_compile", "AOTCompiledFunction.serialize"),
+            _i("_dynamo.aot_compile", "AOTCompiledFunction.deserialize"),
+            _i("_dynamo.convert_frame", "get_traced_fn"),
+            _i("_dynamo.hooks", "Hooks"),
+            _i("_dynamo.eval_frame", "OptimizedModule"),
+            _i("_dynamo.symbolic_convert", "InliningInstructionTranslator.inline_call_"),
+            Interface("torch", "_TorchCompileInductorWrapper"),
+        ),
+        requires=("graphs",),
+    ),
+    Hook(
+        "no_stall",
+        "no-stall (enable(no_stall=True)): a graph that missed runs without inductor while one process "
+        "compiles it in a worker",
+        (
+            Interface(
+                "torch._inductor.compile_fx_ext",
+                "_WireProtocolInput",
+                (
+                    "gm",
+                    "example_inputs",
+                    "inputs_to_check",
+                    "graph_kwargs",
+                    "tracing_context",
+                    "config",
+                    "virtualized",
+                    "deterministic_guard_for_testing",
+                    "logger_state",
+                    "lowering",
+                    "fake_tensor_mode",
+                ),
+                optional=("backend_configs",),
+            ),
+            _i("_inductor.codegen.common", "custom_backend_codegen_configs"),
+            _i("_inductor.compile_fx_ext", "_graph_contains_triton_kernel_wrappers"),
+            _i("_inductor.compile_fx_ext", "_VirtualizedSerializer.serialize"),
+            _i("_inductor.compile_fx_ext", "_LoweringSerializer"),
+            _i("_inductor.compile_fx_ext", "_LoggerState"),
+            _i("_inductor.compile_fx_ext", "_FakeTensorModeSerializer"),
+            _i("_inductor.codecache", "FxGraphCache._check_for_hop"),
+            _i("fx._graph_pickler", "GraphPickler.dumps", "obj", "options"),
+            _i("fx._graph_pickler", "Options"),
+            _i("_inductor.compile_fx_ext", "_WireProtocolPickledInput.deserialize"),
+            _i("_inductor.compile_fx_ext", "_current_fake_mode"),
+            _i("_inductor.config", "save_config_portable"),
+            _i("_guards", "tracing"),
+            _i("fx._lazy_graph_module", "_LazyGraphModule.force_recompile"),
+        ),
+        requires=("graphs", "compile_count"),
+    ),
 )
 
 
@@ -216,8 +289,9 @@ def states(version: str | None = None) -> list[HookState]:
         elif ours in hook.checked_on:
             result[hook.name] = HookState(hook, True, f"checked on torch {ours}")
         else:
-            result[hook.name] = HookState(hook, True, f"interface matches; not checked on torch {ours} "
-                                                      f"(checked: {', '.join(hook.checked_on)})")
+            result[hook.name] = HookState(
+                hook, True, f"interface matches; not checked on torch {ours} (checked: {', '.join(hook.checked_on)})"
+            )
     return list(result.values())
 
 
@@ -231,8 +305,11 @@ def warning(found: Iterable[HookState], version: str, *, skip: Iterable[str] = (
     unchecked = any(release(version) not in s.hook.checked_on for s in found)
     if not off and not unchecked:
         return False, ""
-    head = (f"torch {version} is not a release these hooks were checked on ({', '.join(CHECKED_RELEASES)})"
-            if unchecked else f"torch {version}")
+    head = (
+        f"torch {version} is not a release these hooks were checked on ({', '.join(CHECKED_RELEASES)})"
+        if unchecked
+        else f"torch {version}"
+    )
     if not off:
         return False, f"{head}; every hook's interface matches, all are on"
     left = "; ".join(f"{s.hook.name} ({s.why})" for s in off)

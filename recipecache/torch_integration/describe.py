@@ -20,8 +20,17 @@ from ..runs.keyinfo import cpu_summary
 #: label parts are cut to this many characters (they travel in envelope headers and event logs)
 MAX_LABEL_CHARS = 200
 
-_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-           torch.int64: "i64", torch.int32: "i32", torch.bool: "bool", torch.uint8: "u8", torch.int8: "i8"}
+_DTYPES = {
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float64: "f64",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.bool: "bool",
+    torch.uint8: "u8",
+    torch.int8: "i8",
+}
 
 _names_lock = threading.Lock()
 #: dynamo compile id -> the forward's name, so a lazily compiled backward can be named after it
@@ -91,8 +100,12 @@ def graph_meta(name: str, shapes: str, compile_s: float) -> dict[str, Any]:
 @cache
 def process_context() -> dict[str, Any]:
     """Facts about this process that decide whether kernels fit, but are not in torch's FX key."""
-    return {"host": socket.gethostname(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            **cpu_summary()}
+    return {
+        "host": socket.gethostname(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        **cpu_summary(),
+    }
 
 
 def local_hits() -> dict[str, int]:
@@ -107,7 +120,9 @@ def local_hits() -> dict[str, int]:
         from torch._inductor.remote_cache import cache_stats
 
         stats = cache_stats._stats
-        return {"fx": int(stats["LocalFxGraphCache"].hit) if "LocalFxGraphCache" in stats else 0,
-                "aot": int(stats["LocalAOTAutogradCache"].hit) if "LocalAOTAutogradCache" in stats else 0}
+        return {
+            "fx": int(stats["LocalFxGraphCache"].hit) if "LocalFxGraphCache" in stats else 0,
+            "aot": int(stats["LocalAOTAutogradCache"].hit) if "LocalAOTAutogradCache" in stats else 0,
+        }
     except Exception:  # noqa: BLE001 - another torch: the report shows no local hits rather than failing
         return {}

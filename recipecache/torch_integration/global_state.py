@@ -35,8 +35,13 @@ import torch
 from .. import env
 
 #: torch's config modules whose values a compile reads: each travels whole
-CONFIG_MODULES = ("torch._inductor.config", "torch._inductor.config_comms", "torch._functorch.config",
-                  "torch._dynamo.config", "torch.compiler.config")
+CONFIG_MODULES = (
+    "torch._inductor.config",
+    "torch._inductor.config_comms",
+    "torch._functorch.config",
+    "torch._dynamo.config",
+    "torch.compiler.config",
+)
 
 #: ``torch.backends`` (and ``torch.utils``) attributes, in the order they are set. The per-op fp32
 #: precisions (the new API) come before the legacy ``allow_tf32`` switches that read and write the same
@@ -71,8 +76,11 @@ PROCESS_ENV_PREFIX = "_TORCHINDUCTOR_"
 
 def _environ() -> dict[str, str]:
     """The environment a compile here may read, less what is the process's own."""
-    return {name: value for name, value in os.environ.items()
-            if name not in WORKER_ENV and not name.startswith(PROCESS_ENV_PREFIX)}
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if name not in WORKER_ENV and not name.startswith(PROCESS_ENV_PREFIX)
+    }
 
 
 def _apply_environ(wanted: dict[str, str]) -> None:
@@ -147,14 +155,20 @@ def _left_out(module: Any) -> list[str]:
     """The configs of ``module`` that torch's serializable copy leaves out (custom passes, callables) and that
     hold something else than their default here."""
     entries = module._config
-    return [key for key in getattr(module, "_save_config_ignore", ())
-            if key in entries and getattr(module, key) != entries[key].default]
+    return [
+        key
+        for key in getattr(module, "_save_config_ignore", ())
+        if key in entries and getattr(module, key) != entries[key].default
+    ]
 
 
 def _snapshot() -> dict[str, Any]:
     configs = {name: importlib.import_module(name).get_serializable_config_copy() for name in CONFIG_MODULES}
-    return {"configs": configs, "settings": {name: _readable(read) for name, read, _write in SETTINGS},
-            "environ": _environ()}
+    return {
+        "configs": configs,
+        "settings": {name: _readable(read) for name, read, _write in SETTINGS},
+        "environ": _environ(),
+    }
 
 
 def capture() -> dict[str, Any]:
@@ -190,8 +204,12 @@ def apply(state: dict[str, Any]) -> None:
 def differences(state: dict[str, Any]) -> list[str]:
     """The names of what reads differently here than in ``state``: empty once :func:`apply` reproduced it."""
     here = _snapshot()
-    names = [f"{module}.{key}" for module, values in state["configs"].items()
-             for key, value in values.items() if here["configs"].get(module, {}).get(key) != value]
+    names = [
+        f"{module}.{key}"
+        for module, values in state["configs"].items()
+        for key, value in values.items()
+        if here["configs"].get(module, {}).get(key) != value
+    ]
     names += [name for name, value in state["settings"].items() if here["settings"].get(name) != value]
     environ, wanted = here["environ"], state["environ"]
     return names + [f"${name}" for name in sorted(set(environ) | set(wanted)) if environ.get(name) != wanted.get(name)]

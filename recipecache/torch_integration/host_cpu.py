@@ -97,7 +97,10 @@ def compiler_target(compiler: str, flags: list[str]) -> list[str]:
     try:
         result = subprocess.run(
             [compiler, *flags, "-dM", "-E", "-x", "c++", os.devnull],
-            capture_output=True, text=True, timeout=_COMPILER_TIMEOUT_S, check=False,
+            capture_output=True,
+            text=True,
+            timeout=_COMPILER_TIMEOUT_S,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [f"unavailable: {type(exc).__name__}"]

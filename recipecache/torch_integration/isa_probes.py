@@ -31,6 +31,7 @@ from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
+
 class _Probing(threading.local):
     """The probe running on this thread: torch writes its source on this thread, and we learn its library."""
 
@@ -43,12 +44,18 @@ class _Probing(threading.local):
 class IsaProbes:
     """This process's view of the probe libraries: installed yet, built here, being shared."""
 
-    def __init__(self, store: Store, metrics: Metrics, wait_timeout: float | None, *,
-                 cpu_key: Callable[[str], str],
-                 fetch: Callable[[str, str], Artifact | None],
-                 take: Callable[[str, str, memoryview | None], Artifact | None],
-                 put: Callable[[str, str, bytes, Flight | None], None],
-                 guarded: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        wait_timeout: float | None,
+        *,
+        cpu_key: Callable[[str], str],
+        fetch: Callable[[str, str], Artifact | None],
+        take: Callable[[str, str, memoryview | None], Artifact | None],
+        put: Callable[[str, str, bytes, Flight | None], None],
+        guarded: Callable[..., Any],
+    ) -> None:
         self.store = store
         self.metrics = metrics
         self.wait_timeout = wait_timeout
@@ -155,16 +162,22 @@ class IsaProbes:
         Only while this host's probes are neither installed nor started, in a job of several
         processes: a fresh job installs them at enable() and never starts this.
         """
-        if self._isa_done or self._isa_probing_ordered or self._probing_while_waiting or process_world_size() < 2 \
-                or not another_compiles():
+        if (
+            self._isa_done
+            or self._isa_probing_ordered
+            or self._probing_while_waiting
+            or process_world_size() < 2
+            or not another_compiles()
+        ):
             return
         with self._lock:
             if self._probing_while_waiting:
                 return
             self._probing_while_waiting = True
         # the ISA list as torch asks for it (our hook probes in rank order first); torch caches the answers
-        threading.Thread(target=self._guarded, args=(cpu_vec_isa.valid_vec_isa_list,), name="recipecache-probes",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._guarded, args=(cpu_vec_isa.valid_vec_isa_list,), name="recipecache-probes", daemon=True
+        ).start()
 
     def probe(self, check_build: Callable[[VecISA, str], bool], isa: VecISA, code: str) -> bool:
         """torch's probe build of ``code`` for ``isa``, built by one process of the job and installed by the others.
@@ -213,8 +226,9 @@ class IsaProbes:
         (installed now, counted as a hit) or its artifact is unusable (counted; torch builds it here)."""
         flight = self.store.begin(key, wait_timeout=self.wait_timeout, trace=False, kind="isa")
         if flight.reason is not None:
-            self.metrics.fallback(flight.reason, f"{key}: {flight.reason}; probing the CPU without other ranks",
-                                  counted_by_store=True)
+            self.metrics.fallback(
+                flight.reason, f"{key}: {flight.reason}; probing the CPU without other ranks", counted_by_store=True
+            )
         if flight.data is None:
             self.metrics.changed()  # a miss, which the store counted
             return flight

@@ -107,8 +107,20 @@ class Metrics:
         #: compiled graph, compiles run behind the steps and their seconds, those that failed, and calls
         #: after a switch whose inputs the compiled graph's guards rejected (run without inductor)
         self._behind: dict[str, float] = dict.fromkeys(
-            ("eager_calls", "eager_s", "switches", "compiles", "compile_s", "failed", "workers", "retries",
-             "key_mismatches", "guard_rejected"), 0)
+            (
+                "eager_calls",
+                "eager_s",
+                "switches",
+                "compiles",
+                "compile_s",
+                "failed",
+                "workers",
+                "retries",
+                "key_mismatches",
+                "guard_rejected",
+            ),
+            0,
+        )
         #: per graph key, what no-stall did with it here (set by the hooks: the report's rows)
         self.behind_graphs_source: Callable[[], dict[str, Any]] | None = None
         self._write_failed = False
@@ -152,8 +164,14 @@ class Metrics:
             log.warning("recipecache: %s: %s (counted as fallback %r; not warned again)", reason, detail, str(reason))
         self.changed()
 
-    def precompile_fallback(self, detail: PrecompileDetail | Reason, message: str, *,
-                            counted_by_store: bool = False, error: BaseException | None = None) -> None:
+    def precompile_fallback(
+        self,
+        detail: PrecompileDetail | Reason,
+        message: str,
+        *,
+        counted_by_store: bool = False,
+        error: BaseException | None = None,
+    ) -> None:
         """The precompiled tier sent one call signature to the normal path; warned once per ``detail``.
 
         Counted in ``precompile_fallbacks`` by detail and as fallback ``precompile_fallback``,
@@ -173,8 +191,13 @@ class Metrics:
                 self._fallbacks[Reason.PRECOMPILE_FALLBACK] += 1
         if first:
             cause = f" ({describe_error(error)})" if error is not None else ""
-            log.warning("recipecache: %s%s (counted as fallback %r, detail %r; not warned again)",
-                        message, cause, str(Reason.PRECOMPILE_FALLBACK), str(detail))
+            log.warning(
+                "recipecache: %s%s (counted as fallback %r, detail %r; not warned again)",
+                message,
+                cause,
+                str(Reason.PRECOMPILE_FALLBACK),
+                str(detail),
+            )
         self.changed()
 
     def precompile_shapes(self, how: PrecompileShapes) -> None:
@@ -249,8 +272,10 @@ class Metrics:
                 "precompile_fallback_details": [dict(d) for d in self._precompile_fallback_details],
                 "precompile_shapes": {str(k): v for k, v in self._precompile_shapes.items()},
                 "stale_sources": self._stale_sources,
-                "behind": {**{k: round(v, 6) if isinstance(v, float) else v for k, v in self._behind.items()},
-                           "graphs": behind_graphs},
+                "behind": {
+                    **{k: round(v, 6) if isinstance(v, float) else v for k, v in self._behind.items()},
+                    "graphs": behind_graphs,
+                },
                 "store": store,
             }
         return out

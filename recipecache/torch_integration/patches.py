@@ -79,9 +79,11 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         if integration.guarded(integration.kernel_is_built):
             # nothing is compiled against it: torch loads the library as it is. Should a
             # build happen after all, -include of the plain header is still correct.
-            integration.guarded(integration.warm_header,
-                         lambda: original_precompile_header(header, hashable_cmd_line, **compile_command),
-                         (header, hashable_cmd_line, frozenset(compile_command.items())))
+            integration.guarded(
+                integration.warm_header,
+                lambda: original_precompile_header(header, hashable_cmd_line, **compile_command),
+                (header, hashable_cmd_line, frozenset(compile_command.items())),
+            )
             return header
         return original_precompile_header(header, hashable_cmd_line, **compile_command)
 
@@ -153,8 +155,11 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         "pgo": [
             (dynamo_config, "automatic_dynamic_remote_pgo", True),
             (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
-            *([(torch.compiler.config, "job_id", JOB_ID)]
-              if "pgo" in on and torch.compiler.config.job_id is None else []),
+            *(
+                [(torch.compiler.config, "job_id", JOB_ID)]
+                if "pgo" in on and torch.compiler.config.job_id is None
+                else []
+            ),
         ],
         "kernels": [(codecache, "write", write)],
         "precompiled_header": [
@@ -249,8 +254,9 @@ class AutotuneBackend(_StoreBackend):
     kind = "autotune"
 
 
-def attach(store: Store, metrics: Metrics, wait_timeout: float | None, on: Collection[str], *,
-           wait_for_lease: bool = True) -> Integration:
+def attach(
+    store: Store, metrics: Metrics, wait_timeout: float | None, on: Collection[str], *, wait_for_lease: bool = True
+) -> Integration:
     """Hook torch up to the stores with the hooks ``on`` (see :mod:`.compat`); nothing changed if it raises.
 
     ``wait_for_lease=False``: never wait for another process's compile (no-stall, and its worker).

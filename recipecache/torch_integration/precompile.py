@@ -106,6 +106,8 @@ KEY_KIND = "precompiled:"
 #: what ``recipecache ls`` calls a precompiled artifact (the ``kind`` of its envelope meta), and the kind the
 #: store counts its lookups and puts under
 KIND_NAME = "precompiled"
+
+
 class Fallback:
     """A signature the tier does not serve: it runs on dynamo's normal path."""
 
@@ -128,8 +130,9 @@ class Variant:
     #: the artifact it was loaded from or built as (what :meth:`Tier.share` publishes again)
     artifact: Precompiled | None = None
 
-    def refusal(self, args: tuple[Any, ...], kwargs: dict[str, Any], *,
-                loading: bool = False) -> tuple[PrecompileDetail, str] | None:
+    def refusal(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, loading: bool = False
+    ) -> tuple[PrecompileDetail, str] | None:
         """Why it must not serve this call (a traced value changed, its guards reject the inputs), or None.
 
         ``loading``: it has not served yet, so every traced value is compared; after that, those
@@ -273,8 +276,9 @@ class Tier:
             return compiled
         reason = settings.unsupported()
         if reason is not None:
-            self.metrics.precompile_fallback(reason, f"torch.compile({reason} settings) cannot be precompiled; "
-                                             "it runs on the normal path")
+            self.metrics.precompile_fallback(
+                reason, f"torch.compile({reason} settings) cannot be precompiled; it runs on the normal path"
+            )
             return compiled
         if isinstance(compiled, OptimizedModule):
             if hasattr(compiled._orig_mod, "_initialize_hook"):  # lazy modules swap their forward themselves
@@ -287,8 +291,10 @@ class Tier:
         if not (inspect.isfunction(model) or inspect.ismethod(model)):
             # torch's aot_compile traces functions, methods and modules only; a partial's bound arguments reach
             # the trace as constants no key or guard of the tier covers, so it is not served, counted once
-            self.metrics.precompile_fallback(PrecompileDetail.CALLABLE, f"torch.compile of a {type(model).__name__} "
-                                             "cannot be precompiled; it runs on the normal path")
+            self.metrics.precompile_fallback(
+                PrecompileDetail.CALLABLE,
+                f"torch.compile of a {type(model).__name__} cannot be precompiled; it runs on the normal path",
+            )
             return compiled
         dispatcher = Dispatcher(self, compiled, model, settings, None)
 
@@ -313,19 +319,24 @@ class Tier:
         # another version of the code: look under the key naming this process's sources (that lookup counts)
         self.metrics.stale_sources()
         self.store.record_redirected_hit(kind=KIND_NAME)
-        log.info("recipecache: %s was precompiled from other code (%s); looking for the code this process runs",
-                 key, ", ".join(changed))
+        log.info(
+            "recipecache: %s was precompiled from other code (%s); looking for the code this process runs",
+            key,
+            ", ".join(changed),
+        )
         versioned = versioned_key(key, code_digest.current(found.sources))
         found = self._fetch(target, key, versioned, args, kwargs)
         if not isinstance(found, Precompiled):
             return found
         if code_digest.stale(found.sources):
-            return self._unused(versioned, PrecompileDetail.SOURCE_CHANGED,
-                                f"{versioned} does not match the code this process runs")
+            return self._unused(
+                versioned, PrecompileDetail.SOURCE_CHANGED, f"{versioned} does not match the code this process runs"
+            )
         return self._load_for_groups(target, key, versioned, found, args, kwargs)
 
-    def _load_for_groups(self, target: Target, key: str, lookup: str, found: Precompiled, args: tuple[Any, ...],
-                         kwargs: dict[str, Any]) -> Variant | Fallback:
+    def _load_for_groups(
+        self, target: Target, key: str, lookup: str, found: Precompiled, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Variant | Fallback:
         """Load ``found`` (the artifact under ``lookup``) if the process groups its code runs collectives on are
         this rank's; else the one under the key naming this rank's groups of the same roles (a miss there: this
         rank precompiles it). torch bakes group names into the code: another group's code runs its collectives."""
@@ -336,21 +347,26 @@ class Tier:
             return self._unused(lookup, Reason.RANK_BOUND, f"{target.name}'s precompiled code: {elsewhere}")
         grouped = grouped_key(key, elsewhere)
         self.store.record_redirected_hit(kind=KIND_NAME)
-        log.info("recipecache: %s was precompiled for other process groups; looking for this rank's (%s)", lookup,
-                 ", ".join(f"{name} {role}" for role, name in sorted(elsewhere.items())))
+        log.info(
+            "recipecache: %s was precompiled for other process groups; looking for this rank's (%s)",
+            lookup,
+            ", ".join(f"{name} {role}" for role, name in sorted(elsewhere.items())),
+        )
         for_groups = self._fetch(target, key, grouped, args, kwargs)
         if not isinstance(for_groups, Precompiled):
             return for_groups
         if code_digest.stale(for_groups.sources):
-            return self._unused(grouped, PrecompileDetail.SOURCE_CHANGED, f"{grouped} does not match the code this "
-                                "process runs")
+            return self._unused(
+                grouped, PrecompileDetail.SOURCE_CHANGED, f"{grouped} does not match the code this process runs"
+            )
         elsewhere = _groups_elsewhere(for_groups)
         if elsewhere is not None:
             return self._unused(grouped, Reason.RANK_BOUND, f"{grouped} names other process groups ({elsewhere})")
         return self._load(target, grouped, for_groups, args, kwargs)
 
-    def _fetch(self, target: Target, key: str, lookup: str, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> Precompiled | Variant | Fallback:
+    def _fetch(
+        self, target: Target, key: str, lookup: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Precompiled | Variant | Fallback:
         """The artifact under ``lookup``, or (a miss: this process leads) the result of compiling it."""
         flight = self.store.begin(lookup, wait_timeout=self.wait_timeout, kind=KIND_NAME)
         if flight.waited_s:
@@ -362,18 +378,26 @@ class Tier:
         except ArtifactError as exc:
             return self._unused(lookup, Reason.BAD_ARTIFACT, f"{lookup}: {exc}")
 
-    def _load(self, target: Target, key: str, stored: Precompiled, args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> Variant | Fallback:
+    def _load(
+        self, target: Target, key: str, stored: Precompiled, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Variant | Fallback:
         if stored.unsupported is not None:
             if stored.unsupported not in VERDICTS:  # a verdict no version of the tier publishes
                 return self._unused(key, Reason.BAD_ARTIFACT, f"{key}: unknown verdict {stored.unsupported!r}")
-            return self._unused(key, PrecompileDetail(stored.unsupported), f"{target.name} cannot be precompiled "
-                                f"({stored.unsupported}, found by the process that tried)")
+            return self._unused(
+                key,
+                PrecompileDetail(stored.unsupported),
+                f"{target.name} cannot be precompiled ({stored.unsupported}, found by the process that tried)",
+            )
         start = time.perf_counter()
         try:
             fn = self._deserialize(stored, target)
         except Exception as exc:  # noqa: BLE001 - whatever torch raises while loading, training goes on
-            detail = PrecompileDetail.INCOMPATIBLE if "was created with a different" in str(exc) else PrecompileDetail.LOAD_FAILED
+            detail = (
+                PrecompileDetail.INCOMPATIBLE
+                if "was created with a different" in str(exc)
+                else PrecompileDetail.LOAD_FAILED
+            )
             return self._unused(key, detail, f"{target.name}: {key} does not load here", error=exc)
         log.info("recipecache: loaded precompiled %s in %.3f s", target.name, time.perf_counter() - start)
         variant = Variant(fn, target.prefix, values_of(fn, stored.pins, target.globals), stored.dynamic, stored)
@@ -394,8 +418,9 @@ class Tier:
         rebind(fn, target.function)
         return fn
 
-    def _lead(self, target: Target, key: str, flight: Flight, args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> Variant | Fallback:
+    def _lead(
+        self, target: Target, key: str, flight: Flight, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Variant | Fallback:
         """This process compiles ``key`` (``flight`` holds its lease) and publishes it, or falls back (the store
         counted the miss)."""
         if flight.miss_reason in REFUSED:
@@ -406,8 +431,9 @@ class Tier:
         with flight:
             return self._precompile(target, key, flight, args, kwargs)
 
-    def _precompile(self, target: Target, key: str, flight: Flight, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> Variant | Fallback:
+    def _precompile(
+        self, target: Target, key: str, flight: Flight, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Variant | Fallback:
         from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph
         from torch._dynamo.exc import UncapturedHigherOrderOpError, Unsupported, UserError
         from torch._dynamo.hooks import Hooks
@@ -420,14 +446,23 @@ class Tier:
         recorder = Recorder()
         with traced_code(target.code) as codes, self.kernels_loaded() as kernels:
             try:
-                fn = aot_compile_fullgraph(target.traced, (args, kwargs), hooks=Hooks(guard_filter_fn=recorder),
-                                           backend=backend, dynamic=target.settings.dynamic)
+                fn = aot_compile_fullgraph(
+                    target.traced,
+                    (args, kwargs),
+                    hooks=Hooks(guard_filter_fn=recorder),
+                    backend=backend,
+                    dynamic=target.settings.dynamic,
+                )
                 entry = AOTCompiledFunction.serialize(fn).serialized_data
             except (Unsupported, UserError, UncapturedHigherOrderOpError) as exc:
-                verdict, why = PrecompileDetail.GRAPH_BREAK, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                verdict, why = (
+                    PrecompileDetail.GRAPH_BREAK,
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                )
             except Exception as exc:  # noqa: BLE001 - a failed precompile is a fallback, never an error
-                return self.fallback(PrecompileDetail.PRECOMPILE_FAILED, f"{target.name} could not be precompiled",
-                                     error=exc)
+                return self.fallback(
+                    PrecompileDetail.PRECOMPILE_FAILED, f"{target.name} could not be precompiled", error=exc
+                )
         if verdict is None and recorder.unchecked:
             verdict, why = PrecompileDetail.UNCHECKED_VALUE, f"it reads {', '.join(recorder.unchecked[:3])}"
         seconds = time.perf_counter() - start
@@ -437,25 +472,45 @@ class Tier:
         # compile counters already count the graphs inductor compiled for it
         self.store.events.record("compile", flight.key, seconds)
         sources = code_digest.of_traced(codes)
-        meta = {**describe.graph_meta(target.name, describe.input_shapes(pytree.tree_leaves((args, kwargs))), seconds),
-                "kind": KIND_NAME}
+        meta = {
+            **describe.graph_meta(target.name, describe.input_shapes(pytree.tree_leaves((args, kwargs))), seconds),
+            "kind": KIND_NAME,
+        }
         if verdict is not None:  # the same sources trace the same way everywhere: tell the other processes
             self._publish(flight, key, Precompiled(b"", sources, seconds, verdict), meta)
             return self.fallback(verdict, f"{target.name} cannot be precompiled: {why}")
         files, missing = collect(kernels, Path(cache_dir()))  # a kernel not read is rebuilt by its receivers
         # torch pickles the compiled graphs' source as it is: the group names their collectives take are in it
         groups = rank_binding.groups_named(entry.decode("latin-1"), rank_binding.process_groups())
-        artifact = Precompiled(entry, sources, seconds, files=tuple(files), dynamic=backend.takes_sizes,
-                               pins=tuple(recorder.pins), groups=tuple(sorted(groups.items())))
+        artifact = Precompiled(
+            entry,
+            sources,
+            seconds,
+            files=tuple(files),
+            dynamic=backend.takes_sizes,
+            pins=tuple(recorder.pins),
+            groups=tuple(sorted(groups.items())),
+        )
         self._publish(flight, key, artifact, meta)
         self.metrics.kernels(shipped=len(files))
         fn.disable_guard_check()
-        log.info("recipecache: precompiled %s in %.1f s (%d traced files, %d kernels, %d not shipped)", target.name,
-                 seconds, len(sources), len(files), len(missing))
-        variant = Variant(fn, target.prefix, values_of(fn, recorder.pins, target.globals), backend.takes_sizes, artifact)
+        log.info(
+            "recipecache: precompiled %s in %.1f s (%d traced files, %d kernels, %d not shipped)",
+            target.name,
+            seconds,
+            len(sources),
+            len(files),
+            len(missing),
+        )
+        variant = Variant(
+            fn, target.prefix, values_of(fn, recorder.pins, target.globals), backend.takes_sizes, artifact
+        )
         refused = variant.refusal(args, kwargs, loading=True)
-        return variant if refused is None else self.fallback(
-            refused[0], f"{target.name}'s fresh precompile refuses its own call: {refused[1]}")
+        return (
+            variant
+            if refused is None
+            else self.fallback(refused[0], f"{target.name}'s fresh precompile refuses its own call: {refused[1]}")
+        )
 
     def _publish(self, flight: Flight, key: str, artifact: Precompiled, meta: dict[str, Any]) -> None:
         """Under ``key`` (the latest version) through the flight, under the key naming its sources, and for code
@@ -489,20 +544,29 @@ class Tier:
         if variant.artifact is None:
             return
         blob = variant.artifact.pack()
-        meta = {**describe.graph_meta(target.name, describe.input_shapes(pytree.tree_leaves((args, kwargs))), 0.0),
-                "kind": KIND_NAME}
+        meta = {
+            **describe.graph_meta(target.name, describe.input_shapes(pytree.tree_leaves((args, kwargs))), 0.0),
+            "kind": KIND_NAME,
+        }
         self.store.update(key, lambda current: blob if current is None else None, meta=meta)
 
-    def _unused(self, key: str, detail: PrecompileDetail | Reason, message: str, *,
-                error: BaseException | None = None) -> Fallback:
+    def _unused(
+        self, key: str, detail: PrecompileDetail | Reason, message: str, *, error: BaseException | None = None
+    ) -> Fallback:
         """The artifact (or verdict) served under ``key`` cannot serve this call: the store's hit becomes a miss
         (``bad_artifact``, else ``precompile_fallback``: the detail is counted here), and the call a fallback."""
         reason = Reason.BAD_ARTIFACT if detail is Reason.BAD_ARTIFACT else Reason.PRECOMPILE_FALLBACK
         self.store.record_unused_hit(key, reason, kind=KIND_NAME)
         return self.fallback(detail, message, error=error)
 
-    def fallback(self, detail: PrecompileDetail | Reason, message: str, *, counted_by_store: bool = False,
-                 error: BaseException | None = None) -> Fallback:
+    def fallback(
+        self,
+        detail: PrecompileDetail | Reason,
+        message: str,
+        *,
+        counted_by_store: bool = False,
+        error: BaseException | None = None,
+    ) -> Fallback:
         """Count a call signature the tier sends to the normal path (warned once per ``detail``).
 
         ``counted_by_store``: ``detail`` is the reason of a fallback flight, which the store
@@ -511,8 +575,9 @@ class Tier:
         """
         if error is not None:
             log.debug("recipecache: %s", message, exc_info=error)
-        self.metrics.precompile_fallback(detail, f"{message}; it runs on the normal path",
-                                         counted_by_store=counted_by_store, error=error)
+        self.metrics.precompile_fallback(
+            detail, f"{message}; it runs on the normal path", counted_by_store=counted_by_store, error=error
+        )
         return Fallback(detail)
 
 
@@ -554,8 +619,9 @@ class Dispatcher:
     dynamic compile serves many sizes), else the store.
     """
 
-    def __init__(self, tier: Tier, normal: Callable[..., Any], subject: Any, settings: CompileSettings,
-                 dynamo_ctx: Any) -> None:
+    def __init__(
+        self, tier: Tier, normal: Callable[..., Any], subject: Any, settings: CompileSettings, dynamo_ctx: Any
+    ) -> None:
         self.tier = tier
         self.normal = normal
         self.subject = subject
@@ -611,11 +677,13 @@ class Dispatcher:
         """A variant refused a signature it had served (an input the key does not cover, or a traced value, changed)."""
         with self._lock:
             decided = self._decided[sig] = self.tier.fallback(
-                detail, f"a precompiled function no longer serves a call it served before: {why}")
+                detail, f"a precompiled function no longer serves a call it served before: {why}"
+            )
         return decided
 
-    def _resolve(self, subject: Any, sig: tuple[Any, ...], args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Variant | Fallback:
+    def _resolve(
+        self, subject: Any, sig: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Variant | Fallback:
         with self._lock:
             decided = self._decided.get(sig)
             if decided is None:
@@ -628,16 +696,23 @@ class Dispatcher:
                 unchecked = unchecked_devices(target, sig)
                 if unchecked:
                     decided = self.tier.fallback(
-                        PrecompileDetail.DEVICE_UNCHECKED, f"{target.name} runs on {', '.join(sorted(unchecked))}, where the "
-                        "precompiled tier is not checked (a cold precompile on CUDA crashed its process)")
+                        PrecompileDetail.DEVICE_UNCHECKED,
+                        f"{target.name} runs on {', '.join(sorted(unchecked))}, where the "
+                        "precompiled tier is not checked (a cold precompile on CUDA crashed its process)",
+                    )
                 elif key in self._loaded:  # that very artifact is here, and it just said no
                     detail, why = self._loaded[key].refusal(args, kwargs) or (PrecompileDetail.GUARD_FAILED, "")
-                    decided = self.tier.fallback(detail, f"{target.name}'s precompiled artifact does not serve "
-                                                 f"these inputs: {why or 'its guards reject them'}")
+                    decided = self.tier.fallback(
+                        detail,
+                        f"{target.name}'s precompiled artifact does not serve "
+                        f"these inputs: {why or 'its guards reject them'}",
+                    )
                 elif key not in self._looked_up and len(self._looked_up) >= MAX_SHAPES:
                     decided = self.tier.fallback(
-                        PrecompileDetail.TOO_MANY_SHAPES, f"{target.name} met more than {MAX_SHAPES} input signatures "
-                        "(bucket its inputs' lengths to precompile them all)")
+                        PrecompileDetail.TOO_MANY_SHAPES,
+                        f"{target.name} met more than {MAX_SHAPES} input signatures "
+                        "(bucket its inputs' lengths to precompile them all)",
+                    )
                 else:
                     self._looked_up.add(key)
                     decided = self.tier.resolve(target, key, args, kwargs)
@@ -648,8 +723,9 @@ class Dispatcher:
             self._decided[sig] = decided
             return decided
 
-    def _share(self, subject: Any, sig: tuple[Any, ...], variant: Variant, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> None:
+    def _share(
+        self, subject: Any, sig: tuple[Any, ...], variant: Variant, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         """A loaded variant serves the new signature ``sig``: make its key find that variant too (:meth:`Tier.share`)."""
         target = self.target(subject)
         key = self.key(target, sig)
@@ -672,8 +748,13 @@ class Dispatcher:
         """The store key of ``target`` called with signature ``sig`` (see the module docstring)."""
         code = target.code
         owner = target.prefix[0] if target.prefix else None
-        identity = [getattr(target.traced, "__module__", None), code.co_filename, target.name, code.co_firstlineno,
-                    type(owner).__module__ + "." + type(owner).__qualname__ if owner is not None else None]
+        identity = [
+            getattr(target.traced, "__module__", None),
+            code.co_filename,
+            target.name,
+            code.co_firstlineno,
+            type(owner).__module__ + "." + type(owner).__qualname__ if owner is not None else None,
+        ]
         state = module_state(owner) if isinstance(owner, torch.nn.Module) else []
         devices = {leaf[3] for leaf in sig[1] if leaf[0] == "tensor"}
         fingerprint = {**toolchain(), **self.settings.fingerprint(), "devices": devices_fingerprint(devices)}
@@ -706,8 +787,13 @@ class Dispatcher:
         return forward
 
 
-def attach(store: Store, metrics: Metrics, wait_timeout: float | None, cpu_key: Callable[[str], str],
-           kernels_loaded: Callable[[], AbstractContextManager[set[str]]] = no_kernels) -> Tier:
+def attach(
+    store: Store,
+    metrics: Metrics,
+    wait_timeout: float | None,
+    cpu_key: Callable[[str], str],
+    kernels_loaded: Callable[[], AbstractContextManager[set[str]]] = no_kernels,
+) -> Tier:
     """Wrap ``torch.compile`` (until :meth:`Tier.uninstall`); the graph hooks must be attached already.
 
     ``cpu_key`` is theirs (:meth:`~._hooks.Integration.cpu_key`), so precompiled functions

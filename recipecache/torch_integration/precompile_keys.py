@@ -44,8 +44,12 @@ class CompileSettings:
     @classmethod
     def from_call(cls, kwargs: dict[str, Any]) -> CompileSettings:
         options = kwargs.get("options")
-        return cls(kwargs.get("backend", "inductor"), kwargs.get("mode"),
-                   dict(options) if isinstance(options, dict) else None, kwargs.get("dynamic"))
+        return cls(
+            kwargs.get("backend", "inductor"),
+            kwargs.get("mode"),
+            dict(options) if isinstance(options, dict) else None,
+            kwargs.get("dynamic"),
+        )
 
     def unsupported(self) -> PrecompileDetail | None:
         """Why these settings cannot be precompiled (the tier builds with torch's inductor backend), or None."""
@@ -62,8 +66,9 @@ class CompileSettings:
 
         def portable(config: Any) -> str:
             items = config.save_config_portable()
-            return stable_repr({k: v for k, v in items.items()
-                                if k not in _MUTATED_BY_TORCH and not any(p in k for p in _PLUMBING)})
+            return stable_repr(
+                {k: v for k, v in items.items() if k not in _MUTATED_BY_TORCH and not any(p in k for p in _PLUMBING)}
+            )
 
         return {
             "compile": stable_repr((self.mode, self.options or {}, self.dynamic)),
@@ -128,14 +133,29 @@ def devices_fingerprint(devices: set[str]) -> str:
 
 def global_state() -> tuple[Any, ...]:
     """The global modes dynamo guards on (each changes the compiled graph)."""
-    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.are_deterministic_algorithms_enabled(),
-            str(torch.get_default_dtype()), torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+    return (
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        str(torch.get_default_dtype()),
+        torch.is_autocast_enabled("cpu"),
+        torch.is_autocast_enabled("cuda"),
+    )
 
 
 def _leaf(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return ("tensor", type(value).__qualname__, str(value.dtype), str(value.device), str(value.layout),
-                tuple(value.shape), value.stride(), value.requires_grad, _marked(value))
+        return (
+            "tensor",
+            type(value).__qualname__,
+            str(value.dtype),
+            str(value.device),
+            str(value.layout),
+            tuple(value.shape),
+            value.stride(),
+            value.requires_grad,
+            _marked(value),
+        )
     if value is None or isinstance(value, (bool, int, float, str)):
         return (type(value).__name__, value)
     return ("object", type(value).__module__, type(value).__qualname__)
@@ -160,8 +180,12 @@ def call_key(owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
     if kwargs or not all(type(x) is torch.Tensor for x in args):
         return signature(owner, args, kwargs)
     mode = owner.training if isinstance(owner, torch.nn.Module) else None
-    return (len(args), tuple((x.dtype, x.device, x.layout, x.shape, x.stride(), x.requires_grad, _marked(x))
-                             for x in args), mode, global_state())
+    return (
+        len(args),
+        tuple((x.dtype, x.device, x.layout, x.shape, x.stride(), x.requires_grad, _marked(x)) for x in args),
+        mode,
+        global_state(),
+    )
 
 
 def _marked(x: torch.Tensor) -> tuple[int, ...]:
@@ -178,8 +202,12 @@ def key_signature(sig: tuple[Any, ...], dynamic: bool) -> tuple[Any, ...]:
         if leaf[0] == "tensor":
             sizes, strides, marked = leaf[5], leaf[6], leaf[8]
             free = {i for i in range(len(sizes)) if dynamic or i in marked}
-            leaf = (*leaf[:5], tuple(None if i in free else n for i, n in enumerate(sizes)),
-                    tuple(None if i in free else n for i, n in enumerate(strides)), leaf[7])
+            leaf = (
+                *leaf[:5],
+                tuple(None if i in free else n for i, n in enumerate(sizes)),
+                tuple(None if i in free else n for i, n in enumerate(strides)),
+                leaf[7],
+            )
         projected.append(leaf)
     return (spec, tuple(projected), mode, state)
 
@@ -235,5 +263,6 @@ def traced_code(first: Any) -> Iterator[set[Any]]:
             if _trace_users == 0:
                 InliningInstructionTranslator.inline_call_ = _trace_original
                 _trace_original = None
-        codes.difference_update({c for c in codes
-                                 if c.co_filename.startswith(_TORCH_DIR) or not os.path.isfile(c.co_filename)})
+        codes.difference_update(
+            {c for c in codes if c.co_filename.startswith(_TORCH_DIR) or not os.path.isfile(c.co_filename)}
+        )

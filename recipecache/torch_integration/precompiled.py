@@ -115,7 +115,8 @@ class Precompiled:
         """Decode and check ``blob``; raises :class:`ArtifactError` for anything unexpected."""
         obj = decode(blob, FORMAT, "recipecache precompiled artifact")
         entry, compile_s, sources, unsupported, files, dynamic, pins, groups = (
-            obj.get(k) for k in ("entry", "compile_s", "sources", "unsupported", "files", "dynamic", "pins", "groups"))
+            obj.get(k) for k in ("entry", "compile_s", "sources", "unsupported", "files", "dynamic", "pins", "groups")
+        )
         if not isinstance(entry, bytes) or not isinstance(compile_s, float) or compile_s < 0:
             raise ArtifactError("precompiled entry or compile time malformed")
         if unsupported is not None and not isinstance(unsupported, str):
@@ -123,22 +124,39 @@ class Precompiled:
         if not isinstance(files, list) or not isinstance(dynamic, bool):
             raise ArtifactError("precompiled kernel list or shape flag malformed")
         if not isinstance(sources, list) or not all(
-            isinstance(s, list) and len(s) == 3 and isinstance(s[0], str) and isinstance(s[1], bytes)
-            and len(s[1]) == 32 and isinstance(s[2], list) and all(isinstance(n, str) for n in s[2]) for s in sources
+            isinstance(s, list)
+            and len(s) == 3
+            and isinstance(s[0], str)
+            and isinstance(s[1], bytes)
+            and len(s[1]) == 32
+            and isinstance(s[2], list)
+            and all(isinstance(n, str) for n in s[2])
+            for s in sources
         ):
             raise ArtifactError("precompiled source list malformed")
         if not isinstance(pins, list) or not all(
-            isinstance(p, list) and len(p) == 3 and isinstance(p[0], str) and isinstance(p[1], str)
-            and isinstance(p[2], bool) for p in pins
+            isinstance(p, list)
+            and len(p) == 3
+            and isinstance(p[0], str)
+            and isinstance(p[1], str)
+            and isinstance(p[2], bool)
+            for p in pins
         ):
             raise ArtifactError("precompiled value pins malformed")
         if not isinstance(groups, list) or not all(
             isinstance(g, list) and len(g) == 2 and all(isinstance(part, str) and part for part in g) for g in groups
         ):
             raise ArtifactError("precompiled process groups malformed")
-        return cls(entry, tuple(SourceFile(path, digest, tuple(names)) for path, digest, names in sources),
-                   compile_s, unsupported, tuple(checked_file(f) for f in files), dynamic,
-                   tuple(Pin(*p) for p in pins), tuple((name, role) for name, role in groups))
+        return cls(
+            entry,
+            tuple(SourceFile(path, digest, tuple(names)) for path, digest, names in sources),
+            compile_s,
+            unsupported,
+            tuple(checked_file(f) for f in files),
+            dynamic,
+            tuple(Pin(*p) for p in pins),
+            tuple((name, role) for name, role in groups),
+        )
 
 
 def versioned_key(key: str, sources: Iterable[SourceFile]) -> str:

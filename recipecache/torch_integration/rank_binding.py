@@ -83,13 +83,14 @@ class Groups:
         """The placeholder of this rank's group ``name`` (:class:`RankBound` if its role is not unique, unless not
         ``strict``: then only for identities, never for stored code)."""
         if strict and name in self.ambiguous:
-            raise RankBound(f"process group {name!r}: another group of this rank has the same ranks pattern "
-                            f"({self.roles[name]})")
+            raise RankBound(
+                f"process group {name!r}: another group of this rank has the same ranks pattern ({self.roles[name]})"
+            )
         return PLACEHOLDER_PREFIX + self.roles[name]
 
     def local(self, placeholder: str) -> str:
         """This rank's group for ``placeholder`` (:class:`RankBound` if it has none, or more than one)."""
-        role = placeholder[len(PLACEHOLDER_PREFIX):]
+        role = placeholder[len(PLACEHOLDER_PREFIX) :]
         names = [name for name, r in self.roles.items() if r == role]
         if len(names) != 1:
             raise RankBound(f"this rank has {len(names)} process groups of role {role} for a stored graph")
@@ -158,6 +159,7 @@ def canonical_code(code: str, groups: Groups, names: dict[str, str] | None = Non
 
 def local_code(code: str, groups: Groups) -> str:
     """Stored ``code`` with every placeholder replaced by this rank's group of its role."""
+
     def replace(match: re.Match[str]) -> str:
         text = match.group(2)
         return repr(groups.local(text)) if text.startswith(PLACEHOLDER_PREFIX) else match.group(0)
@@ -198,8 +200,7 @@ def _mesh_description(mesh: Any, groups: Groups, strict: bool) -> tuple[Any, ...
             dims.append("?")
             continue
         dims.append(groups.placeholder(name, strict=strict))
-    return ("DeviceMesh", str(mesh.device_type), tuple(mesh.mesh.shape), tuple(mesh.mesh_dim_names or ()),
-            tuple(dims))
+    return ("DeviceMesh", str(mesh.device_type), tuple(mesh.mesh.shape), tuple(mesh.mesh_dim_names or ()), tuple(dims))
 
 
 @dataclass(frozen=True)
@@ -249,8 +250,9 @@ def _rewrite(graph: Any, rewrite: Any) -> None:
     graph.cache_key = get_hash(graph.source_code, "", "code")
 
 
-def bind(gm: Any, example_inputs: Sequence[Any], fx_kwargs: Any, inputs_to_check: Sequence[int],
-         groups: Groups | None = None) -> Binding | None:
+def bind(
+    gm: Any, example_inputs: Sequence[Any], fx_kwargs: Any, inputs_to_check: Sequence[int], groups: Groups | None = None
+) -> Binding | None:
     """The rank-independent key of a graph that uses this rank's process groups or a device mesh; None for a
     graph that uses neither (torch's own key is rank-independent then). :class:`RankBound` if it cannot have one
     (with the graph's :attr:`RankBound.identity`)."""
@@ -272,8 +274,15 @@ def bind(gm: Any, example_inputs: Sequence[Any], fx_kwargs: Any, inputs_to_check
         raise
 
 
-def _key(gm: Any, code: str, example_inputs: Sequence[Any], fx_kwargs: Any, inputs_to_check: Sequence[int],
-         groups: Groups, strict: bool) -> str:
+def _key(
+    gm: Any,
+    code: str,
+    example_inputs: Sequence[Any],
+    fx_kwargs: Any,
+    inputs_to_check: Sequence[int],
+    groups: Groups,
+    strict: bool,
+) -> str:
     """torch's FX key of the graph, computed from the same hash details with ``code`` for its code and every
     device mesh reduced to what its ranks share (:class:`RankBound` from a mesh, if ``strict``)."""
     from torch._inductor.codecache import FxGraphCachePickler, FxGraphHashDetails
@@ -308,9 +317,15 @@ def rank_mesh_reduction(mesh: Any) -> tuple[Any, tuple[Any, ...]]:
     cached ``_hash`` (of a tuple of strings: random per process) entered the key of every graph traced after
     something hashed the mesh, so AOTAutograd's entries of those graphs missed in every later job (measured:
     2 of 4 per rank, 2.13)."""
-    return _ident_reducer("DeviceMesh", str(mesh.device_type), mesh.mesh.tolist(), tuple(mesh.mesh_dim_names or ()),
-                          tuple(str(mesh.get_group(d).group_name) for d in range(mesh.ndim)), mesh.get_rank(),
-                          tuple(mesh.get_coordinate() or ()))
+    return _ident_reducer(
+        "DeviceMesh",
+        str(mesh.device_type),
+        mesh.mesh.tolist(),
+        tuple(mesh.mesh_dim_names or ()),
+        tuple(str(mesh.get_group(d).group_name) for d in range(mesh.ndim)),
+        mesh.get_rank(),
+        tuple(mesh.get_coordinate() or ()),
+    )
 
 
 def _ident_reducer(*values: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -352,8 +367,9 @@ def describe_groups(gm: Any, example_inputs: Sequence[Any], groups: Groups | Non
     values = [("process_group", groups.describe(name)) for name in used]
     for mesh in [*_input_meshes(example_inputs), *(v for v in vars(gm).values() if is_mesh(v))]:
         names = " ".join(repr(str(mesh.get_group(d).group_name)) for d in range(mesh.ndim))
-        values.append(("device_mesh", f"rank {mesh.get_rank()}, coordinate {tuple(mesh.get_coordinate() or ())}, "
-                                      f"groups {names}"))
+        values.append(
+            ("device_mesh", f"rank {mesh.get_rank()}, coordinate {tuple(mesh.get_coordinate() or ())}, groups {names}")
+        )
     counts: dict[str, int] = {}
     for kind, value in values:
         index = counts.get(kind, 0)
@@ -362,6 +378,20 @@ def describe_groups(gm: Any, example_inputs: Sequence[Any], groups: Groups | Non
     return lines
 
 
-__all__ = ["PLACEHOLDER_PREFIX", "Binding", "Groups", "RankBound", "bind", "canonical_code", "describe_groups",
-           "groups_named", "is_mesh", "local_code", "local_groups", "process_groups", "rank_mesh_reduction",
-           "rebind_graph", "role_of"]
+__all__ = [
+    "PLACEHOLDER_PREFIX",
+    "Binding",
+    "Groups",
+    "RankBound",
+    "bind",
+    "canonical_code",
+    "describe_groups",
+    "groups_named",
+    "is_mesh",
+    "local_code",
+    "local_groups",
+    "process_groups",
+    "rank_mesh_reduction",
+    "rebind_graph",
+    "role_of",
+]

@@ -58,8 +58,19 @@ _BUILTINS_DICT = re.compile(r"__builtins_dict___\d+")
 
 
 #: values whose description cannot change while the object lives (by value, immutable; or by qualified name)
-_FIXED = (bool, int, float, complex, str, bytes, type(None), types.ModuleType, types.FunctionType,
-          types.BuiltinFunctionType, type)
+_FIXED = (
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    type(None),
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    type,
+)
 _MISSING = object()
 
 
@@ -74,8 +85,10 @@ def describe(value: Any) -> str:
     torch's operators by name (dynamo guards a function's ``funcol.torch.ops._c10d_functional.all_reduce`` by
     identity)."""
     if isinstance(value, torch.Tensor):
-        return (f"tensor:{type(value).__qualname__}:{value.dtype}:{value.device}:{tuple(value.shape)}:"
-                f"{value.stride()}:{value.requires_grad}")
+        return (
+            f"tensor:{type(value).__qualname__}:{value.dtype}:{value.device}:{tuple(value.shape)}:"
+            f"{value.stride()}:{value.requires_grad}"
+        )
     if isinstance(value, torch._ops.OpOverloadPacket):  # one per name in a process (``torch.ops.ns.op``)
         return f"op:{value._qualified_op_name}"
     if isinstance(value, torch._ops.OpOverload):
@@ -119,15 +132,26 @@ def _expression(text: str, at: int) -> tuple[GuardPath, int] | None:
         steps, at = (), root.end()
     while (step := _STEP.match(text, at)) is not None:
         attr, index, key = step.groups()
-        steps = (*steps, ("attr", attr) if attr is not None else ("item", int(index)) if index is not None else ("item", key))
+        steps = (
+            *steps,
+            ("attr", attr) if attr is not None else ("item", int(index)) if index is not None else ("item", key),
+        )
         at = step.end()
     return (scope, name, steps), at
 
 
 def reader(steps: tuple[tuple[str, Any], ...]) -> tuple[Callable[[Any], Any], ...]:
     """``steps`` of a :class:`GuardPath` as one callable each (made once per pin, applied on every call)."""
-    return tuple(operator.attrgetter(arg) if kind == "attr" else operator.itemgetter(arg) if kind == "item"
-                 else type if kind == "type" else dict for kind, arg in steps)
+    return tuple(
+        operator.attrgetter(arg)
+        if kind == "attr"
+        else operator.itemgetter(arg)
+        if kind == "item"
+        else type
+        if kind == "type"
+        else dict
+        for kind, arg in steps
+    )
 
 
 class Recorder:
@@ -143,7 +167,9 @@ class Recorder:
 
         keep = []
         for entry in entries:
-            kept = not (entry.is_global or entry.guard_type in CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+            kept = not (
+                entry.is_global or entry.guard_type in CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+            )
             keep.append(kept)
             self._record(entry, kept)
         return keep
@@ -255,9 +281,14 @@ def rebind(fn: Any, function: types.FunctionType) -> None:
 
     artifacts = fn._artifacts
     artifacts.signature = _get_signature(function)
-    artifacts.runtime_env = dataclasses.replace(artifacts.runtime_env, closure=function.__closure__,
-                                                argdefs=function.__defaults__, kwdefaults=function.__kwdefaults__)
+    artifacts.runtime_env = dataclasses.replace(
+        artifacts.runtime_env,
+        closure=function.__closure__,
+        argdefs=function.__defaults__,
+        kwdefaults=function.__kwdefaults__,
+    )
     compiled = fn.fn
-    fn.fn = types.FunctionType(compiled.__code__, compiled.__globals__, compiled.__name__, function.__defaults__,
-                               function.__closure__)
+    fn.fn = types.FunctionType(
+        compiled.__code__, compiled.__globals__, compiled.__name__, function.__defaults__, function.__closure__
+    )
     fn.fn.__kwdefaults__ = function.__kwdefaults__
