@@ -468,7 +468,7 @@ class Behind:
             graph_kwargs = {k: v for k, v in kwargs.items() if k != "compile_region_name"}
             local = needs_process_groups(gm, example_inputs)
             if local is not None:
-                self._failed(flight.key, what, f"{local}, which a worker does not have; compiling it inline")
+                self._failed(flight.key, what, f"{local}, which a worker does not have", inline=True)
                 self.store.events.record("compile_start", flight.key)
                 return None
             sent = self._sendable(flight, what, wire_input(gm, example_inputs, inputs_to_check, graph_kwargs))
@@ -513,12 +513,12 @@ class Behind:
         """The graph's wire input and this process's global state (:mod:`.global_state`), or None (counted):
         a worker could not compile it under this process's key, which compiles it inline."""
         if wire is None:
-            self._failed(flight.key, what, "torch cannot serialize this graph for a worker; compiling it inline")
+            self._failed(flight.key, what, "torch cannot serialize this graph for a worker", inline=True)
             return None
         try:
             return wire, global_state.capture()
         except global_state.Uncarried as exc:
-            self._failed(flight.key, what, f"a worker cannot get this process's state ({exc}); compiling it inline")
+            self._failed(flight.key, what, f"a worker cannot get this process's state ({exc})", inline=True)
             return None
 
     def _warm_cpu_probe(self, example_inputs: Any) -> None:
@@ -651,10 +651,19 @@ class Behind:
         with self._lock:
             self._jobs.pop(job.key, None)
 
-    def _failed(self, key: str, what: tuple[str, str], why: str, reason: Reason = Reason.BEHIND_FAILED) -> None:
+    def _failed(
+        self, key: str, what: tuple[str, str], why: str, reason: Reason = Reason.BEHIND_FAILED, *, inline: bool = False
+    ) -> None:
+        """Count and say why graph ``key`` is not compiled behind the steps; ``inline``: this process compiles it
+        now instead (the others run it without inductor until it is published), else it runs without inductor."""
         self._row(key, what).failed = why
         self.metrics.behind(failed=1)
-        self.metrics.fallback(reason, f"{what[0]} {what[1]} ({key}): {why}; it runs without inductor")
+        outcome = (
+            "this process compiles it inline; the others run it without inductor until it is published"
+            if inline
+            else "it runs without inductor"
+        )
+        self.metrics.fallback(reason, f"{what[0]} {what[1]} ({key}): {why}; {outcome}")
 
     # -- exit ----------------------------------------------------------------------
     def finish(self, timeout: float) -> None:
