@@ -21,10 +21,13 @@ import hashlib
 import importlib.util
 import json
 import logging
+import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipecache.errors import ConfigError
 from recipecache.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,10 @@ PARSER_SOURCES = ("version.py", "distributed/run.py", "distributed/argparse_util
 class TorchrunOption:
     names: tuple[str, ...]
     takes_value: bool = True
+    #: how torchrun's parser reads the value: ``int``, ``float`` or ``str`` (its ``type``)
+    kind: str = "str"
+    #: the values torchrun's parser allows, when it lists them
+    choices: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -63,19 +70,32 @@ REFUSED_REASONS: dict[str, str] = {
 }
 
 
-#: one option of torchrun's parser: its spellings, whether it takes a value, its ``dest``
-Row = tuple[tuple[str, ...], bool, str]
+#: one option of torchrun's parser: its spellings, whether it takes a value, its ``dest``, how it reads the
+#: value (``int``, ``float``, ``str``) and the values it allows (None: any)
+Row = tuple[tuple[str, ...], bool, str, str, tuple[str, ...] | None]
+#: the value kinds the launcher checks; any other ``type`` of torchrun's parser is read as a string
+_KINDS = ("int", "float", "str")
 
 
 def parser_rows() -> list[Row]:
     """The options of the installed torchrun's parser (help excluded), read from the parser (imports torch)."""
     from torch.distributed.run import get_args_parser
 
-    return [
-        (tuple(action.option_strings), action.nargs != 0, action.dest)
-        for action in get_args_parser()._actions
-        if action.option_strings and not isinstance(action, argparse._HelpAction)
-    ]
+    rows: list[Row] = []
+    for action in get_args_parser()._actions:
+        if action.option_strings and not isinstance(action, argparse._HelpAction):
+            kind = getattr(action.type, "__name__", "str")
+            choices = tuple(str(choice) for choice in action.choices) if action.choices else None
+            rows.append(
+                (
+                    tuple(action.option_strings),
+                    action.nargs != 0,
+                    action.dest,
+                    kind if kind in _KINDS else "str",
+                    choices,
+                )
+            )
+    return rows
 
 
 def cache_file() -> Path | None:
@@ -112,15 +132,17 @@ def _read(path: Path) -> list[Row] | None:
     for item in data if isinstance(data, list) else [None]:
         if not (
             isinstance(item, list)
-            and len(item) == 3
+            and len(item) == 5
             and isinstance(item[0], list)
             and item[0]
             and all(isinstance(n, str) and n.startswith("-") for n in item[0])
             and isinstance(item[1], bool)
             and isinstance(item[2], str)
+            and item[3] in _KINDS
+            and (item[4] is None or (isinstance(item[4], list) and all(isinstance(c, str) for c in item[4])))
         ):
-            return None
-        rows.append((tuple(item[0]), item[1], item[2]))
+            return None  # damaged, or kept by an older launcher (three fields): rebuilt
+        rows.append((tuple(item[0]), item[1], item[2], item[3], None if item[4] is None else tuple(item[4])))
     return rows
 
 
@@ -141,7 +163,7 @@ def torchrun_rows() -> tuple[Row, ...]:
 
 
 def _option(row: Row) -> TorchrunOption:
-    return TorchrunOption(row[0], row[1])
+    return TorchrunOption(row[0], row[1], row[3], row[4])
 
 
 def pass_through() -> tuple[TorchrunOption, ...]:
@@ -154,3 +176,41 @@ def pass_through() -> tuple[TorchrunOption, ...]:
 def refused() -> tuple[tuple[TorchrunOption, str], ...]:
     """The installed torchrun's options the launcher refuses, each with the reason it gives."""
     return tuple((_option(row), REFUSED_REASONS[row[2]]) for row in torchrun_rows() if row[2] in REFUSED_REASONS)
+
+
+#: the most a whole-number option of torchrun may be: past it torchrun fails after starting, with a traceback
+#: (``--max-restarts 10**20`` overflowed in its metrics)
+MOST_WHOLE = 2**31 - 1
+#: bounds tighter than a value kind's, by torchrun's dest (a monitor interval of 0 would spin a core)
+BOUNDS: dict[str, tuple[float, float]] = {"master_port": (0, 65535), "monitor_interval": (1e-3, 3600.0)}
+_STD = re.compile(r"([0-3]|\d{1,7}:[0-3](,\d{1,7}:[0-3])*)\Z")
+#: string values whose form torchrun checks only once it runs (a traceback), by dest: the pattern and its words
+SYNTAX: dict[str, tuple[re.Pattern[str], str]] = {
+    "nnodes": (re.compile(r"[1-9]\d{0,6}(:[1-9]\d{0,6})?\Z"), "N or MIN:MAX, whole numbers from 1"),
+    "redirects": (_STD, "0, 1, 2 or 3, or LOCAL_RANK:0-3 pairs separated by commas"),
+    "tee": (_STD, "0, 1, 2 or 3, or LOCAL_RANK:0-3 pairs separated by commas"),
+    "rdzv_conf": (re.compile(r"([^=,]+=[^,]*(,[^=,]+=[^,]*)*)?\Z"), "KEY=VALUE pairs separated by commas"),
+}
+
+
+def check_value(option: TorchrunOption, value: str) -> None:
+    """ConfigError (one line) unless torchrun will take ``value`` for ``option``: what it would reject only after
+    starting, under a traceback (a bad ``--nnodes``), or take and then fail on (a huge ``--max-restarts``)."""
+    low, high = BOUNDS.get(option.dest, (0, MOST_WHOLE) if option.kind == "int" else (0.0, math.inf))
+    shown = f"{option.name}={value[:64]!r}"
+    if option.choices is not None and value not in option.choices:
+        raise ConfigError(f"{shown} must be one of {', '.join(option.choices)}")
+    if option.kind == "int" and not (value.isdigit() and low <= int(value) <= high):
+        raise ConfigError(f"{shown} must be a whole number from {low:g} to {high:g}")
+    if option.kind == "float":
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and number > 0 and low <= number <= high):
+            raise ConfigError(f"{shown} must be a number of seconds from {low:g} to {high:g}")
+    form = SYNTAX.get(option.dest)
+    if form is not None and not form[0].match(value):
+        raise ConfigError(f"{shown} must be {form[1]}")
+    if option.dest == "nnodes" and ":" in value and int(value.split(":")[0]) > int(value.split(":")[1]):
+        raise ConfigError(f"{shown}: MIN must not be above MAX")

@@ -70,7 +70,9 @@ def test_every_torchrun_option_is_passed_through_or_refused(script: Path) -> Non
             with pytest.raises(SystemExit):
                 build_parser().parse_args([action.option_strings[-1], "bash", str(script)])
         elif action.dest != "nproc_per_node":
-            value = [] if action.nargs == 0 else [str(action.choices[0]) if action.choices else "1"]
+            # a value torchrun takes: "1" for all but its KEY=VALUE options
+            value = [] if action.nargs == 0 else [str(action.choices[0]) if action.choices
+                                                  else "timeout=1" if action.dest == "rdzv_conf" else "1"]
             given += [action.option_strings[-1], *value]  # the underscore spelling where there is one
     passed = config_for("--nproc", "2", *given, str(script)).torchrun_argv()
     assert passed[:2] == ["-m", "torch.distributed.run"]
@@ -119,7 +121,8 @@ def test_kept_torchrun_options_are_torchruns_and_a_damaged_file_is_rebuilt(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = torchrun_options.cache_file()
     assert path is not None and path.parent == tmp_path / "recipecache-run"
-    for damage in (None, b"[[[\"--x\"], 1, \"x\"]]", b"{", b"[]x"):
+    # the last: a table an older launcher kept (no value kinds, no choices), well-formed then
+    for damage in (None, b"[[[\"--x\"], 1, \"x\"]]", b"{", b"[]x", b"[[[\"--x\"], true, \"x\"]]"):
         if damage is not None:
             path.write_bytes(damage)
         torchrun_options.torchrun_rows.cache_clear()
@@ -127,8 +130,9 @@ def test_kept_torchrun_options_are_torchruns_and_a_damaged_file_is_rebuilt(
             assert list(torchrun_options.torchrun_rows()) == torchrun_options.parser_rows()
         finally:
             torchrun_options.torchrun_rows.cache_clear()
-        assert json.loads(path.read_bytes()) == [[list(names), value, dest]
-                                                 for names, value, dest in torchrun_options.parser_rows()]
+        assert json.loads(path.read_bytes()) == [
+            [list(names), value, dest, kind, None if choices is None else list(choices)]
+            for names, value, dest, kind, choices in torchrun_options.parser_rows()]
 
 
 def test_kept_torchrun_options_are_named_by_the_parsers_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -314,6 +318,18 @@ def bad_inputs(tmp_path: Path, script: Path) -> dict[str, list[str]]:
         "memory store": ["--url", "memory://", str(script)],
         "unreachable redis": ["--url", f"redis://127.0.0.1:{free_port()}/0", str(script)],
         "bad namespace": ["--namespace", "no/slash", str(script)],
+        # issue 28: torchrun's own options, unchecked, failed in torchrun after it started, under a traceback
+        "nnodes nan": ["--nnodes", "nan", str(script)],
+        "nnodes min above max": ["--nnodes", "3:2", str(script)],
+        "max restarts huge": ["--max-restarts", "9" * 20, str(script)],
+        "max restarts negative": ["--max-restarts=-1", str(script)],
+        "monitor interval 0": ["--monitor-interval", "0", str(script)],
+        "monitor interval nan": ["--monitor-interval", "nan", str(script)],
+        "master port past 65535": ["--master-port", "70000", str(script)],
+        "node rank not a number": ["--node-rank", "x", str(script)],
+        "tee 7": ["-t", "7", str(script)],
+        "rdzv conf without a value": ["--rdzv-conf", "timeout", str(script)],
+        "start method not torchrun's": ["--start-method", "thread", str(script)],
         "missing secret file": ["--secret-file", str(tmp_path / "none"), str(script)],
         "exit grace nan": ["--exit-grace", "nan", str(script)],
         "exit grace 0": ["--exit-grace", "0", str(script)],
@@ -1017,3 +1033,11 @@ def test_the_old_spelling_of_the_url_option_still_works_and_says_so(script: Path
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "recipecache-run: warning: --cache is deprecated; use --url"
     assert lines[1].startswith("recipecache-run: error: ")
+
+
+def test_torchruns_options_with_values_it_takes_pass_the_check(script: Path) -> None:
+    argv = ["--nnodes", "1:2", "--max-restarts", "3", "--monitor-interval", "0.5", "-t", "3", "--redirects", "0:1,1:2",
+            "--rdzv-conf", "timeout=30,is_host=1", "--master-port", "29500", "--start-method", "fork", str(script)]
+    options = dict(config_for(*argv).torchrun_options)
+    assert (options["--nnodes"], options["--monitor-interval"], options["--rdzv-conf"]) == (
+        "1:2", "0.5", "timeout=30,is_host=1")
