@@ -283,6 +283,9 @@ def test_unreachable_redis_is_one_line_exit_1() -> None:
         (["sim", "--ranks", "9" * 20], {}, "ranks must be at most 1,048,576"),
         (["sim", "--shapes", "9" * 20], {}, "shapes must be at most"),
         (["sim", "--steps", "9" * 20], {}, "steps must be at most"),
+        # issue 28: a mistyped run directory exited 0, explained as a run whose ranks asked for no graph
+        (["explain", "/no/such/run"], {}, "/no/such/run: no such run directory"),
+        (["trace", "/no/such/run"], {}, "/no/such/run: no such run directory"),
     ],
 )
 def test_more_bad_input_is_one_line_and_exit_2(args: list[str], env: dict[str, str], message: str) -> None:

@@ -155,7 +155,15 @@ def _say_skipped(skipped: Skipped, where: str) -> None:
         print(f"recipecache: {skipped.describe()} in {where}", file=sys.stderr)
 
 
+def _check_run_dirs(paths: list[str]) -> None:
+    """A run directory that does not exist is bad input (a typo), not a run whose ranks recorded nothing."""
+    for path in paths:
+        if not Path(path).exists():
+            raise ConfigError(f"{path[:200]}: no such run directory")
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
+    _check_run_dirs(args.run_dir)
     skipped = Skipped()
     found = explain.explain(args.run_dir, key=args.key, skipped=skipped)
     _say_skipped(skipped, ", ".join(args.run_dir))
@@ -164,6 +172,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
+    _check_run_dirs([args.run_dir])
     check_output_file(Path(args.output), "trace file")  # both outputs before either is written
     if args.png:
         check_output_file(Path(args.png), "picture")
