@@ -1022,3 +1022,33 @@ def test_launcher_precompile_flag_reaches_every_rank(tmp_path: Path) -> None:
     assert environ["RECIPECACHE_PRECOMPILE"] == "1"
     args = build_parser().parse_args(["--url", f"file://{tmp_path / 's'}", str(script)])
     assert "RECIPECACHE_PRECOMPILE" not in LaunchConfig.from_args(args).rank_env({})
+
+
+def test_a_torch_config_entry_the_trace_guards_is_pinned_by_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.15's functional collectives read ``compile_on_one_rank``; dynamo guards the entry's override, an
+    object no description stands for, which made every function calling a collective a verdict on 2.15
+    (``unchecked_value``). The tier pins the value the config module gives instead, checked on every call.
+    (An entry every supported torch has stands in for it here.)"""
+    from types import SimpleNamespace
+
+    import torch.compiler.config  # noqa: F401 - the config module the pin reads
+
+    from recipecache.torch_integration.traced_values import Recorder, Values
+
+    module = "G['__import_torch_dot_distributed_dot__functional_collectives'].torch.compiler.config"
+    recorder = Recorder()
+    for suffix in ("", ".get()"):  # the two guards torch 2.15 writes on the one entry: one pin
+        entry = SimpleNamespace(name=f"{module}._config['capture_scalar_outputs'].user_override{suffix}",
+                                guard_type="ID_MATCH", derived_guard_types=(), is_global=True, has_value=True,
+                                value=object())
+        recorder._record(entry, kept=False)
+    assert recorder.unchecked == []
+    assert [(pin.source, pin.per_call) for pin in recorder.pins] == [(f"{module}.capture_scalar_outputs", True)]
+    values = Values(tuple(recorder.pins), {}, {})
+    assert values.changed(dict, every=True) is None
+    monkeypatch.setattr(torch.compiler.config, "capture_scalar_outputs", not torch.compiler.config.capture_scalar_outputs)
+    assert values.changed(dict, every=True) is not None, "a config set since the trace differs"
+    unreadable = SimpleNamespace(name="L['cfg']._config['x'].user_override", guard_type="ID_MATCH",
+                                 derived_guard_types=(), is_global=False, has_value=True, value=object())
+    recorder._record(unreadable, kept=False)
+    assert recorder.unchecked == ["L['cfg']._config['x'].user_override"], "only a module's entry is pinned"

@@ -55,6 +55,14 @@ _ODICT_ITEM = re.compile(r", '([^'\\]*)'\)")
 #: dynamo's name for the builtins of the traced function's globals (``__builtins_dict___0``), a global it
 #: installs only while it traces: a fresh process has none, and its builtins are its own
 _BUILTINS_DICT = re.compile(r"__builtins_dict___\d+")
+#: a torch config entry as dynamo guards it, by its override (``<config module>._config['name'].user_override``;
+#: torch 2.15's functional collectives read ``compile_on_one_rank`` so, with ``.get()``): the override is an
+#: object no description stands for, so the tier pins the value the config module gives instead
+_CONFIG_ENTRY = re.compile(
+    r"(?P<module>.+)\._config\['(?P<name>[A-Za-z_][A-Za-z0-9_]*)'\]\.user_override(?:\.get\(\))?\Z"
+)
+#: dynamo's global for an imported module (``__import_torch_dot_nn``): the module's name with ``_dot_`` for dots
+_IMPORT_ALIAS = re.compile(r"__import_(?P<module>[A-Za-z0-9_]+)\Z")
 
 
 #: values whose description cannot change while the object lives (by value, immutable; or by qualified name)
@@ -178,6 +186,10 @@ class Recorder:
         types_ = {entry.guard_type, *(entry.derived_guard_types or ())}
         if not entry.name or (kept and not types_ & _VALUE_GUARDS):
             return  # ambient state, or a guard torch checks against the value it pickled
+        config = _CONFIG_ENTRY.match(entry.name)
+        if config is not None:
+            self._pin_config(entry.name, f"{config['module']}.{config['name']}")
+            return
         if not entry.has_value or parse(entry.name) is None:
             self.unchecked.append(entry.name)
             return
@@ -186,6 +198,32 @@ class Recorder:
             self.unchecked.append(entry.name)
             return
         self.pins.append(Pin(entry.name, value, per_call=not kept))
+
+    def _pin_config(self, guarded: str, source: str) -> None:
+        """Pin the value of the config entry whose override ``guarded`` names, read as ``source`` (checked on every
+        call: a config set later changes what the normal path would compile); unchecked if it cannot be read."""
+        if any(pin.source == source for pin in self.pins):
+            return
+        path = parse(source)
+        try:
+            if path is None or path[0] != "G":
+                raise LookupError(source)
+            value = _imported(path[1])
+            for step in reader(path[2]):
+                value = step(value)
+        except Exception:  # noqa: BLE001 - whatever hides the value, the guard stays unchecked
+            self.unchecked.append(guarded)
+            return
+        self.pins.append(Pin(source, describe(value), per_call=True))
+
+
+def _imported(alias: str) -> Any:
+    """The module dynamo's global ``alias`` (``__import_torch_dot_nn``) stands for; LookupError for another name."""
+    found = _IMPORT_ALIAS.match(alias)
+    if found is None:
+        raise LookupError(alias)
+    module = found["module"].replace("_dot_", ".")
+    return sys.modules.get(module) or importlib.import_module(module)
 
 
 @dataclasses.dataclass
@@ -254,7 +292,9 @@ class Values:
         if _BUILTINS_DICT.fullmatch(name):  # as torch's get_builtins_dict: a module's, or the dict itself
             found = self.globals.get("__builtins__", builtins)
             return found if isinstance(found, dict) else found.__dict__
-        module = self.aliases[name]
+        module = self.aliases.get(name)
+        if module is None:  # a pin on a torch config entry names the module by dynamo's alias alone
+            return _imported(name)
         return sys.modules.get(module) or importlib.import_module(module)
 
     def refresh(self, fn: Any) -> None:
