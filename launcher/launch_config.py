@@ -28,7 +28,7 @@ from recipecache.settings import check_rank_environment, read_secret, read_secre
 
 from . import hpu_metrics
 from .option_env import given_as
-from .torchrun_options import NPROC_PER_NODE, TorchrunOption, check_value, pass_through
+from .torchrun_options import NPROC_PER_NODE, check_value, pass_through
 
 #: ``--nproc`` words torchrun resolves itself (anything else must be a positive count).
 NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
@@ -199,7 +199,7 @@ class LaunchConfig:
         run_dir = Path(args.run_dir or Path("recipecache-runs") / time.strftime("%Y%m%d-%H%M%S"))
         run_dir = run_dir.absolute()
         options = tuple(
-            (opt.name, _checked(opt, getattr(args, opt.dest)) if opt.takes_value else None)
+            (opt.name, check_value(opt, getattr(args, opt.dest)) if opt.takes_value else None)
             for opt in pass_through()
             if getattr(args, opt.dest) not in (None, False)
         )
@@ -257,11 +257,6 @@ def _nproc(text: str) -> str:
             f"{', '.join(NPROC_WORDS)}, got {text[:64]!r}"
         )
     return str(int(text))
-
-
-def _checked(option: TorchrunOption, value: str) -> str:
-    check_value(option, value)
-    return value
 
 
 def _threads(args: argparse.Namespace, nproc: str) -> int | None:

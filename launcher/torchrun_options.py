@@ -193,9 +193,9 @@ SYNTAX: dict[str, tuple[re.Pattern[str], str]] = {
 }
 
 
-def check_value(option: TorchrunOption, value: str) -> None:
-    """ConfigError (one line) unless torchrun will take ``value`` for ``option``: what it would reject only after
-    starting, under a traceback (a bad ``--nnodes``), or take and then fail on (a huge ``--max-restarts``)."""
+def check_value(option: TorchrunOption, value: str) -> str:
+    """``value``, or ConfigError (one line) unless torchrun will take it for ``option``: what it would reject only
+    after starting, under a traceback (a bad ``--nnodes``), or take and then fail on (a huge ``--max-restarts``)."""
     low, high = BOUNDS.get(option.dest, (0, MOST_WHOLE) if option.kind == "int" else (0.0, math.inf))
     shown = f"{option.name}={value[:64]!r}"
     if option.choices is not None and value not in option.choices:
@@ -214,3 +214,4 @@ def check_value(option: TorchrunOption, value: str) -> None:
         raise ConfigError(f"{shown} must be {form[1]}")
     if option.dest == "nnodes" and ":" in value and int(value.split(":")[0]) > int(value.split(":")[1]):
         raise ConfigError(f"{shown}: MIN must not be above MAX")
+    return value

@@ -325,13 +325,9 @@ class Tier:
             ", ".join(changed),
         )
         versioned = versioned_key(key, code_digest.current(found.sources))
-        found = self._fetch(target, key, versioned, args, kwargs)
+        found = self._fetch_current(target, key, versioned, args, kwargs)
         if not isinstance(found, Precompiled):
             return found
-        if code_digest.stale(found.sources):
-            return self._unused(
-                versioned, PrecompileDetail.SOURCE_CHANGED, f"{versioned} does not match the code this process runs"
-            )
         return self._load_for_groups(target, key, versioned, found, args, kwargs)
 
     def _load_for_groups(
@@ -352,17 +348,25 @@ class Tier:
             lookup,
             ", ".join(f"{name} {role}" for role, name in sorted(elsewhere.items())),
         )
-        for_groups = self._fetch(target, key, grouped, args, kwargs)
+        for_groups = self._fetch_current(target, key, grouped, args, kwargs)
         if not isinstance(for_groups, Precompiled):
             return for_groups
-        if code_digest.stale(for_groups.sources):
-            return self._unused(
-                grouped, PrecompileDetail.SOURCE_CHANGED, f"{grouped} does not match the code this process runs"
-            )
         elsewhere = _groups_elsewhere(for_groups)
         if elsewhere is not None:
             return self._unused(grouped, Reason.RANK_BOUND, f"{grouped} names other process groups ({elsewhere})")
         return self._load(target, grouped, for_groups, args, kwargs)
+
+    def _fetch_current(
+        self, target: Target, key: str, lookup: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Precompiled | Variant | Fallback:
+        """:meth:`_fetch` of a key that names the code this process runs (its versioned or per-group key): an
+        artifact there built from other code is not used (``source_changed``), never looked past."""
+        found = self._fetch(target, key, lookup, args, kwargs)
+        if isinstance(found, Precompiled) and code_digest.stale(found.sources):
+            return self._unused(
+                lookup, PrecompileDetail.SOURCE_CHANGED, f"{lookup} does not match the code this process runs"
+            )
+        return found
 
     def _fetch(
         self, target: Target, key: str, lookup: str, args: tuple[Any, ...], kwargs: dict[str, Any]

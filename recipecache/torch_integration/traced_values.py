@@ -222,8 +222,12 @@ def _imported(alias: str) -> Any:
     found = _IMPORT_ALIAS.match(alias)
     if found is None:
         raise LookupError(alias)
-    module = found["module"].replace("_dot_", ".")
-    return sys.modules.get(module) or importlib.import_module(module)
+    return _module(found["module"].replace("_dot_", "."))
+
+
+def _module(name: str) -> Any:
+    """The module ``name``, imported if this process has not yet."""
+    return sys.modules.get(name) or importlib.import_module(name)
 
 
 @dataclasses.dataclass
@@ -293,9 +297,8 @@ class Values:
             found = self.globals.get("__builtins__", builtins)
             return found if isinstance(found, dict) else found.__dict__
         module = self.aliases.get(name)
-        if module is None:  # a pin on a torch config entry names the module by dynamo's alias alone
-            return _imported(name)
-        return sys.modules.get(module) or importlib.import_module(module)
+        # a pin on a torch config entry names the module by dynamo's alias alone
+        return _imported(name) if module is None else _module(module)
 
     def refresh(self, fn: Any) -> None:
         """Point torch's copy of the globals at this process's current ones (a global tensor rebound since load)."""
