@@ -15,6 +15,7 @@ Exit status 1 if any process was left after ``--target`` seconds, 0 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -47,10 +48,8 @@ def main() -> int:
                     took, survivors = kill_at(point, "launcher", [], marker, base, hang_guard=2 * args.target)
                 finally:
                     for pid in job_processes(marker):
-                        try:
+                        with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
                 left = took > args.target or bool(survivors)
                 worst, failed = max(worst, took), failed or left
                 print(f"{point:<11} all gone after {took:5.1f} s  left {len(survivors)}"

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import redis
-
-import recipecache
-from recipecache.backends.redis import PENDING_CHUNK_TTL_MS, RedisBackend, _error
-from recipecache.backends import open_backend
-from recipecache.errors import BackendKeyError
-from recipecache.keys import storage_key
 from redis_cluster import RedisSentinel
 from redis_server import HungPeer, RedisServer
+
+import recipecache
+from recipecache.backends import open_backend
+from recipecache.backends.redis import PENDING_CHUNK_TTL_MS, RedisBackend, _error
+from recipecache.errors import BackendKeyError
+from recipecache.keys import storage_key
 
 pytestmark = pytest.mark.redis
 
