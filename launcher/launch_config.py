@@ -21,7 +21,7 @@ from pathlib import Path
 
 from recipecache import env
 from recipecache.backends import StoreURL, backend_class, open_backend
-from recipecache.errors import BackendError, ConfigError
+from recipecache.errors import BackendError, ConfigError, echo
 from recipecache.fsutil import check_output_file, private_directory
 from recipecache.node_tier import default_node_dir
 from recipecache.settings import check_rank_environment, read_secret, read_secret_file, resolve_namespace, resolve_url
@@ -186,8 +186,12 @@ class LaunchConfig:
         """Check and resolve the parsed command line (each option not given already filled from its
         ``RECIPECACHE_*`` variable, :mod:`launcher.option_env`); raises ConfigError with one line."""
         script = Path(args.script)
-        if not script.is_file():
-            raise ConfigError(f"script {args.script!r} not found")
+        try:
+            found = script.is_file()
+        except OSError as exc:  # a name longer than the system takes (ENAMETOOLONG), not just a missing file
+            raise ConfigError(f"script {echo(args.script)}: {exc.strerror}") from None
+        if not found:
+            raise ConfigError(f"script {echo(args.script)} not found")
         nproc = _nproc(args.nproc or os.environ.get("PET_NPROC_PER_NODE") or "1")
         url = resolve_url(args.url)
         parsed = StoreURL.parse(url)
@@ -364,6 +368,6 @@ def probe_store(url: str) -> None:
     try:
         backend.ping()
     except BackendError as exc:
-        raise ConfigError(f"cache {backend.url} is unreachable ({exc.reason}: {exc})") from None
+        raise ConfigError(f"cache {echo(backend.url, quote=False)} is unreachable ({exc.reason}: {exc})") from None
     finally:
         backend.close()

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from .errors import ConfigError
+from .errors import ConfigError, echo
 
 __version__ = "0.2.0"
 
@@ -98,7 +98,7 @@ def switch(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """
     text = (os.environ if environ is None else environ).get(name, "")
     if text not in ("", "0", "1"):
-        raise ConfigError(f"{name}={text!r}: use 1 (on) or 0 (off)")
+        raise ConfigError(f"{name}={echo(text)}: use 1 (on) or 0 (off)")
     return text == "1"
 
 
@@ -110,7 +110,7 @@ def cpu_fingerprint_override(environ: Mapping[str, str] | None = None) -> str | 
     """``RECIPECACHE_CPU_FINGERPRINT`` when set (ConfigError unless 1-64 of ``A-Z a-z 0-9 . _ -``), else None."""
     text = (os.environ if environ is None else environ).get(CPU_FINGERPRINT)
     if text and not _CPU_FINGERPRINT_PATTERN.match(text):
-        raise ConfigError(f"{CPU_FINGERPRINT}={text!r}: use 1-64 characters from A-Z a-z 0-9 . _ -")
+        raise ConfigError(f"{CPU_FINGERPRINT}={echo(text)}: use 1-64 characters from A-Z a-z 0-9 . _ -")
     return text or None
 
 
@@ -129,7 +129,7 @@ def positive_seconds(what: str, text: str, bounds: tuple[float, float] | None = 
         value = math.nan
     if not math.isfinite(value) or value <= 0 or (bounds is not None and not bounds[0] <= value <= bounds[1]):
         allowed = f" from {bounds[0]:.15g} to {bounds[1]:.15g}" if bounds else ""
-        raise ConfigError(f"{what}={text!r} must be a positive, finite number of seconds{allowed}")
+        raise ConfigError(f"{what}={echo(text)} must be a positive, finite number of seconds{allowed}")
     return value
 
 

@@ -14,6 +14,20 @@ from __future__ import annotations
 
 from .reasons import Reason
 
+#: how many characters of a value given by the user an error line repeats
+ECHO_CHARS = 80
+
+
+def echo(value: str, *, quote: bool = True) -> str:
+    """``value`` for an error line (quoted, unless ``quote`` is false: a message of another
+    library that repeats the value), cut to its first :data:`ECHO_CHARS` characters.
+
+    An error is one line a person reads: a 400-character URL or namespace repeated in full
+    buries what the line says about it, and its start is enough to tell which value it was.
+    """
+    shown = repr(value[:ECHO_CHARS]) if quote else value[:ECHO_CHARS]
+    return shown if len(value) <= ECHO_CHARS else f"{shown}... ({len(value)} chars)"
+
 
 class RecipeCacheError(Exception):
     """Base class of every error this package raises on purpose."""

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 
 from .env import __version__
-from .errors import ConfigError
+from .errors import ConfigError, echo
 
 #: what a namespace may be: a path component and a key prefix, in stores and in envelopes
 NAMESPACE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
@@ -30,7 +30,7 @@ def check_namespace(namespace: str) -> str:
     """Return ``namespace`` if it is usable as a path component and key prefix, else raise."""
     if not NAMESPACE_PATTERN.match(namespace):
         raise ConfigError(
-            f"bad namespace {namespace!r}: use 1-64 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit"
+            f"bad namespace {echo(namespace)}: use 1-64 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit"
         )
     return namespace
 

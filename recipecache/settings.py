@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import env
-from .errors import ConfigError
+from .errors import ConfigError, echo
 from .fsutil import open_named_file
 from .keys import DEFAULT_NAMESPACE, check_namespace
 from .sizes import parse_size
@@ -168,7 +168,7 @@ def node_max_size(environ: Mapping[str, str] | None = None) -> int:
     except ConfigError as exc:
         raise ConfigError(f"{env.NODE_MAX_SIZE}: {exc}") from None
     if size <= 0:
-        raise ConfigError(f"{env.NODE_MAX_SIZE}={text!r} must be a positive size")
+        raise ConfigError(f"{env.NODE_MAX_SIZE}={echo(text)} must be a positive size")
     return size
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import ConfigError
+from .errors import ConfigError, echo
 
 _UNITS = {
     "": 1,
@@ -30,10 +30,10 @@ def parse_size(text: str) -> int:
     m = _SIZE.match(str(text))
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
-        raise ConfigError(f"bad size {text!r}: use a number with an optional unit such as 512MB, 10GiB or 1000000")
+        raise ConfigError(f"bad size {echo(str(text))}: use a number with an optional unit such as 512MB, 10GiB or 1000000")
     value = float(m.group(1)) * _UNITS[unit]
     if value != int(value):
-        raise ConfigError(f"bad size {text!r}: not a whole number of bytes")
+        raise ConfigError(f"bad size {echo(str(text))}: not a whole number of bytes")
     return int(value)
 
 

@@ -49,7 +49,7 @@ from . import envelope
 from .backends import open_backend
 from .backends.base import Backend, EntryInfo
 from .buffers import Buffer, byte_view
-from .errors import BackendError, BackendKeyError, VerificationError
+from .errors import BackendError, BackendKeyError, VerificationError, echo
 from .health import HealthCheck
 from .keys import storage_key
 from .lease import HeldLease, SingleFlight
@@ -280,7 +280,8 @@ class Store:
         with self._breakers_lock:
             breaker = self._breakers.get(domain)
             if breaker is None:
-                where = self.backend.url if domain is None else f"{self.backend.url} (node {domain})"
+                url = echo(self.backend.url, quote=False)  # the warnings of an open breaker name it
+                where = url if domain is None else f"{url} (node {domain})"
                 breaker = self._breakers[domain] = Breaker(where, clock=self._clock)
         return breaker.call(what, fn, skey, *args)
 

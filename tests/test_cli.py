@@ -286,6 +286,10 @@ def test_unreachable_redis_is_one_line_exit_1() -> None:
         # issue 28: a mistyped run directory exited 0, explained as a run whose ranks asked for no graph
         (["explain", "/no/such/run"], {}, "/no/such/run: no such run directory"),
         (["trace", "/no/such/run"], {}, "/no/such/run: no such run directory"),
+        # issue 28: each said "weights must be >= 0 with a positive sum"
+        (["sim", "--weights", "1e400"], {}, "weight 1 is inf (a number past 1.8e308 reads as inf)"),
+        (["sim", "--weights", "1,-2"], {}, "weight 2 is -2: each weight must be a finite number >= 0"),
+        (["sim", "--weights", "0,0"], {}, "every weight is 0"),
     ],
 )
 def test_more_bad_input_is_one_line_and_exit_2(args: list[str], env: dict[str, str], message: str) -> None:
@@ -392,3 +396,28 @@ def test_password_on_the_command_line_is_warned_about_and_never_printed(redis_ur
     assert len(warnings) == 1 and "set RECIPECACHE_URL instead" in warnings[0], proc.stderr
     assert f"not-the-password-{os.getpid()}" not in proc.stderr + proc.stdout
     assert "warning" not in run("stats", "--url", redis_url).stderr
+
+
+LONG = "x" * 400
+
+
+@pytest.mark.parametrize("argv", [
+    ["recipecache", "ls", "--url", f"redis://{LONG}:6379/0"],
+    ["recipecache", "ls", "--url", f"foo://{LONG}"],
+    ["recipecache", "ls", "--url", f"redis://h:6379/0?timeout={LONG}"],
+    ["recipecache", "ls", "--url", f"redis://h:{LONG}/0"],
+    ["recipecache", "ls", "--url", "memory://", "--namespace", LONG],
+    ["recipecache-run", "--url", f"redis://{LONG}:6379/0", "job.py"],
+    ["recipecache-run", "--url", f"file:///tmp/x?max_size={LONG}", "job.py"],
+    ["recipecache-run", "--url", "file://TMP/c", "--namespace", LONG, "job.py"],
+    ["recipecache-run", "--url", "file://TMP/c", f"{LONG}.py"],
+])
+def test_a_long_value_is_shortened_in_its_error_line(argv: list[str], tmp_path: Path) -> None:
+    """Issue 28: the 400-character value was repeated in full, some of them twice. Its start and its length
+    say which value it was; the installed console scripts, as users run them."""
+    (tmp_path / "job.py").write_text("")
+    argv = [arg.replace("TMP", str(tmp_path)) for arg in argv]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert LONG[:100] not in proc.stderr and "... (4" in proc.stderr, proc.stderr

@@ -13,20 +13,19 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis
-from processes import kill_once_ready
+from processes import kill_once_ready, wait_until_ready
 
 import recipecache
 from recipecache import envelope
 from recipecache.backends.memory import MemoryBackend
 from recipecache.errors import ConfigError
-from recipecache.runs.events import EventLog
 from recipecache.keys import storage_key
 from recipecache.reasons import Role
+from recipecache.runs.events import EventLog
 from recipecache.settings import StoreSettings
 from recipecache.store import Store
 
@@ -267,7 +266,8 @@ def test_each_node_fetches_each_artifact_once(redis_url: str, tmp_path: Path) ->
                                str(tmp_path / f"node{n}"), str(start), str(out), *payloads])
              for (n, _), out in outs.items()]
     try:
-        time.sleep(1.0)  # let them import and open their stores; a late one only reads its node's copy
+        for proc, out in zip(procs, outs.values(), strict=True):  # each has imported and opened its store: they start together
+            wait_until_ready(proc, Path(f"{out}.ready"), out.stem, timeout=300)
         sent_before = client.info("stats")["total_net_output_bytes"]
         start.touch()
         assert [p.wait(timeout=120) for p in procs] == [0] * len(procs)

@@ -136,6 +136,8 @@ def test_weights_choose_the_shapes() -> None:
     zipf = shape_weights(Scenario(), 5)
     assert zipf.sum() == pytest.approx(1.0) and np.all(np.diff(zipf) < 0)
     assert np.allclose(shape_weights(Scenario(distribution="uniform"), 4), 0.25)
+    # issue 28: weights near the float limit summed to inf, and each became probability 0
+    assert np.allclose(shape_weights(Scenario(weights=(1e308, 1e308, 0.0)), 3), [0.5, 0.5, 0.0])
 
 
 def test_costs() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..errors import URLError
+from ..errors import URLError, echo
 from .base import Backend
 from .url import StoreURL, command_line_password_warning, redact
 
@@ -34,7 +34,7 @@ def backend_class(url: StoreURL) -> type[Backend]:
     target = SCHEMES.get(url.scheme)
     if target is None:
         known = ", ".join(f"{scheme}://" for scheme in SCHEMES)
-        raise URLError(f"unsupported cache URL {url.redacted!r}: the scheme must be one of {known}")
+        raise URLError(f"unsupported cache URL {echo(url.redacted)}: the scheme must be one of {known}")
     module, _, name = target.partition(":")
     cls: type[Backend] = getattr(importlib.import_module(module), name)
     return cls

@@ -31,7 +31,7 @@ from redis.connection import Encoder
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
-from ..errors import BackendError, ConfigError
+from ..errors import BackendError, ConfigError, echo
 from ..reasons import Reason
 from .base import check_key
 from .redis import RedisBackend, client_credentials, client_options, url_settings
@@ -120,7 +120,7 @@ class RedisClusterBackend(RedisBackend):
         settings = url_settings(url)
         seeds = url.hosts(DEFAULT_PORT)
         if url.parts.path.strip("/") not in ("", "0"):
-            raise url.error(f"a Redis Cluster has only database 0, not {url.parts.path.strip('/')!r}")
+            raise url.error(f"a Redis Cluster has only database 0, not {echo(url.parts.path.strip('/'))}")
         credentials = client_credentials(url)
 
         def connect(socket_timeout: float) -> _LazyCluster:
@@ -140,7 +140,7 @@ class RedisClusterBackend(RedisBackend):
         try:
             self._call("connect", self._client.connect)
         except BackendError as exc:
-            raise ConfigError(f"cache {self.url} is unreachable: {exc}") from None
+            raise ConfigError(f"cache {echo(self.url)} is unreachable: {exc}") from None
 
     def _call_within(self, seconds: float, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:

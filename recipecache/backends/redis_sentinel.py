@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from redis.sentinel import Sentinel
 
-from ..errors import BackendError, ConfigError
+from ..errors import BackendError, ConfigError, echo
 from .redis import RedisBackend, client_credentials, client_options, url_settings
 from .url import StoreURL
 
@@ -32,7 +32,7 @@ class RedisSentinelBackend(RedisBackend):
         if not service:
             raise url.error(f"name the service: {url.scheme}://host:port[,host:port...]/service")
         if db and not db.isdigit():
-            raise url.error(f"bad database {db!r}: use a number such as /{service}/0")
+            raise url.error(f"bad database {echo(db)}: use a number such as /SERVICE/0")
         credentials = client_credentials(url)
         timeout = settings["timeout"]
         # every sentinel gets its share of the timeout: a call that asks them one after another
@@ -55,4 +55,4 @@ class RedisSentinelBackend(RedisBackend):
         try:
             self._call("discover", self._sentinel.discover_master, self._service)
         except BackendError as exc:
-            raise ConfigError(f"cache {self.url}: no sentinel knows a primary for {self._service!r} ({exc})") from None
+            raise ConfigError(f"cache {echo(self.url)}: no sentinel knows a primary for {echo(self._service)} ({exc})") from None

@@ -13,7 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ..env import positive_seconds
-from ..errors import ConfigError, URLError
+from ..errors import ConfigError, URLError, echo
 from ..sizes import format_size, parse_size
 
 
@@ -72,9 +72,9 @@ class StoreURL:
                 urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
             )
         except ValueError as exc:
-            raise URLError(f"bad cache URL {redact(url)!r}: {exc}") from None
+            raise URLError(f"bad cache URL {echo(redact(url))}: {echo(str(exc), quote=False)}") from None
         if not parts.scheme:
-            raise URLError(f"bad cache URL {redact(url)!r}: it needs a scheme such as file:// or redis://")
+            raise URLError(f"bad cache URL {echo(redact(url))}: it needs a scheme such as file:// or redis://")
         return cls(url, parts.scheme.lower(), parts, options)
 
     @property
@@ -83,13 +83,13 @@ class StoreURL:
 
     def error(self, problem: str) -> URLError:
         """A one-line error about this URL (a :class:`URLError`, which is a ConfigError)."""
-        return URLError(f"bad cache URL {self.redacted!r}: {problem}")
+        return URLError(f"bad cache URL {echo(self.redacted)}: {problem}")
 
     def check_options(self, known: Collection[str]) -> None:
         """Refuse options no backend of this scheme understands (a typo must not be ignored)."""
         unknown = sorted(set(self.options) - set(known))
         if unknown:
-            raise self.error(f"unknown option {unknown[0]!r}; known: {', '.join(sorted(known)) or 'none'}")
+            raise self.error(f"unknown option {echo(unknown[0])}; known: {', '.join(sorted(known)) or 'none'}")
 
     def with_defaults(self, known: Collection[str], **defaults: object) -> StoreURL:
         """This URL with each option of ``defaults`` added where the URL does not set it and ``known`` has it."""
@@ -108,7 +108,7 @@ class StoreURL:
             host.encode("idna")
         except UnicodeError as exc:
             raise self.error(
-                f"bad host {host[:64]!r}{'...' if len(host) > 64 else ''}: not a host name ({exc})"
+                f"bad host {echo(host)}: not a host name ({exc})"
             ) from None
         return host
 
@@ -123,7 +123,7 @@ class StoreURL:
             else:
                 host, _, port = item.partition(":")
             if not host or not ((port.isdigit() and 0 < int(port) < 65536) or not port):
-                raise self.error(f"bad host {item!r}: use host:port")
+                raise self.error(f"bad host {echo(item)}: use host:port")
             out.append((self.check_host(host), int(port) if port else default_port))
         return out
 
@@ -139,7 +139,7 @@ class StoreURL:
             raise self.error(f"option {name}: {exc}") from None
         if exact <= 0 or (bounds is not None and not bounds[0] <= exact <= bounds[1]):
             allowed = f" from {format_size(bounds[0])} to {format_size(bounds[1])}" if bounds else ""
-            raise self.error(f"option {name}={text!r} must be a positive whole number of bytes{allowed}")
+            raise self.error(f"option {name}={echo(text)} must be a positive whole number of bytes{allowed}")
         return exact
 
     def seconds(self, name: str, default: float | None, bounds: tuple[float, float] | None = None) -> float | None:

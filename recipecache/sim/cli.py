@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, echo
 from .api import compare, simulate
 from .model import DEFAULT_RANKS_PER_NODE, DISTRIBUTIONS, POLICIES, SCHEDULES, Costs, Report, Scenario
 
@@ -127,7 +127,7 @@ def _weights(text: str | None) -> tuple[float, ...] | None:
     try:
         return tuple(float(w) for w in text.split(","))
     except ValueError:
-        raise ConfigError(f"--weights must be comma-separated numbers, not {text!r}") from None
+        raise ConfigError(f"--weights must be comma-separated numbers, not {echo(text)}") from None
 
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:

@@ -178,8 +178,12 @@ class Scenario:
         if self.weights is not None:
             if self.schedule != "iid":
                 raise ConfigError("weights only apply to schedule iid")
-            if any(not math.isfinite(w) or w < 0 for w in self.weights) or not sum(self.weights) > 0:
-                raise ConfigError("weights must be >= 0 with a positive sum")
+            for i, w in enumerate(self.weights, 1):
+                if not math.isfinite(w) or w < 0:
+                    beyond = " (a number past 1.8e308 reads as inf)" if w == math.inf else ""
+                    raise ConfigError(f"weight {i} is {w:g}{beyond}: each weight must be a finite number >= 0")
+            if not any(self.weights):
+                raise ConfigError("every weight is 0: at least one shape must have a weight above 0")
             if self.shapes is not None and self.shapes != len(self.weights):
                 raise ConfigError(f"{len(self.weights)} weights given for {self.shapes} shapes")
 

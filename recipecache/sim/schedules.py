@@ -41,6 +41,7 @@ def shape_weights(scenario: Scenario, shapes: int) -> np.ndarray:
     """Normalised probabilities of the iid schedule's shapes."""
     if scenario.weights is not None:
         w = np.asarray(scenario.weights, dtype=float)
+        w = w / w.max()  # weights near the float limit would sum to inf, and each then to probability 0
     elif scenario.distribution == "uniform":
         w = np.ones(shapes)
     else:

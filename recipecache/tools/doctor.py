@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import env
 from ..backends import StoreURL, backend_class
-from ..errors import BackendError, ConfigError, URLError, VerificationError
+from ..errors import BackendError, ConfigError, URLError, VerificationError, echo
 from ..health import FAIL, PASS, WARN, HealthCheck, free_space, private, writable
 from ..node_tier import default_node_dir
 from ..runs.events import EventLog
@@ -86,7 +86,7 @@ class _StoreChecks:
                 HealthCheck(
                     "store",
                     FAIL,
-                    f"{self._url.redacted}: no answer within {self.budget_s:g} s (the store's checks together)",
+                    f"{echo(self._url.redacted, quote=False)}: no answer within {self.budget_s:g} s (the store's checks together)",
                     "start the server, or correct the URL, password or mount",
                 )
             ]
@@ -143,7 +143,7 @@ def _round_trip(store: Store, key: str) -> HealthCheck:
         return HealthCheck(
             "store",
             FAIL,
-            f"{store.url}: {exc.reason}: {exc}",
+            f"{echo(store.url, quote=False)}: {exc.reason}: {exc}",
             "start the server, or correct the URL, password or mount",
         )
     elapsed_ms = (time.perf_counter() - start) * 1000
@@ -151,7 +151,7 @@ def _round_trip(store: Store, key: str) -> HealthCheck:
         return HealthCheck(
             "store",
             FAIL,
-            f"{store.url}: an entry written was not there to read back",
+            f"{echo(store.url, quote=False)}: an entry written was not there to read back",
             "check for an eviction policy or a full store",
         )
     try:
@@ -160,12 +160,12 @@ def _round_trip(store: Store, key: str) -> HealthCheck:
         return HealthCheck(
             "store",
             FAIL,
-            f"{store.url}: the entry read back failed verification ({exc.reason})",
+            f"{echo(store.url, quote=False)}: the entry read back failed verification ({exc.reason})",
             "something rewrites values in this store; use another one",
         )
     if bytes(read) != payload:
-        return HealthCheck("store", FAIL, f"{store.url}: read back other bytes than written", "use another store")
-    return HealthCheck("store", PASS, f"{store.url}: write, read, verify, delete in {elapsed_ms:.1f} ms")
+        return HealthCheck("store", FAIL, f"{echo(store.url, quote=False)}: read back other bytes than written", "use another store")
+    return HealthCheck("store", PASS, f"{echo(store.url, quote=False)}: write, read, verify, delete in {elapsed_ms:.1f} ms")
 
 
 def _lease_check(store: Store, key: str) -> HealthCheck:
