@@ -17,9 +17,10 @@ import pytest
 import recipecache
 from recipecache import envelope
 from recipecache.errors import ConfigError
-from recipecache.runs.events import EventLog
+from recipecache.eventlog import EventLog
 from recipecache.runs.explain import analyse, explain, format_groups
-from recipecache.runs.keyinfo import KeyLog, differing, graph_identity, load_keys, parse_details, short_key
+from recipecache.keylog import KeyLog, graph_identity, parse_details
+from recipecache.runs.keyinfo import differing, load_keys, short_key
 from recipecache.runs.timeline import build_trace
 from launcher import hpu_metrics
 from launcher.main import build_parser
