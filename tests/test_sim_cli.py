@@ -87,3 +87,14 @@ def test_plot_refuses_a_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path
     trace = two_rank_run(tmp_path / "ev")
     code, _, err = sim(capsys, "--schedule", "trace", "--trace", str(trace), "--plot", str(tmp_path / "p.png"))
     assert code == 2 and "trace fixes" in err
+
+
+def test_the_old_names_of_the_no_stall_policy_still_work_and_say_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """``behind`` and ``--behind-cpu-share``, its names before it was named after the feature, run ``no_stall``."""
+    code, out, err = sim(capsys, "--schedule", "adversarial", "--ranks", "2", "--shapes", "3", "--policy", "behind",
+                         "--behind-cpu-share", "0.5", "--json")
+    new_code, new_out, _ = sim(capsys, "--schedule", "adversarial", "--ranks", "2", "--shapes", "3", "--policy",
+                               "no_stall", "--no-stall-cpu-share", "0.5", "--json")
+    assert code == new_code == 0 and json.loads(out) == json.loads(new_out)
+    assert json.loads(out)["policy"] == "no_stall"
+    assert "--policy behind is deprecated; use no_stall" in err
