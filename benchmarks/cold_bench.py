@@ -35,7 +35,7 @@ first; the short warm pair runs ``--warm-pairs`` times per repetition):
   calls of ``ns fresh`` (target: none). Per rank also the seconds from its first graph sent to
   a worker to the end of its last compile there, beside those compiles' own seconds. With
   ``--compare-tree`` too, ``base ns cold`` runs the other checkout's no-stall cold beside it.
-  Also the ``behind_failed`` fallbacks of ``ns cold`` (target 0).
+  Also the ``no_stall_failed`` fallbacks of ``ns cold`` (target 0).
 * with ``--tf32``, every job first sets TF32 matmuls and convolutions and the float32 matmul
   precision ``high``, as training scripts do: settings torch's graph keys read, which a no-stall
   worker must compile under too.
@@ -600,7 +600,7 @@ def no_stall_figures(cold: list[Run], fresh: list[Run], plain: list[Run]) -> dic
     walls = ratios(cold, plain, lambda r: r.wall_s)
     loss_diff = [max(abs(a - b) for mine, ref in zip(ns.losses, p.losses) for a, b in zip(mine, ref))
                  for ns, p in zip(cold, plain)]
-    behind_failed = [sum(m.get("fallbacks", {}).get("behind_failed", 0) for m in r.metrics) for r in cold]
+    no_stall_failed = [sum(m.get("fallbacks", {}).get("no_stall_failed", 0) for m in r.metrics) for r in cold]
     fresh_compiles = [r.count("compile") for r in fresh]
     fresh_eager = [r.count("eager") for r in fresh]
     met = lambda value, limit: "met" if value <= limit else "MISSED"  # noqa: E731
@@ -613,11 +613,11 @@ def no_stall_figures(cold: list[Run], fresh: list[Run], plain: list[Run]) -> dic
           f"compiles behind {[r.count('compile') for r in cold]}, switches {[r.count('switch') for r in cold]}")
     print(f"no-stall max |loss - plain cold loss| at any step: {' '.join(f'{d:.2e}' for d in loss_diff)}  "
           f"target <= {NO_STALL_LOSS_TARGET}: {met(max(loss_diff), NO_STALL_LOSS_TARGET)}")
-    print(f"no-stall cold behind_failed: {behind_failed}  target 0: {'met' if not any(behind_failed) else 'MISSED'}")
+    print(f"no-stall cold no_stall_failed: {no_stall_failed}  target 0: {'met' if not any(no_stall_failed) else 'MISSED'}")
     print(f"no-stall fresh ranks after: compiles {fresh_compiles}, eager calls {fresh_eager}  target 0: "
           f"{'met' if not any(fresh_compiles) and not any(fresh_eager) else 'MISSED'}")
     return {"ns_worst_step_over_plain_first": per_rank, "ns_cold_wall": walls, "ns_max_loss_diff": loss_diff,
-            "ns_fresh_compiles": fresh_compiles, "ns_fresh_eager_calls": fresh_eager, "ns_behind_failed": behind_failed}
+            "ns_fresh_compiles": fresh_compiles, "ns_fresh_eager_calls": fresh_eager, "ns_no_stall_failed": no_stall_failed}
 
 
 def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[str], compare: Path | None,

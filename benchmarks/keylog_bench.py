@@ -53,7 +53,7 @@ def main() -> None:
 
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")
         details, compile_s = capture_details()
-        from recipecache.runs.keyinfo import KeyLog
+        from recipecache.keylog import KeyLog
 
         per_key_us = []
         for repeat in range(args.repeats):

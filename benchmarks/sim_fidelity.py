@@ -2,10 +2,10 @@
 
     python benchmarks/sim_fidelity.py                 # run examples/train.py, then compare
     python benchmarks/sim_fidelity.py --no-run --run-dir DIR   # compare an existing run
-    python benchmarks/sim_fidelity.py --policy behind # the job with --no-stall, replayed under behind
+    python benchmarks/sim_fidelity.py --policy no_stall # the job with --no-stall, replayed under no_stall
 
 The job is ``recipecache-run --nproc N --cache file://<run-dir>/cache --run-dir <run-dir> SCRIPT``
-(``--policy behind`` adds ``--no-stall``), so its event logs land in ``<run-dir>/events``.
+(``--policy no_stall`` adds ``--no-stall``), so its event logs land in ``<run-dir>/events``.
 Under single-flight the figure is the stall, the measured ``total.stall_s`` of the launcher's
 report (``--report``, default ``<run-dir>/report.json``); under behind it is the eager steps
 counted in the event logs ((rank, step) pairs that ran a graph without inductor before its
@@ -59,7 +59,7 @@ def main() -> int:
     run_dir = (args.run_dir or Path(tempfile.mkdtemp(prefix="sim-fidelity-"))).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     if not args.no_run:
-        extra = (["--no-stall"] if args.policy == "behind" else []) + shlex.split(args.launcher_args)
+        extra = (["--no-stall"] if args.policy == "no_stall" else []) + shlex.split(args.launcher_args)
         run_job(run_dir, args.nproc, args.script.resolve(), extra)
     try:
         result = replay(run_dir / "events", args.report or run_dir / "report.json", args.field, policy=args.policy)

@@ -42,7 +42,7 @@ import redis
 
 import recipecache
 from recipecache import envelope
-from recipecache.runs.events import EventLog
+from recipecache.eventlog import EventLog
 from recipecache.sizes import format_size, parse_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

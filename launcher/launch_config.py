@@ -44,7 +44,7 @@ MOST_HPU_SIZE_MB = 1 << 30
 #: over a day would hold a hung job that long
 EXIT_GRACE_RANGE_S = (1.0, 86400.0)
 #: the part of the exit grace a rank may spend finishing no-stall compiles still running at exit
-BEHIND_SHARE_OF_GRACE = 0.8
+NO_STALL_SHARE_OF_GRACE = 0.8
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class LaunchConfig:
             environ[env.NO_STALL] = "1"
         # what a rank may spend at exit finishing compiles behind the steps: within the grace after
         # which the launcher ends it, with a fifth of it left for the script's own atexit handlers
-        environ[env.EXIT_GRACE] = f"{self.exit_grace_s * BEHIND_SHARE_OF_GRACE:g}"
+        environ[env.EXIT_GRACE] = f"{self.exit_grace_s * NO_STALL_SHARE_OF_GRACE:g}"
         if self.hpu_dir is not None:
             from recipecache.hpu import rank_environment
 

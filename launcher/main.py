@@ -40,7 +40,7 @@ from recipecache.parent_death import die_with_parent
 
 from . import hpu_metrics
 from .exit_watch import ExitWatch, FinishedRank, job_status, running_child, status_after_exit
-from .launch_config import BEHIND_SHARE_OF_GRACE, DEFAULT_HPU_MAX_SIZE_MB, LaunchConfig, probe_store
+from .launch_config import DEFAULT_HPU_MAX_SIZE_MB, NO_STALL_SHARE_OF_GRACE, LaunchConfig, probe_store
 from .option_env import FallbackParser
 from .progress import Progress
 from .report import build_report, format_report, load_graphs, load_metrics, write_report
@@ -205,7 +205,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> FallbackParser:
         help="no rank stops for a compile: a graph that missed runs without inductor (as aot_eager) "
         "while one rank compiles it in a worker process; every rank switches to the compiled "
         "graph at its next call once it is published. Compiles still running when the script "
-        f"ends are finished within {BEHIND_SHARE_OF_GRACE * 100:.0f}%% of --exit-grace",
+        f"ends are finished within {NO_STALL_SHARE_OF_GRACE * 100:.0f}%% of --exit-grace",
     )
     hpu = parser.add_argument_group("Intel Gaudi recipes")
     parser.add_own(

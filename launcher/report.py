@@ -252,13 +252,14 @@ def build_report(
         "duplicates": list((graphs or {}).get("duplicates", [])),
         "missed": list((graphs or {}).get("missed", [])),
         "skipped": dict((graphs or {}).get("skipped", asdict(Skipped()))),
-        "behind": behind_graphs(metrics),
+        "no_stall": no_stall_graphs(metrics),
     }
 
 
-def _behind_rows(data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """A rank's well-formed no-stall graph rows (``behind.graphs`` of its metrics); damaged ones left out."""
-    graphs = _lookup(data, ("behind", "graphs"))
+def _no_stall_rows(data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """A rank's well-formed no-stall graph rows (``no_stall.graphs`` of its metrics, ``behind.graphs`` in metrics
+    an older release wrote); damaged ones left out."""
+    graphs = _lookup(data, ("no_stall", "graphs")) or _lookup(data, ("behind", "graphs"))
     if not isinstance(graphs, Mapping):
         return {}
     return {
@@ -271,7 +272,7 @@ def _behind_rows(data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     }
 
 
-def behind_graphs(metrics: Mapping[int, Mapping[str, Any] | Unreadable]) -> list[dict[str, Any]]:
+def no_stall_graphs(metrics: Mapping[int, Mapping[str, Any] | Unreadable]) -> list[dict[str, Any]]:
     """No-stall, per graph: who compiled it behind the steps and for how long, and per rank the calls it
     ran without inductor and when it switched to the compiled graph (Unix time; None: it never did)."""
     out: dict[str, dict[str, Any]] = {}
@@ -279,7 +280,7 @@ def behind_graphs(metrics: Mapping[int, Mapping[str, Any] | Unreadable]) -> list
         data = metrics[rank]
         if isinstance(data, Unreadable):
             continue
-        for key, row in _behind_rows(data).items():
+        for key, row in _no_stall_rows(data).items():
             graph = out.setdefault(
                 key,
                 {
@@ -358,7 +359,7 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"(the exit status is the scripts' own; see hung_ranks in the report)"
         )
     lines += format_graphs(report)
-    lines += format_behind(report)
+    lines += format_no_stall(report)
     skipped = Skipped(**report.get("skipped", {}))
     if skipped:
         lines.append(f"WARNING: reading the event logs {skipped.describe()}")
@@ -403,9 +404,9 @@ def format_graphs(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def format_behind(report: Mapping[str, Any]) -> list[str]:
+def format_no_stall(report: Mapping[str, Any]) -> list[str]:
     """No-stall's lines: per graph, seconds compiled behind and by whom, and per rank its eager calls and switch."""
-    graphs = report.get("behind") or []
+    graphs = report.get("no_stall") or report.get("behind") or []  # "behind": a report an older release wrote
     if not graphs:
         return []
     lines = ["ran without inductor while compiling behind the steps (no-stall):"]

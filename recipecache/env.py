@@ -8,12 +8,15 @@ nothing from the rest of the package, so any layer may use it.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
 from collections.abc import Mapping
 
 from .errors import ConfigError, echo
+
+logger = logging.getLogger(__name__)
 
 __version__ = "0.2.0"
 
@@ -68,7 +71,10 @@ EXIT_GRACE = "RECIPECACHE_EXIT_GRACE"
 DEFAULT_EXIT_GRACE_S = 120.0
 #: seconds one compile behind the steps may take before its worker is ended and its lease
 #: released (a stuck worker would otherwise keep every rank running the graph without inductor)
-BEHIND_TIMEOUT = "RECIPECACHE_BEHIND_TIMEOUT"
+NO_STALL_TIMEOUT = "RECIPECACHE_NO_STALL_TIMEOUT"
+#: variables renamed after the feature they set, by their new names: the old name is still read when the
+#: new one is not set, with a deprecation line (a job script written for an older release keeps working)
+RENAMED = {NO_STALL_TIMEOUT: "RECIPECACHE_BEHIND_TIMEOUT"}
 
 
 def process_rank(environ: Mapping[str, str] | None = None) -> int:
@@ -137,5 +143,10 @@ def seconds(
     name: str, default: float, environ: Mapping[str, str] | None = None, *, bounds: tuple[float, float] | None = None
 ) -> float:
     """The environment variable ``name`` as positive, finite seconds (within ``bounds``), or ``default`` when unset or empty."""
-    text = (os.environ if environ is None else environ).get(name)
+    environ = os.environ if environ is None else environ
+    text = environ.get(name)
+    old = RENAMED.get(name)
+    if not text and old is not None and environ.get(old):
+        logger.warning("recipecache: %s is deprecated; use %s", old, name)
+        name, text = old, environ[old]
     return positive_seconds(name, text, bounds) if text else default

@@ -75,10 +75,10 @@ class Reason(StrEnum):
     PRECOMPILE_FALLBACK = "precompile_fallback"
     #: no-stall: a graph's compile behind the steps failed, died, or its artifact could not be
     #: loaded; the graph stays without inductor in this process
-    BEHIND_FAILED = "behind_failed"
-    #: no-stall: a compile behind the steps ran past its deadline (``RECIPECACHE_BEHIND_TIMEOUT``); its
+    NO_STALL_FAILED = "no_stall_failed"
+    #: no-stall: a compile behind the steps ran past its deadline (``RECIPECACHE_NO_STALL_TIMEOUT``); its
     #: worker was ended and its lease released, and the graph stays without inductor in this process
-    BEHIND_TIMEOUT = "behind_timeout"
+    NO_STALL_TIMEOUT = "no_stall_timeout"
 
 
 class PrecompileDetail(StrEnum):

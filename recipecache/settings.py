@@ -186,6 +186,6 @@ def check_rank_environment(environ: Mapping[str, str] | None = None) -> None:
     node_max_size(environ)
     env.cpu_fingerprint_override(environ)
     env.seconds(env.EXIT_GRACE, 0.0, environ)  # the rank's own default applies when it is unset
-    env.seconds(env.BEHIND_TIMEOUT, 0.0, environ)  # likewise: the no-stall compile deadline
+    env.seconds(env.NO_STALL_TIMEOUT, 0.0, environ)  # likewise: the no-stall compile deadline
     for name in RANK_SWITCHES:
         env.switch(name, environ)

@@ -50,12 +50,12 @@ from .backends import open_backend
 from .backends.base import Backend, EntryInfo
 from .buffers import Buffer, byte_view
 from .errors import BackendError, BackendKeyError, VerificationError, echo
+from .eventlog import EventLog
 from .health import HealthCheck
 from .keys import storage_key
 from .lease import HeldLease, SingleFlight
 from .node_tier import NodeTier
 from .reasons import ABSENT, FAILED, REFUSED, Reason, Role
-from .runs.events import EventLog
 from .settings import StoreSettings
 from .stats import Stats
 

@@ -156,8 +156,8 @@ def _what_is_there(path: Path) -> tuple[int, str | None, bytes | None]:
     """The file type at ``path``, where a symlink points, and what the file behind it holds (None: not a file)."""
     mode = os.lstat(path).st_mode
     target = os.readlink(path) if stat.S_ISLNK(mode) else None
-    behind = Path(path).read_bytes() if target is not None and Path(path).is_file() else None
-    return stat.S_IFMT(mode), target, behind
+    no_stall = Path(path).read_bytes() if target is not None and Path(path).is_file() else None
+    return stat.S_IFMT(mode), target, no_stall
 
 
 @pytest.mark.parametrize("kind", ["fifo", "symlink", "dangling symlink", "directory", "device"])

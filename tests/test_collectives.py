@@ -148,7 +148,7 @@ def test_no_stall_compiles_graphs_with_collectives_in_a_rank(nostall: dict[str, 
     """A worker process has no process groups: it can neither compile a graph with collectives nor compute the
     FX key of one taking the mesh (torch's wire format sends it as None). A rank compiles each, once, and
     publishes it under the key every rank shares."""
-    assert [metrics["behind"]["key_mismatches"] for metrics in nostall["metrics"]] == [0] * RANKS
+    assert [metrics["no_stall"]["key_mismatches"] for metrics in nostall["metrics"]] == [0] * RANKS
     distinct = _keys(nostall, "miss", 0) | _keys(nostall, "hit", 0)
     published = nostall["report"]["total"]["lookups"]["fx"]["put"]
     assert len(distinct) == 7 and published == len(distinct), (distinct, published)

@@ -19,7 +19,7 @@ import pytest
 from recipecache import envelope
 from recipecache.backends.memory import MemoryBackend
 from recipecache.errors import VerificationError
-from recipecache.runs.events import EventLog
+from recipecache.eventlog import EventLog
 from recipecache.keys import storage_key
 from recipecache.settings import StoreSettings
 from recipecache.store import Store

@@ -28,7 +28,7 @@ import pytest
 
 from recipecache.runs.events import Skipped
 from recipecache.runs.explain import explain, format_explanation
-from recipecache.runs.keyinfo import KeyLog
+from recipecache.keylog import KeyLog
 from recipecache.runs.timeline import write_trace
 from launcher import hpu_metrics
 from launcher.progress import Progress

@@ -39,5 +39,22 @@ def test_the_folders_show_core_tools_and_run_analysis() -> None:
     assert {p.stem for p in (top / "tools").glob("*.py")} == {"__init__", "cli", "admin", "doctor"}
     assert {p.stem for p in (top / "runs").glob("*.py")} == {"__init__", "events", "keyinfo", "explain", "timeline"}
     assert {p.stem for p in top.glob("*.py")} == {
-        "__init__", "_lazy", "argparsing", "buffers", "env", "envelope", "errors", "fsutil", "health", "keys", "lease",
+        "__init__", "_lazy", "argparsing", "buffers", "env", "envelope", "errors", "eventlog", "fsutil", "health", "keylog", "keys", "lease",
         "node_tier", "parent_death", "reasons", "settings", "sizes", "stats", "store"}
+
+
+def test_the_core_writes_its_records_and_imports_no_reader() -> None:
+    """Event and key records are written by core modules (``eventlog``, ``keylog``); ``runs/`` holds their readers,
+    which nothing that writes them (the core, the torch integration) imports."""
+    import ast
+    from pathlib import Path
+
+    import recipecache
+
+    top = Path(recipecache.__file__).parent
+    writers = [*top.glob("*.py"), *(top / "torch_integration").rglob("*.py")]
+    for path in writers:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                source = "." * node.level + (node.module or "")
+                assert "runs" not in source.split("."), (path.name, source)

@@ -74,14 +74,14 @@ def test_bad_no_stall_variable_is_one_line_and_status_2(tmp_path: Path) -> None:
     assert len(lines) == 1 and "RECIPECACHE_NO_STALL='yes'" in lines[0] and "1 (on) or 0 (off)" in lines[0]
 
 
-def test_bad_behind_timeout_is_one_line_and_status_2(tmp_path: Path) -> None:
-    env = _env_without_recipecache() | {"RECIPECACHE_BEHIND_TIMEOUT": "soon"}
+def test_bad_no_stall_timeout_is_one_line_and_status_2(tmp_path: Path) -> None:
+    env = _env_without_recipecache() | {"RECIPECACHE_NO_STALL_TIMEOUT": "soon"}
     proc = subprocess.run([sys.executable, "-m", "launcher.main", "--nproc", "1", "--no-stall", "--run-dir",
                            str(tmp_path / "run"), str(TRAIN)], capture_output=True, text=True, env=env, timeout=120,
                           check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "RECIPECACHE_BEHIND_TIMEOUT='soon'" in lines[0], proc.stderr
+    assert len(lines) == 1 and "RECIPECACHE_NO_STALL_TIMEOUT='soon'" in lines[0], proc.stderr
 
 
 @pytest.mark.torch
@@ -99,15 +99,15 @@ def test_killed_worker_leaves_the_graph_eager_counted_then_retried(tmp_path: Pat
                           text=True, env=env, timeout=540, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
-    behind = result["metrics"]["behind"]
-    assert behind["failed"] >= 1 and behind["workers"] >= 2 and behind["retries"] >= 1
-    assert json.loads((tmp_path / "metrics.json").read_text())["behind"]["failed"] == behind["failed"]
-    assert result["metrics"]["fallbacks"].get("behind_failed") == behind["failed"]
-    failed = [g for g in behind["graphs"].values() if g.get("failed")]
+    no_stall = result["metrics"]["no_stall"]
+    assert no_stall["failed"] >= 1 and no_stall["workers"] >= 2 and no_stall["retries"] >= 1
+    assert json.loads((tmp_path / "metrics.json").read_text())["no_stall"]["failed"] == no_stall["failed"]
+    assert result["metrics"]["fallbacks"].get("no_stall_failed") == no_stall["failed"]
+    failed = [g for g in no_stall["graphs"].values() if g.get("failed")]
     assert failed and all(g["switched_at"] is not None for g in failed)  # compiled again, not eager for good
     assert all(g["eager_calls"] >= 5 for g in failed)  # it went on running without inductor meanwhile
     assert result["lease_freed"] == [True] * len(failed)  # another process may compile it
-    assert "behind_failed" in proc.stderr  # the one warning
+    assert "no_stall_failed" in proc.stderr  # the one warning
 
 
 # -- a real job ------------------------------------------------------------------------
@@ -155,22 +155,22 @@ def _events(job: dict[str, Any], kind: str, rank: int | None = None) -> list[dic
 @pytest.mark.timeout(1800)
 def test_ranks_run_eager_while_a_worker_compiles_then_switch(jobs: dict[str, dict[str, Any]]) -> None:
     cold = jobs["cold"]
-    behind = Counter(e["key"] for e in _events(cold, "compile") if e.get("behind"))
-    assert behind and max(behind.values()) == 1, f"graphs compiled more than once: {behind}"
+    no_stall = Counter(e["key"] for e in _events(cold, "compile") if e.get("behind"))
+    assert no_stall and max(no_stall.values()) == 1, f"graphs compiled more than once: {no_stall}"
     assert not [e for e in _events(cold, "compile") if not e.get("behind")], "a rank compiled inline"
     most_compiled_by_one_worker = 0
     assert cold["report"]["total"]["compiles"] == 0  # no step waited for a compile
     for rank in range(RANKS):
         eager = {e["key"] for e in _events(cold, "eager", rank)}
         switched = {e["key"]: e["time"] for e in _events(cold, "switch", rank)}
-        assert eager and eager == set(switched) == set(behind), f"rank {rank}"
+        assert eager and eager == set(switched) == set(no_stall), f"rank {rank}"
         for e in _events(cold, "eager", rank):
             assert e["time"] <= switched[e["key"]]  # eager until the switch, compiled after it
         # rank r compiles what it met first; the graphs another rank compiled it ran eagerly meanwhile
         compiled_here = {e["key"] for e in _events(cold, "compile", rank)}
         assert compiled_here and eager - compiled_here
-        row = cold["metrics"][rank]["behind"]
-        assert row["failed"] == 0 and row["switches"] == len(behind)
+        row = cold["metrics"][rank]["no_stall"]
+        assert row["failed"] == 0 and row["switches"] == len(no_stall)
         assert row["workers"] == 1 and row["compiles"] == len(compiled_here)  # one worker compiled them all
         most_compiled_by_one_worker = max(most_compiled_by_one_worker, len(compiled_here))
     assert most_compiled_by_one_worker > 1
@@ -180,7 +180,7 @@ def test_ranks_run_eager_while_a_worker_compiles_then_switch(jobs: dict[str, dic
 @pytest.mark.timeout(1800)
 def test_a_graph_whose_worker_died_is_taken_over_by_another_rank(tmp_path: Path) -> None:
     job = _launch(tmp_path, "takeover", f"file://{tmp_path / 'store'}", "--until-switched", "600", "--kill-worker")
-    zero, one = (job["metrics"][rank]["behind"] for rank in range(RANKS))
+    zero, one = (job["metrics"][rank]["no_stall"] for rank in range(RANKS))
     failed = {key for key, graph in zero["graphs"].items() if graph.get("failed")}
     assert failed and zero["failed"] == len(failed) and one["failed"] == 0
     # once rank 1 published it, rank 0 loads it: it does not stay eager for the rest of the job
@@ -210,11 +210,11 @@ def test_fresh_ranks_after_compile_nothing(jobs: dict[str, dict[str, Any]]) -> N
 
 
 # -- the switching callable on its own ------------------------------------------------------
-def _behind_graph(reload: Any) -> tuple[Any, Any, Any]:
+def _no_stall_graph(reload: Any) -> tuple[Any, Any, Any]:
     import torch
     from concurrent.futures import Future
 
-    from recipecache.torch_integration.behind import Behind, Deferred
+    from recipecache.torch_integration.behind import NoStall, Deferred
     from recipecache.torch_integration.metrics import Metrics
 
     class Double(torch.nn.Module):
@@ -222,10 +222,10 @@ def _behind_graph(reload: Any) -> tuple[Any, Any, Any]:
             return (x * 2,)
 
     store = Store.open(StoreSettings("memory://", namespace="behind-unit"))
-    behind = Behind(store, Metrics(store, None, flush=False), 10.0, 600.0)
+    no_stall = NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0)
     job: Future[float] = Future()
-    graph = behind.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()), [])
-    return graph, job, behind
+    graph = no_stall.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()), [])
+    return graph, job, no_stall
 
 
 @pytest.mark.torch
@@ -238,7 +238,7 @@ def test_switching_callable_runs_eager_until_its_compile_is_done_then_compiled()
         loads.append(1)
         return lambda args: ("compiled", len(args))
 
-    graph, job, behind = _behind_graph(reload)
+    graph, job, no_stall = _no_stall_graph(reload)
     assert graph._boxed_call is True
     for _ in range(3):
         assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
@@ -246,9 +246,9 @@ def test_switching_callable_runs_eager_until_its_compile_is_done_then_compiled()
     job.set_result(1.0)
     assert graph([torch.ones(2)]) == ("compiled", 1) and graph([torch.ones(2)]) == ("compiled", 1)
     assert loads == [1]  # loaded once, then called
-    row = behind.snapshot()["k"]
+    row = no_stall.snapshot()["k"]
     assert row["eager_calls"] == 3 and row["switched_at"] is not None
-    assert behind.metrics.snapshot()["behind"]["switches"] == 1
+    assert no_stall.metrics.snapshot()["no_stall"]["switches"] == 1
 
 
 @pytest.mark.torch
@@ -258,7 +258,7 @@ def test_switching_callable_stays_eager_when_its_compile_failed_or_its_load_fail
     def never() -> Any:
         raise AssertionError("a failed compile is not loaded")
 
-    graph, job, _ = _behind_graph(never)
+    graph, job, _ = _no_stall_graph(never)
     job.set_exception(RuntimeError("worker exited with status -9"))
     for _ in range(2):
         assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
@@ -266,13 +266,13 @@ def test_switching_callable_stays_eager_when_its_compile_failed_or_its_load_fail
     def broken() -> Any:
         raise OSError("the artifact's kernel is gone")
 
-    graph, job, behind = _behind_graph(broken)
+    graph, job, no_stall = _no_stall_graph(broken)
     job.set_result(1.0)
     for _ in range(2):
         assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
-    metrics = behind.metrics.snapshot()
-    assert metrics["behind"]["failed"] == 1 and metrics["fallbacks"] == {"behind_failed": 1}
-    assert "cannot load the compiled graph" in behind.snapshot()["k"]["failed"]
+    metrics = no_stall.metrics.snapshot()
+    assert metrics["no_stall"]["failed"] == 1 and metrics["fallbacks"] == {"no_stall_failed": 1}
+    assert "cannot load the compiled graph" in no_stall.snapshot()["k"]["failed"]
 
 
 # -- guards, deadlines, exit, the job's input -------------------------------------------------
@@ -293,20 +293,20 @@ def test_the_switched_graph_runs_only_for_inputs_inductors_guards_accept(tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     assert max(result["differences"].values()) <= 1e-5, result["differences"]
-    behind = result["metrics"]["behind"]
-    assert behind["failed"] == 0 and behind["switches"] >= 1
-    assert behind["guard_rejected"] >= 1  # inductor's guard held a length off the specialized graph
+    no_stall = result["metrics"]["no_stall"]
+    assert no_stall["failed"] == 0 and no_stall["switches"] >= 1
+    assert no_stall["guard_rejected"] >= 1  # inductor's guard held a length off the specialized graph
 
 
 @pytest.mark.torch
 @pytest.mark.timeout(600)
 def test_a_stuck_compile_behind_is_ended_at_its_deadline(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    proc = _run_script(tmp_path, "no_stall_stuck.py", "deadline", str(out), extra_env={"RECIPECACHE_BEHIND_TIMEOUT": "2"})
+    proc = _run_script(tmp_path, "no_stall_stuck.py", "deadline", str(out), extra_env={"RECIPECACHE_NO_STALL_TIMEOUT": "2"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
-    assert result["metrics"]["fallbacks"] == {"behind_timeout": 1}
-    assert result["metrics"]["behind"]["failed"] == 1
+    assert result["metrics"]["fallbacks"] == {"no_stall_timeout": 1}
+    assert result["metrics"]["no_stall"]["failed"] == 1
     assert not result["still_leased"] and not result["worker_exists"]
 
 
@@ -325,39 +325,39 @@ def test_the_exit_grace_ends_a_stuck_compile_behind(tmp_path: Path) -> None:
     assert not store.compiling(result["key"])
 
 
-def _behind_with_jobs(tmp_path: Path, keys: list[str], secret: bytes | None = None) -> tuple[Any, Store]:
-    """A Behind on a filesystem store whose worker gets one job per key, leased here; a job torch cannot read
+def _no_stall_with_jobs(tmp_path: Path, keys: list[str], secret: bytes | None = None) -> tuple[Any, Store]:
+    """A NoStall on a filesystem store whose worker gets one job per key, leased here; a job torch cannot read
     (its wire input is not torch's), so the worker fails it after starting."""
     import pickle
 
     from recipecache.torch_integration import global_state
-    from recipecache.torch_integration.behind import Behind
+    from recipecache.torch_integration.behind import NoStall
     from recipecache.torch_integration.metrics import Metrics
 
     store = Store.open(StoreSettings(f"file://{tmp_path / 'store'}", namespace="jobs", secret=secret))
-    behind = Behind(store, Metrics(store, None, flush=False), 10.0, 600.0)
+    no_stall = NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0)
     for key in keys:
         flight = store.begin(key, wait=False)
         assert flight.role is Role.LEADER
-        behind._row(key, ("f", "f32[2]"))
-        behind._submit(flight, pickle.dumps("not a graph"), global_state.capture())
-    return behind, store
+        no_stall._row(key, ("f", "f32[2]"))
+        no_stall._submit(flight, pickle.dumps("not a graph"), global_state.capture())
+    return no_stall, store
 
 
 @pytest.mark.torch
 @pytest.mark.timeout(300)
 def test_finish_frees_the_lease_of_a_compile_still_queued(tmp_path: Path) -> None:
-    behind, store = _behind_with_jobs(tmp_path, ["first", "queued"])
-    behind.finish(0.0)
+    no_stall, store = _no_stall_with_jobs(tmp_path, ["first", "queued"])
+    no_stall.finish(0.0)
     assert not store.compiling("first") and not store.compiling("queued")
 
 
 @pytest.mark.torch
 @pytest.mark.timeout(300)
 def test_an_exit_grace_past_what_a_wait_takes_lets_the_compile_finish(tmp_path: Path) -> None:
-    behind, _ = _behind_with_jobs(tmp_path, ["k"])
-    behind.finish(1e10)  # beyond threading.TIMEOUT_MAX: the compile ends on its own (here, failing to read its job)
-    failed = behind.snapshot()["k"]["failed"]
+    no_stall, _ = _no_stall_with_jobs(tmp_path, ["k"])
+    no_stall.finish(1e10)  # beyond threading.TIMEOUT_MAX: the compile ends on its own (here, failing to read its job)
+    failed = no_stall.snapshot()["k"]["failed"]
     assert "exited with status" not in failed, failed  # the worker answered; it was not killed
 
 
@@ -372,11 +372,11 @@ def test_a_compile_behind_writes_nothing_to_the_temporary_directory(tmp_path: Pa
     shared.chmod(0o777)  # world-writable and not sticky: another user could swap whatever we put there
     monkeypatch.setattr(tempfile, "tempdir", str(shared))
     secret = b"s3cret-signing-key-0123456789abcdef"
-    behind, _ = _behind_with_jobs(tmp_path, ["k"], secret=secret)
+    no_stall, _ = _no_stall_with_jobs(tmp_path, ["k"], secret=secret)
     try:
         assert list(shared.iterdir()) == []  # the job (and the secret in its settings) went through the worker's pipe
     finally:
-        behind.finish(0.0)
+        no_stall.finish(0.0)
 
 
 @pytest.mark.torch
@@ -388,7 +388,7 @@ def test_a_store_outage_during_a_compile_behind_still_switches_the_leader(tmp_pa
     proc = _run_script(tmp_path, "no_stall_outage.py", str(tmp_path / "redis"), str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
-    behind = result["metrics"]["behind"]
-    assert behind["failed"] == 0 and behind["compiles"] == 1 and behind["switches"] == 1
+    no_stall = result["metrics"]["no_stall"]
+    assert no_stall["failed"] == 0 and no_stall["compiles"] == 1 and no_stall["switches"] == 1
     assert "backend_down" in result["metrics"]["fallbacks"]  # the worker's store failures, counted here
     assert result["difference"] <= 1e-6

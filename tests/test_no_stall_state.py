@@ -8,7 +8,7 @@
 * a config torch's copy leaves out (a custom pass) cannot travel: :class:`Uncarried`;
 * a kept worker in which an earlier job's state stuck is replaced for the job;
 * the lead policy after a failure: the lease left to the others, led again only after a look and a
-  wait, inline after a key mismatch, at most ``BEHIND_TRIES`` times;
+  wait, inline after a key mismatch, at most ``NO_STALL_TRIES`` times;
 * a graph whose compile failed switches once another process published it (issue 28: load, never lead);
 * a real compile whose worker answers a key mismatch: counted, compiled again inline, switched.
 """
@@ -129,51 +129,51 @@ def test_a_job_a_kept_worker_cannot_reproduce_runs_again_in_a_fresh_one(
         return answers.pop(0)
 
     monkeypatch.setattr(_Worker, "compile", compile_)
-    behind = _behind(monkeypatch, retry_s=0.0)
+    no_stall = _no_stall(monkeypatch, retry_s=0.0)
     try:
-        job = _Job("k", b"job", behind.store.begin("k", wait=False))
-        assert behind._work(job) == 1.5
+        job = _Job("k", b"job", no_stall.store.begin("k", wait=False))
+        assert no_stall._work(job) == 1.5
         assert len(workers) == 2 and workers[0] is not workers[1] and not workers[0].alive()
-        assert behind.metrics.snapshot()["behind"]["workers"] == 2
+        assert no_stall.metrics.snapshot()["no_stall"]["workers"] == 2
     finally:
-        behind.close()
+        no_stall.close()
 
 
-def _behind(monkeypatch: pytest.MonkeyPatch, retry_s: float, url: str = "memory://") -> Any:
-    from recipecache.torch_integration import behind as behind_module
+def _no_stall(monkeypatch: pytest.MonkeyPatch, retry_s: float, url: str = "memory://") -> Any:
+    from recipecache.torch_integration import behind as controller
     from recipecache.torch_integration.metrics import Metrics
 
-    monkeypatch.setattr(behind_module, "POLL_S", 0.0)
-    monkeypatch.setattr(behind_module, "RETRY_S", retry_s)
+    monkeypatch.setattr(controller, "POLL_S", 0.0)
+    monkeypatch.setattr(controller, "RETRY_S", retry_s)
     store = Store.open(StoreSettings(url, namespace="behind-policy"))
-    return behind_module.Behind(store, Metrics(store, None, flush=False), 10.0, 600.0)
+    return controller.NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0)
 
 
 @pytest.mark.torch
 def test_a_failed_lead_is_retried_after_a_look_inline_after_a_key_mismatch_and_bounded(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from recipecache.torch_integration.behind import BEHIND_TRIES, WorkerFailed
+    from recipecache.torch_integration.behind import NO_STALL_TRIES, WorkerFailed
 
-    behind = _behind(monkeypatch, retry_s=0.0)
-    store = behind.store
+    no_stall = _no_stall(monkeypatch, retry_s=0.0)
+    store = no_stall.store
     first = store.begin("k", wait=False)
-    assert behind._lead(first) == "worker"
+    assert no_stall._lead(first) == "worker"
     first.release()  # the job's end frees it
-    behind._compile_failed("k", WorkerFailed("the worker computed key a, the rank b", inline=True, key_mismatch=True))
+    no_stall._compile_failed("k", WorkerFailed("the worker computed key a, the rank b", inline=True, key_mismatch=True))
     flight = store.begin("k", wait=False)
     assert flight.role is Role.LEADER
-    assert behind._lead(flight) is None  # not before it looked at the free lease: the others go first
+    assert no_stall._lead(flight) is None  # not before it looked at the free lease: the others go first
     assert not store.compiling("k")  # and the lease it took is theirs to take
-    behind.looked_after_failure("k")
+    no_stall.looked_after_failure("k")
     inline = store.begin("k", wait=False)
-    assert behind._lead(inline) == "inline"  # a worker would compute the wrong key again
+    assert no_stall._lead(inline) == "inline"  # a worker would compute the wrong key again
     inline.release()  # the inline compile's end frees it
-    assert BEHIND_TRIES == 2
-    behind._compile_failed("k", RuntimeError("inline compile raised"))
-    behind.looked_after_failure("k")
-    assert behind._lead(store.begin("k", wait=False)) is None  # led twice: from now on it only waits
+    assert NO_STALL_TRIES == 2
+    no_stall._compile_failed("k", RuntimeError("inline compile raised"))
+    no_stall.looked_after_failure("k")
+    assert no_stall._lead(store.begin("k", wait=False)) is None  # led twice: from now on it only waits
     assert not store.compiling("k")
-    metrics = behind.metrics.snapshot()["behind"]
+    metrics = no_stall.metrics.snapshot()["no_stall"]
     assert metrics["retries"] == 1 and metrics["key_mismatches"] == 1
 
 
@@ -186,8 +186,8 @@ def test_a_graph_whose_compile_failed_switches_once_another_process_publishes_it
     from recipecache.torch_integration.behind import Deferred
 
     # this process will not lead it again during the test; the other process shares the store
-    behind = _behind(monkeypatch, retry_s=3600.0, url=f"file://{tmp_path / 'store'}")
-    other = Store.open(StoreSettings(behind.store.url, namespace="behind-policy"))
+    no_stall = _no_stall(monkeypatch, retry_s=3600.0, url=f"file://{tmp_path / 'store'}")
+    other = Store.open(StoreSettings(no_stall.store.url, namespace="behind-policy"))
 
     class Double(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
@@ -200,9 +200,9 @@ def test_a_graph_whose_compile_failed_switches_once_another_process_publishes_it
         return lambda args: ("compiled", len(args))
 
     job: Future[float] = Future()
-    graph = behind.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()), [])
+    graph = no_stall.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()), [])
     job.set_exception(RuntimeError("worker exited with status -9"))
-    behind._compile_failed("k", RuntimeError("worker exited with status -9"))
+    no_stall._compile_failed("k", RuntimeError("worker exited with status -9"))
     assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
     with other.begin("k", wait=False) as flight:  # another process compiles it
         assert flight.role is Role.LEADER
@@ -211,7 +211,7 @@ def test_a_graph_whose_compile_failed_switches_once_another_process_publishes_it
         assert not loads  # nothing to load while it compiles
         flight.publish(b"artifact")
     assert graph([torch.ones(2)]) == ("compiled", 1)  # its compile ended: this process loads it
-    assert loads == [1] and behind.snapshot()["k"]["switched_at"] is not None
+    assert loads == [1] and no_stall.snapshot()["k"]["switched_at"] is not None
 
 
 @pytest.mark.torch
@@ -222,10 +222,10 @@ def test_a_key_mismatch_is_counted_and_the_graph_compiled_inline_then_switched(t
     proc = subprocess.run([sys.executable, str(WORKERS / "no_stall_inline.py"), str(out)], capture_output=True,
                           text=True, env=env, timeout=540, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    behind = json.loads(out.read_text())["behind"]
-    assert behind["key_mismatches"] == 1 and behind["failed"] == 1 and behind["retries"] == 1
-    assert behind["compiles"] == 1  # the forward, behind; the backward was compiled inline
-    rows = behind["graphs"].values()
+    no_stall = json.loads(out.read_text())["no_stall"]
+    assert no_stall["key_mismatches"] == 1 and no_stall["failed"] == 1 and no_stall["retries"] == 1
+    assert no_stall["compiles"] == 1  # the forward, behind; the backward was compiled inline
+    rows = no_stall["graphs"].values()
     assert all(g["switched_at"] is not None for g in rows) and len(rows) == 2
     assert [g["name"] for g in rows if g.get("failed")] == ["inner backward"]
 

@@ -23,9 +23,9 @@ import recipecache
 from recipecache import envelope
 from recipecache.backends.memory import MemoryBackend
 from recipecache.errors import ConfigError
+from recipecache.eventlog import EventLog
 from recipecache.keys import storage_key
 from recipecache.reasons import Role
-from recipecache.runs.events import EventLog
 from recipecache.settings import StoreSettings
 from recipecache.store import Store
 

@@ -17,9 +17,10 @@ import pytest
 import recipecache
 from recipecache import envelope
 from recipecache.errors import ConfigError
-from recipecache.runs.events import EventLog
+from recipecache.eventlog import EventLog
 from recipecache.runs.explain import analyse, explain, format_groups
-from recipecache.runs.keyinfo import KeyLog, differing, graph_identity, load_keys, parse_details, short_key
+from recipecache.keylog import KeyLog, graph_identity, parse_details
+from recipecache.runs.keyinfo import differing, load_keys, short_key
 from recipecache.runs.timeline import build_trace
 from launcher import hpu_metrics
 from launcher.main import build_parser
@@ -405,3 +406,14 @@ def test_ls_says_what_each_entry_is(tmp_path: Path) -> None:
     data = {r["key"]: r for r in json.loads(run_cli("ls", "--url", url, "--namespace", "job", "--json").stdout)}
     assert data["torch1:pt2:fx-graph-v1::fabc:c1"]["meta"]["compile_s"] == 12.25
     assert data["plain"]["meta"] == {} and data["plain"]["last_used"] > 0
+
+
+def test_a_run_dir_written_before_no_stall_was_named_so_still_reports_its_graphs() -> None:
+    """Metrics files and reports of an older release hold no-stall's rows under ``behind``: still shown."""
+    from launcher.report import format_no_stall, no_stall_graphs
+
+    row = {"name": "forward", "shapes": "f32[4]", "eager_calls": 3, "eager_s": 0.5, "compile_s": 2.0, "switched_at": 1.0}
+    old, new = {0: {"behind": {"graphs": {"K": row}}}}, {0: {"no_stall": {"graphs": {"K": row}}}}
+    assert no_stall_graphs(old) == no_stall_graphs(new) and no_stall_graphs(new)[0]["compiled_by"] == [0]
+    graphs = no_stall_graphs(new)
+    assert format_no_stall({"behind": graphs}) == format_no_stall({"no_stall": graphs}) != []

@@ -110,7 +110,8 @@ def test_explain_names_the_group_the_mesh_and_the_device_ordinal() -> None:
 def test_a_graph_with_collectives_is_recorded_under_its_identity_across_ranks(tmp_path) -> None:
     """The key records of two ranks' per-rank keys of one graph share the identity the integration computed
     (their torch components name each rank's own groups), so the report's duplicate list catches them."""
-    from recipecache.runs.keyinfo import KeyLog, load_keys
+    from recipecache.keylog import KeyLog
+    from recipecache.runs.keyinfo import load_keys
 
     for rank, group in ((0, "'3'"), (2, "'4'")):
         log = KeyLog(tmp_path / "events" / "keys", rank=rank)

@@ -212,7 +212,7 @@ def test_a_dead_primary_leaves_only_its_own_keys_alone(tmp_path: Path) -> None:
     the first failure is asked of an open breaker, and only the dead node's may be.
     """
     from recipecache.backends import open_backend
-    from recipecache.runs.events import EventLog
+    from recipecache.eventlog import EventLog
     from recipecache.settings import StoreSettings
     from recipecache.store import Store
 

@@ -189,3 +189,16 @@ def test_url_and_namespace_resolve_argument_then_environment_then_default(
     monkeypatch.setenv("RECIPECACHE_NAMESPACE", "../evil")
     with pytest.raises(ConfigError, match="namespace"):
         resolve_namespace(default="train")
+
+
+def test_a_variable_renamed_after_its_feature_is_still_read_by_its_old_name(caplog: pytest.LogCaptureFixture) -> None:
+    """``RECIPECACHE_BEHIND_TIMEOUT`` (no-stall's deadline before the rename) still sets it, with a deprecation line;
+    the new name wins where both are set."""
+    from recipecache import env
+
+    assert env.seconds(env.NO_STALL_TIMEOUT, 5.0, {"RECIPECACHE_BEHIND_TIMEOUT": "7"}) == 7.0
+    assert "RECIPECACHE_BEHIND_TIMEOUT is deprecated; use RECIPECACHE_NO_STALL_TIMEOUT" in caplog.text
+    both = {"RECIPECACHE_BEHIND_TIMEOUT": "7", "RECIPECACHE_NO_STALL_TIMEOUT": "9"}
+    assert env.seconds(env.NO_STALL_TIMEOUT, 5.0, both) == 9.0
+    with pytest.raises(ConfigError, match="RECIPECACHE_BEHIND_TIMEOUT='soon'"):
+        env.seconds(env.NO_STALL_TIMEOUT, 5.0, {"RECIPECACHE_BEHIND_TIMEOUT": "soon"})

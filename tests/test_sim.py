@@ -242,8 +242,8 @@ def test_colocated_nodes_share_the_hosts_bandwidth_with_the_store() -> None:
     assert report.stall_s == pytest.approx(work_mb / HERD.store_mb_s)
 
 
-# -- policy behind: ranks keep training while a graph compiles behind them -----------------
-def behind_costs(**changes: float) -> Costs:
+# -- policy no_stall: ranks keep training while a graph compiles behind them -----------------
+def no_stall_costs(**changes: float) -> Costs:
     fields = dict(compile_s=10.0, trace_s=2.0, compute_s=1.0, eager_slowdown=1.5, fetch_latency_s=FETCH,
                   artifact_mb=0.0)
     return Costs(**{**fields, **changes})
@@ -261,8 +261,8 @@ def test_behind_runs_eager_until_the_compile_lands(compile_s: float, trace_s: fl
     rest behind the steps, every step until it lands runs eager, then each rank switches
     (one fetch) and runs compiled."""
     ranks, steps = 3, 60
-    costs = behind_costs(compile_s=compile_s, trace_s=trace_s, eager_slowdown=slowdown)
-    r = simulate("behind", weights=(1.0,), ranks=ranks, steps=steps, costs=costs)
+    costs = no_stall_costs(compile_s=compile_s, trace_s=trace_s, eager_slowdown=slowdown)
+    r = simulate("no_stall", weights=(1.0,), ranks=ranks, steps=steps, costs=costs)
     assert r.eager_steps == ranks * eager_steps
     assert r.compile_events == 1 and r.per_rank[0].compiles == 1 and r.compile_s == pytest.approx(compile_s - trace_s)
     assert r.fetch_events == ranks and r.trace_s == pytest.approx(ranks * trace_s)
@@ -272,45 +272,45 @@ def test_behind_runs_eager_until_the_compile_lands(compile_s: float, trace_s: fl
 
 
 def test_behind_stalls_no_rank_for_a_compile() -> None:
-    costs = behind_costs(compile_spread=0.5, compute_s=0.5)
+    costs = no_stall_costs(compile_spread=0.5, compute_s=0.5)
     workload = build_workload(Scenario(ranks=16, shapes=50, steps=300, seed=7, costs=costs))
-    behind, single = run_policy(workload, "behind"), run_policy(workload, "singleflight")
-    assert behind.wait_events == 0 and behind.wait_s == 0 and behind.compile_delays == 0
-    assert behind.compile_events == len(set(workload.shape.tolist())) and behind.wasted_compile_s == 0
-    assert behind.rank_stall_s == pytest.approx(behind.trace_s)
-    assert behind.trace_s < single.rank_stall_s
+    no_stall, single = run_policy(workload, "no_stall"), run_policy(workload, "singleflight")
+    assert no_stall.wait_events == 0 and no_stall.wait_s == 0 and no_stall.compile_delays == 0
+    assert no_stall.compile_events == len(set(workload.shape.tolist())) and no_stall.wasted_compile_s == 0
+    assert no_stall.rank_stall_s == pytest.approx(no_stall.trace_s)
+    assert no_stall.trace_s < single.rank_stall_s
     # one shape per rank per step: a step costs at most one trace (or one fetch) and an eager compute
     longest_trace = float(costs.trace_times(workload.compile_s).max())
-    assert behind.worst_step_s <= max(longest_trace, FETCH) + costs.compute_s * costs.eager_slowdown + 1e-9
+    assert no_stall.worst_step_s <= max(longest_trace, FETCH) + costs.compute_s * costs.eager_slowdown + 1e-9
     assert single.worst_step_s >= float(workload.compile_s.min()) + costs.compute_s
-    assert behind.stall_s < single.stall_s
-    assert behind.stall_s == pytest.approx(behind.wall_s - behind.compute_s)
-    assert sum(x.compiles for x in behind.per_rank) == behind.compile_events
+    assert no_stall.stall_s < single.stall_s
+    assert no_stall.stall_s == pytest.approx(no_stall.wall_s - no_stall.compute_s)
+    assert sum(x.compiles for x in no_stall.per_rank) == no_stall.compile_events
 
 
 def test_behind_with_a_cpu_share_slows_the_steps_while_it_compiles() -> None:
     """Half the CPU to the compile over [2, 10]: step 0 computes 1.5 s of eager work in 3 s,
     step 1 in 3 s, step 2 does 1 s of it by 10 (in 2 s) and the rest at full speed."""
-    free = simulate("behind", weights=(1.0,), ranks=2, steps=20, costs=behind_costs())
-    shared = simulate("behind", weights=(1.0,), ranks=2, steps=20, costs=behind_costs(behind_cpu_share=0.5))
+    free = simulate("no_stall", weights=(1.0,), ranks=2, steps=20, costs=no_stall_costs())
+    shared = simulate("no_stall", weights=(1.0,), ranks=2, steps=20, costs=no_stall_costs(no_stall_cpu_share=0.5))
     assert shared.wall_s == pytest.approx(2.0 + 3.0 + 3.0 + 2.5 + (1.0 + FETCH) + 16 * 1.0)
     assert shared.wall_s > free.wall_s and shared.eager_steps == 2 * 3
     assert shared.compile_events == free.compile_events == 1 and shared.wait_events == 0
 
 
 def test_behind_on_a_warm_store_only_fetches_as_single_flight_does() -> None:
-    costs = behind_costs(artifact_mb=50.0, bandwidth_mb_s=200.0, store_mb_s=400.0)
-    reports = compare(["singleflight", "behind"], ranks=8, shapes=12, steps=100, warm=True, costs=costs)
-    single, behind = reports["singleflight"], reports["behind"]
-    assert behind.compile_events == behind.eager_steps == 0 and behind.trace_s == 0
-    assert behind.fetch_events == single.fetch_events
-    assert behind.stall_s == pytest.approx(single.stall_s)
+    costs = no_stall_costs(artifact_mb=50.0, bandwidth_mb_s=200.0, store_mb_s=400.0)
+    reports = compare(["singleflight", "no_stall"], ranks=8, shapes=12, steps=100, warm=True, costs=costs)
+    single, no_stall = reports["singleflight"], reports["no_stall"]
+    assert no_stall.compile_events == no_stall.eager_steps == 0 and no_stall.trace_s == 0
+    assert no_stall.fetch_events == single.fetch_events
+    assert no_stall.stall_s == pytest.approx(single.stall_s)
 
 
 def test_behind_at_job_start_compiles_each_shape_once_and_traces_it_everywhere() -> None:
     """Schedule startup: every rank meets all shapes in step 0 and calls them every step."""
     shapes, ranks = 3, 4
-    r = simulate("behind", schedule="startup", ranks=ranks, shapes=shapes, steps=30, costs=behind_costs())
+    r = simulate("no_stall", schedule="startup", ranks=ranks, shapes=shapes, steps=30, costs=no_stall_costs())
     assert r.compile_events == shapes and r.trace_s == pytest.approx(ranks * shapes * 2.0)
     # rank 0's traces end at 2, 4, 6 s, so it leads all three; they land at 10, 12, 14 s.
     # Step 0 lasts 6 + 1.5 s, steps 1-2 1.5 s, steps 3-4 switch one shape each (+ a fetch)
@@ -330,8 +330,8 @@ def test_worst_step_of_the_stalling_policies() -> None:
 
 @pytest.mark.parametrize("make", [
     lambda: Costs(eager_slowdown=0.9),
-    lambda: Costs(behind_cpu_share=1.0),
-    lambda: Costs(behind_cpu_share=-0.5),
+    lambda: Costs(no_stall_cpu_share=1.0),
+    lambda: Costs(no_stall_cpu_share=-0.5),
     lambda: Costs(trace_s=math.inf),
 ])
 def test_bad_behind_costs_are_config_errors(make) -> None:

@@ -165,7 +165,7 @@ def test_events_of_other_kinds_are_not_replayed(tmp_path: Path) -> None:
     assert w.compute_s.tolist() == pytest.approx(base.compute_s.tolist())
 
 
-# -- a run with --no-stall (policy behind) --------------------------------------------------
+# -- a run with --no-stall (policy no_stall) --------------------------------------------------
 EAGER_CALL, COMPILED_STEP, SWITCH = 0.75, 0.5, 0.05
 
 
@@ -210,7 +210,7 @@ def test_a_no_stall_run_is_priced_as_compiled_steps_and_a_background_compile(tmp
 
 def test_behind_replays_a_no_stall_run(tmp_path: Path) -> None:
     trace = no_stall_run(tmp_path / "ev")
-    r = simulate("behind", schedule="trace", trace=trace)
+    r = simulate("no_stall", schedule="trace", trace=trace)
     # the compile lands 2.9 s after step 0 begins: steps 0-3 (1.05 + 3 * 0.75 s) run eager
     assert r.eager_steps == 2 * 4 and r.compile_events == 1 and r.wait_events == 0
     assert r.wall_s == pytest.approx(0.3 + 4 * EAGER_CALL + SWITCH + 3 * COMPILED_STEP)
@@ -222,7 +222,7 @@ def test_behind_replays_a_no_stall_run(tmp_path: Path) -> None:
 
 
 def test_fidelity_of_behind_counts_the_runs_eager_steps(tmp_path: Path) -> None:
-    result = replay(no_stall_run(tmp_path / "ev"), policy="behind")
+    result = replay(no_stall_run(tmp_path / "ev"), policy="no_stall")
     assert result.measured_s == result.predicted_s == 8
     assert result.relative_error == 0 and "eager steps" in result.figure
     with pytest.raises(ConfigError):

@@ -16,7 +16,8 @@ from recipecache.backends.base import Backend
 from recipecache.backends.memory import MemoryBackend
 from recipecache.settings import StoreSettings
 from recipecache.errors import BackendError, BackendKeyError, ConfigError, VerificationError
-from recipecache.runs.events import EventLog, read_events
+from recipecache.eventlog import EventLog
+from recipecache.runs.events import read_events
 from recipecache.keys import storage_key
 from recipecache.store import Store
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ _COLUMNS = (
     ("eager", "eager_steps", "{:d}"),
     ("remote_mb", "remote_mb", "{:.0f}"),
 )
+#: policies renamed after the feature they model, by their old names
+RENAMED_POLICIES = {"behind": "no_stall"}
 #: figures compared against policy none with --compare
 _RATIOS = ("stall_s", "compile_delays", "compile_events", "wall_s")
 
@@ -46,7 +49,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--ranks", type=int, help="data-parallel ranks N (default 8, or the trace's)")
     p.add_argument("--shapes", type=int, help="distinct shapes S (default 16)")
     p.add_argument("--steps", type=int, help="training steps (default: iid 1000, adversarial 1+N*(S-1), trace: all)")
-    p.add_argument("--policy", default="singleflight", choices=POLICIES)
+    p.add_argument("--policy", default="singleflight", choices=(*POLICIES, *RENAMED_POLICIES))
     p.add_argument("--schedule", default="iid", choices=SCHEDULES)
     p.add_argument("--trace", help="event-log directory to replay (RECIPECACHE_EVENT_LOG of a run)")
     p.add_argument("--seed", type=int, default=0)
@@ -82,20 +85,21 @@ def add_parser(subparsers: Any) -> None:
         "--trace-s",
         type=float,
         default=_COSTS.trace_s,
-        help="behind: seconds of each compile that are dynamo's trace, paid synchronously by every "
+        help="no_stall: seconds of each compile that are dynamo's trace, paid synchronously by every "
         "rank meeting a shape not yet in the store",
     )
     p.add_argument(
         "--eager-slowdown",
         type=float,
         default=_COSTS.eager_slowdown,
-        help="behind: how many times longer a step runs without inductor (>= 1)",
+        help="no_stall: how many times longer a step runs without inductor (>= 1)",
     )
     p.add_argument(
-        "--behind-cpu-share",
+        "--no-stall-cpu-share",
+        "--behind-cpu-share",  # its name before the policy was named after the feature
         type=float,
-        default=_COSTS.behind_cpu_share,
-        help="behind: share of the steps' CPU a background compile takes while it runs "
+        default=_COSTS.no_stall_cpu_share,
+        help="no_stall: share of the steps' CPU a background compile takes while it runs "
         "(0 to below 1; 0: a GPU node, where it runs on cores the steps leave idle)",
     )
     p.add_argument("--ranks-per-node", type=int, default=DEFAULT_RANKS_PER_NODE, help="ranks sharing a node")
@@ -142,7 +146,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         local_mb_s=args.local_bandwidth,
         trace_s=args.trace_s,
         eager_slowdown=args.eager_slowdown,
-        behind_cpu_share=args.behind_cpu_share,
+        no_stall_cpu_share=args.no_stall_cpu_share,
     )
     return Scenario(
         schedule=args.schedule,
@@ -192,6 +196,12 @@ def table(reports: dict[str, Report]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.policy in RENAMED_POLICIES:
+        print(
+            f"recipecache sim: --policy {args.policy} is deprecated; use {RENAMED_POLICIES[args.policy]}",
+            file=sys.stderr,
+        )
+        args.policy = RENAMED_POLICIES[args.policy]
     scenario = scenario_from_args(args)
     reports = compare(scenario=scenario) if args.compare else {args.policy: simulate(args.policy, scenario)}
     if args.plot:

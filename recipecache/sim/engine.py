@@ -27,7 +27,7 @@ the CPUs of the ranks beside it.
   trace ends compiles the rest of it (``compile_s - trace_s``) behind the steps, the others
   do not compile it. At its first call after the artifact landed a rank loads it (a fetch:
   the switch) and runs compiled from then on. While background compiles run, the steps get
-  ``1 - behind_cpu_share`` of their CPU. :func:`_run_behind` plays it step by step, over
+  ``1 - no_stall_cpu_share`` of their CPU. :func:`_run_no_stall` plays it step by step, over
   every call (``Workload.calls``), since a shape still compiling costs at each call.
 
 Fetches contend: every fetch in flight takes an equal share of the store's bandwidth
@@ -136,8 +136,8 @@ def run_policy(w: Workload, policy: str) -> Report:
     """Play ``w`` under ``policy`` and account for every second the cache cost."""
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
-    if policy == "behind":
-        return _run_behind(w)
+    if policy == "no_stall":
+        return _run_no_stall(w)
     sc, costs = w.scenario, w.scenario.costs
     shares = policy != "none"
     waits = policy in ("singleflight", "prewarm")
@@ -347,7 +347,7 @@ def _stretched(begin: np.ndarray, work: np.ndarray, lo: float, hi: float, rate: 
     return work + slow * (1.0 - rate)
 
 
-def _run_behind(w: Workload) -> Report:
+def _run_no_stall(w: Workload) -> Report:
     """Policy ``behind``, step by step (see the module docstring).
 
     Per (rank, shape) a state: 0 not met, 1 met and run without inductor, 2 compiled in
@@ -361,7 +361,7 @@ def _run_behind(w: Workload) -> Report:
     trace = costs.trace_times(w.compile_s) if w.trace_s is None else w.trace_s
     background = w.compile_s - trace
     slowdown = costs.eager_slowdown if w.eager_slowdown is None else w.eager_slowdown
-    rate = 1.0 - costs.behind_cpu_share
+    rate = 1.0 - costs.no_stall_cpu_share
     state = np.zeros((ranks, shapes), dtype=np.int8)
     ready = np.full(shapes, 0.0 if sc.warm else math.inf)
     link = _Link(costs.store_mb_s, math.inf if sc.colocated else costs.bandwidth_mb_s)
@@ -442,7 +442,7 @@ def _run_behind(w: Workload) -> Report:
     tally.compiles, tally.compile_s = compiles.tolist(), compile_s.tolist()
     tally.fetches, tally.fetch_s = fetches.tolist(), fetch_s.tolist()
     report = Report(
-        policy="behind",
+        policy="no_stall",
         schedule=sc.schedule,
         ranks=ranks,
         shapes=shapes,

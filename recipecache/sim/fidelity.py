@@ -6,7 +6,7 @@ single-flight predicts the same figure as :attr:`Report.rank_stall_s`: the compi
 times come from the trace, so what is really predicted is who compiles and how long the
 others wait.
 
-A run with ``--no-stall`` is replayed under ``behind``. Nobody waits there, so the figure
+A run with ``--no-stall`` is replayed under ``no_stall``. Nobody waits there, so the figure
 is the eager steps: the (rank, step) pairs that ran a graph without inductor, counted
 from the run's ``eager`` records (:func:`~recipecache.sim.trace.recorded_eager_steps`)
 against :attr:`Report.eager_steps`. The compile and step times come from the trace, so
@@ -29,13 +29,13 @@ from .model import Report
 from .trace import recorded_eager_steps
 
 #: the policies a recorded run can be checked against: what the store does, and ``--no-stall``
-FIDELITY_POLICIES = ("singleflight", "behind")
+FIDELITY_POLICIES = ("singleflight", "no_stall")
 
 
 @dataclass(frozen=True)
 class Fidelity:
     """``measured_s`` and ``predicted_s`` are the compared ``figure``: seconds, or under
-    ``behind`` a count of eager steps."""
+    ``no_stall`` a count of eager steps."""
 
     measured_s: float
     predicted_s: float
@@ -72,12 +72,12 @@ def replay(
     policy: str = "singleflight",
 ) -> Fidelity:
     """Replay ``trace_dir`` under ``policy`` against what the run measured: under single-flight
-    (what the store does) the stall at ``field`` of the run's report, under ``behind`` (a
+    (what the store does) the stall at ``field`` of the run's report, under ``no_stall`` (a
     ``--no-stall`` run) the eager steps of its event logs."""
     if policy not in FIDELITY_POLICIES:
         raise ConfigError(f"fidelity replays policy {' or '.join(FIDELITY_POLICIES)}, not {policy!r}")
     report = simulate(policy, schedule="trace", trace=Path(trace_dir))
-    if policy == "behind":
+    if policy == "no_stall":
         return Fidelity(
             float(recorded_eager_steps(trace_dir)),
             float(report.eager_steps),

@@ -26,7 +26,7 @@ from ..errors import ConfigError
 #: already compiling; prewarm: the shape set compiled up front across ranks, then singleflight;
 #: behind: nobody waits for a compile (``--no-stall``): a rank traces a new shape, runs it
 #: without inductor while one rank compiles it behind the steps, and switches when it lands.
-POLICIES = ("none", "shared", "singleflight", "prewarm", "behind")
+POLICIES = ("none", "shared", "singleflight", "prewarm", "no_stall")
 SCHEDULES = ("iid", "adversarial", "trace", "startup")
 DISTRIBUTIONS = ("zipf", "uniform")
 
@@ -67,7 +67,7 @@ class Costs:
     which stays synchronous on every rank that meets the shape; the rest runs in a worker
     behind the steps. A step that runs a graph without inductor meanwhile takes
     ``eager_slowdown`` times its compute, and while a background compile runs it takes
-    ``behind_cpu_share`` of the CPU the steps would use (0, the default, is a GPU node: the
+    ``no_stall_cpu_share`` of the CPU the steps would use (0, the default, is a GPU node: the
     compile runs on cores the steps leave idle; on a CPU-only node the compile competes
     with the steps). The compile's own time stays ``compile_s - trace_s``: a measured
     compile time already holds whatever it competed with.
@@ -83,7 +83,7 @@ class Costs:
     local_mb_s: float = 2000.0
     trace_s: float = 2.0
     eager_slowdown: float = 1.5
-    behind_cpu_share: float = 0.0
+    no_stall_cpu_share: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -96,8 +96,8 @@ class Costs:
             raise ConfigError(
                 f"eager-slowdown must be >= 1 (a step without inductor is no faster), not {self.eager_slowdown}"
             )
-        if self.behind_cpu_share >= 1:
-            raise ConfigError(f"behind-cpu-share must be >= 0 and < 1, not {self.behind_cpu_share}")
+        if self.no_stall_cpu_share >= 1:
+            raise ConfigError(f"no-stall-cpu-share must be >= 0 and < 1, not {self.no_stall_cpu_share}")
         for name, what in (
             ("bandwidth_mb_s", "bandwidth"),
             ("store_mb_s", "store bandwidth"),
@@ -203,7 +203,7 @@ class Workload:
     step as long as its slowest rank, so per-rank compute spread would only add a constant).
 
     ``calls`` yields every call, not only first meetings, step by step (steps without calls
-    may be left out): policy ``behind`` needs them, because a shape still compiling costs a
+    may be left out): policy ``no_stall`` needs them, because a shape still compiling costs a
     slower step at each call until it lands. It is a generator function, so a schedule can
     draw its calls again batch by batch instead of holding steps x ranks of them.
     ``trace_s`` is each shape's synchronous trace inside ``compile_s`` and ``eager_slowdown``
@@ -266,7 +266,7 @@ class Report:
     ``worst_step_s`` is the longest step, compute included: what a rank meeting a new
     shape costs the job at once.
 
-    Under ``behind`` no rank waits for a compile (``compile_delays`` and ``wait_s`` are 0):
+    Under ``no_stall`` no rank waits for a compile (``compile_delays`` and ``wait_s`` are 0):
     ``compile_s`` is the work done behind the steps (not stall), ``trace_s`` the synchronous
     traces summed over ranks (its ``rank_stall_s``), ``eager_steps`` the (rank, step) pairs
     that ran a graph without inductor and ``eager_s`` what those and the CPU the background

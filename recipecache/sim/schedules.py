@@ -12,10 +12,10 @@
 * ``startup``: every rank meets every shape in the first step, in the same order: a job's
   start, where the whole job wants the same artifacts at once (on a ``warm`` store, the
   herd of fetches the node tier exists for). ``steps`` beyond the first call every shape
-  again, served from memory (only policy ``behind`` can still be waiting for them).
+  again, served from memory (only policy ``no_stall`` can still be waiting for them).
 
 Besides first meetings, each schedule says every call (``Workload.calls``), drawn again
-step by step from the same random stream, so policy ``behind`` sees each step a shape
+step by step from the same random stream, so policy ``no_stall`` sees each step a shape
 still compiling is called in.
 """
 

@@ -14,7 +14,7 @@ Costs come from the trace where it has them: a key's compile time is the mean of
 were, else ``Costs.compile_s``); a fetch is the median ``hit`` or ``switch`` duration (else
 ``Costs.fetch_s``).
 
-A run with ``--no-stall`` (policy ``behind``) adds records: ``eager`` (one per call of a
+A run with ``--no-stall`` (policy ``no_stall``) adds records: ``eager`` (one per call of a
 graph run without inductor, ``duration`` = that call), ``switch`` (the process loaded the
 landed artifact of ``key``, ``duration`` = the load) and its background compiles'
 ``compile_start``/``compile`` with ``"behind": true``. Background records price the
@@ -50,7 +50,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..runs.events import EVENT_KINDS, read_events
+from ..eventlog import EVENT_KINDS
+from ..runs.events import read_events
 from .model import Scenario, Workload, calls_by_step
 
 log = logging.getLogger(__name__)

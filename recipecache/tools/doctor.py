@@ -33,10 +33,10 @@ from typing import Any
 from .. import env
 from ..backends import StoreURL, backend_class
 from ..errors import BackendError, ConfigError, URLError, VerificationError, echo
+from ..eventlog import EventLog
 from ..health import FAIL, PASS, WARN, HealthCheck, free_space, private, writable
+from ..keylog import cpu_summary
 from ..node_tier import default_node_dir
-from ..runs.events import EventLog
-from ..runs.keyinfo import cpu_summary
 from ..settings import StoreSettings, check_rank_environment, node_dir, read_secret, resolve_namespace, resolve_url
 from ..store import Store
 

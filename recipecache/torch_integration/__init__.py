@@ -40,9 +40,9 @@ from ..reasons import Reason
 from ..store import Store, open_store
 from .metrics import Metrics, metrics_path
 
-#: seconds one no-stall compile behind the steps may take (``RECIPECACHE_BEHIND_TIMEOUT``): far above a
+#: seconds one no-stall compile behind the steps may take (``RECIPECACHE_NO_STALL_TIMEOUT``): far above a
 #: large model's graph (minutes), far below a job
-DEFAULT_BEHIND_TIMEOUT_S = 1800.0
+DEFAULT_NO_STALL_TIMEOUT_S = 1800.0
 
 __all__ = ["disable", "enable", "mark_step", "metrics", "write_metrics"]
 
@@ -86,7 +86,7 @@ def enable(
     ``RECIPECACHE_PRECOMPILE=1``; ``no_stall`` (a graph that missed runs without inductor while
     one process compiles it behind the steps, :mod:`.behind`) to ``RECIPECACHE_NO_STALL=1``, and
     ``exit_grace`` (seconds the process may spend at exit finishing those compiles) to
-    ``RECIPECACHE_EXIT_GRACE`` (recipecache-run sets 80% of its ``--exit-grace``), else 120 (one such compile may take ``RECIPECACHE_BEHIND_TIMEOUT``
+    ``RECIPECACHE_EXIT_GRACE`` (recipecache-run sets 80% of its ``--exit-grace``), else 120 (one such compile may take ``RECIPECACHE_NO_STALL_TIMEOUT``
     seconds, else 1800, before its worker is ended). A malformed URL raises ConfigError (bad input); an
     unreachable store does not (it degrades at use). Calling it again while enabled
     returns the current store.
@@ -99,13 +99,13 @@ def enable(
         template = metrics_file or os.environ.get(env.METRICS_FILE)
         metrics = Metrics(store, metrics_path(template, process_rank()), flush=env.switch(env.METRICS_FLUSH))
         want_tier = precompile if precompile is not None else env.switch(env.PRECOMPILE)
-        want_behind = no_stall if no_stall is not None else env.switch(env.NO_STALL)
+        want_no_stall = no_stall if no_stall is not None else env.switch(env.NO_STALL)
         grace = (
             env.seconds(env.EXIT_GRACE, env.DEFAULT_EXIT_GRACE_S)
             if exit_grace is None
             else env.positive_seconds("exit_grace", str(exit_grace))
         )
-        behind_timeout = env.seconds(env.BEHIND_TIMEOUT, DEFAULT_BEHIND_TIMEOUT_S)
+        no_stall_timeout = env.seconds(env.NO_STALL_TIMEOUT, DEFAULT_NO_STALL_TIMEOUT_S)
         try:
             import torch
 
@@ -113,8 +113,12 @@ def enable(
 
             hooks = compat.states()
             on = {state.hook.name for state in hooks if state.on}
-            behind_on = want_behind and "no_stall" in on
-            integration = patches.attach(store, metrics, wait_timeout, on, wait_for_lease=not behind_on)
+            compiles_behind = None
+            if want_no_stall and "no_stall" in on:
+                from .behind import NoStall
+
+                compiles_behind = NoStall(store, metrics, grace, no_stall_timeout)
+            integration = patches.attach(store, metrics, wait_timeout, on, no_stall=compiles_behind)
         except (ImportError, AttributeError) as exc:
             # a torch that lacks even what the hooks module imports
             metrics.fallback(Reason.TORCH_INTERNALS, f"cannot hook this torch ({exc!r}); it compiles without the cache")
@@ -122,7 +126,7 @@ def enable(
             _session.hooked = True
             skip = () if want_tier else ("precompiled",)
             left_off, message = compat.warning(
-                hooks, torch.__version__, skip=skip if want_behind else (*skip, "no_stall")
+                hooks, torch.__version__, skip=skip if want_no_stall else (*skip, "no_stall")
             )
             if left_off:
                 metrics.fallback(Reason.TORCH_INTERNALS, message)
@@ -139,13 +143,8 @@ def enable(
                 )
             except (ImportError, AttributeError) as exc:  # beyond what compat checks
                 metrics.fallback(Reason.TORCH_INTERNALS, f"no precompiled tier on this torch ({exc!r})")
-        if _session.hooked and behind_on:
-            from .behind import Behind
-
-            integration.behind = Behind(store, metrics, grace, behind_timeout)
-            metrics.behind_graphs_source = integration.behind.snapshot
         _session.store, _session.metrics, _session.next_step = store, metrics, 0
-        metrics.enable_span = (started, time.time())
+        metrics.enabled(started, time.time())
         if not _session.exit_hook:
             atexit.register(_at_exit)
             _session.exit_hook = True
@@ -222,7 +221,7 @@ def _at_exit() -> None:
     if _session.hooked:
         from . import patches
 
-        patches.finish_behind()
+        patches.finish_no_stall()
         patches.release_leases()
     if _session.metrics is not None:
         _session.metrics.write(if_changed=True)  # unchanged since the script returned: the file is right

@@ -52,19 +52,22 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch._functorch.config as functorch_config
 from torch._inductor.runtime.runtime_utils import cache_dir
 
 from ..errors import ConfigError
+from ..keylog import KeyLog
 from ..reasons import Reason
-from ..runs.keyinfo import KeyLog
 from ..store import Flight, Store
 from . import describe, host_cpu, pgo, rank_binding
 from .artifact import Artifact, ArtifactError, Entry, collect, install, torch_pickle
 from .isa_probes import IsaProbes
 from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from .behind import NoStall
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +122,13 @@ class Integration:
     """One enabled store: the state the hooks share (torch builds backends with no arguments)."""
 
     def __init__(
-        self, store: Store, metrics: Metrics, wait_timeout: float | None, *, wait_for_lease: bool = True
+        self,
+        store: Store,
+        metrics: Metrics,
+        wait_timeout: float | None,
+        *,
+        no_stall: NoStall | None = None,
+        wait_for_lease: bool = True,
     ) -> None:
         #: graph artifacts (FX) are single-flighted and traced in the event log (the simulator
         #: replays it as the job's compile keys); AOTAutograd, PGO and probe entries are not
@@ -127,11 +136,12 @@ class Integration:
         self.store = store
         self.metrics = metrics
         self.wait_timeout = wait_timeout
+        #: no-stall's background compiles (:mod:`.behind`), when enabled: a graph that missed is deferred to them
+        self.no_stall = no_stall
         #: False: a graph whose lease another process holds is not waited for (role ``busy``): no-stall
-        #: ranks run it eagerly meanwhile (:attr:`behind`), a no-stall worker compiles it for that holder
-        self.wait_for_lease = wait_for_lease
-        #: no-stall's background compiles (:mod:`.behind`), when enabled
-        self.behind: Any = None
+        #: ranks run it eagerly meanwhile (:attr:`no_stall`), a no-stall worker (``wait_for_lease=False``,
+        #: no :attr:`no_stall` of its own) compiles it for that holder
+        self.wait_for_lease = wait_for_lease and no_stall is None
         #: the store key of the graph this process looked up last (the no-stall worker reports it)
         self.last_key: str | None = None
         #: this host's CPU fingerprint, in the key of every artifact holding compiled CPU code
@@ -382,13 +392,15 @@ class Integration:
 
     def defer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
         """No-stall: torch is about to compile the graph this thread looked up and missed; the
-        :class:`~.behind.Deferred` to raise instead, or None to compile it here (:meth:`.behind.Behind.intercept`).
+        :class:`~.behind.Deferred` to raise instead, or None to compile it here (:meth:`.behind.NoStall.intercept`).
 
         A leader's lease goes with its background compile (released when that ends), not with this attempt.
         """
+        if self.no_stall is None:
+            return None
         attempt = self.attempt
         flight = attempt.flight if attempt.key is not None else None
-        deferred = self.behind.intercept(flight, attempt.what, args, kwargs)
+        deferred = self.no_stall.intercept(flight, attempt.what, args, kwargs)
         if deferred is not None and flight is not None:
             with self._lock:
                 self._flights.pop(id(flight), None)

@@ -6,7 +6,7 @@ does) applied to torch.compile, with the store as the meeting point:
 * A rank meets a graph (forward or backward, after dynamo and AOTAutograd traced it)
   whose FX entry is not in the store. Instead of compiling it inline, the hooks raise
   :class:`Deferred` from inside torch's ``fx_codegen_and_compile`` (the FX cache lookup
-  has run and missed by then), and ``_compile_fx_inner`` returns a :class:`BehindGraph`:
+  has run and missed by then), and ``_compile_fx_inner`` returns a :class:`NoStallGraph`:
   a boxed callable (inductor's calling convention) that runs the traced graph module
   eagerly, as torch's ``aot_eager`` backend does, until the compiled graph is there.
 * Exactly one process of the job compiles it: the one that took the key's lease
@@ -35,15 +35,15 @@ does) applied to torch.compile, with the store as the meeting point:
   reproduce, fails the compile (counted) and this process compiles the graph itself the next
   time it leads it. A state that cannot be sent at all (a custom pass in inductor's config)
   has the graph compiled inline at once, counted.
-* A compile that fails, a worker that dies: counted (fallback ``behind_failed``, warned once),
+* A compile that fails, a worker that dies: counted (fallback ``no_stall_failed``, warned once),
   the lease released, and the graph eager meanwhile, but not for good: it switches as soon as
   any process publishes the key ("load, never lead"), and this process leads it again at most
-  :data:`BEHIND_TRIES` times in all, each after :data:`RETRY_S` seconds left to the others. A
-  compile past its deadline (``RECIPECACHE_BEHIND_TIMEOUT``) is ended the same way (fallback
-  ``behind_timeout``). A load that misses or raises after our own compile: eager in this
+  :data:`NO_STALL_TRIES` times in all, each after :data:`RETRY_S` seconds left to the others. A
+  compile past its deadline (``RECIPECACHE_NO_STALL_TIMEOUT``) is ended the same way (fallback
+  ``no_stall_timeout``). A load that misses or raises after our own compile: eager in this
   process, counted. Never a crash, never a hang.
 * Compiles still running when the script ends are finished before the process exits,
-  for at most the exit grace (:meth:`Behind.finish`), then ended; those still queued are
+  for at most the exit grace (:meth:`NoStall.finish`), then ended; those still queued are
   cancelled. Their leases are released either way.
 
 Numerics are those of eager versus ``torch.compile``: the eager graph and the compiled one
@@ -87,7 +87,7 @@ POLL_S = 0.5
 KILLED_JOB_WAIT_S = 10.0
 #: how many times one process leads one graph's compile (in a worker, or inline after a worker could not
 #: give the rank's key); past that it only waits for another process's artifact
-BEHIND_TRIES = 2
+NO_STALL_TRIES = 2
 #: seconds a process whose compile of a graph failed leaves its lead to the others before it takes it
 #: again, and between two looks for the artifact of a graph it may no longer lead while nobody compiles it
 RETRY_S = 5.0
@@ -285,7 +285,7 @@ class _Serial:
     """Runs submitted calls one after the other on one daemon thread.
 
     Not a ``ThreadPoolExecutor``: the interpreter joins those threads at exit *before* the
-    ``atexit`` handlers run, so a stuck compile would hold the exit before :meth:`Behind.finish`
+    ``atexit`` handlers run, so a stuck compile would hold the exit before :meth:`NoStall.finish`
     could apply the exit grace. A daemon thread is not joined; finish() waits for it, within the grace.
     """
 
@@ -370,7 +370,7 @@ class _Worker:
             timer.cancel()
         if self.expired:
             raise CompileTimeout(
-                f"the compile ran past its deadline ({timeout:g} s, {env.BEHIND_TIMEOUT}); its worker was ended"
+                f"the compile ran past its deadline ({timeout:g} s, {env.NO_STALL_TIMEOUT}); its worker was ended"
             )
         if reply is None:
             self.kill()
@@ -410,7 +410,7 @@ class _Worker:
         self.log.close()
 
 
-class Behind:
+class NoStall:
     """This process's background compiles and switching graphs (one per enabled integration)."""
 
     deferred_of = staticmethod(deferred_of)
@@ -437,6 +437,7 @@ class Behind:
         self._inline: set[str] = set()
         self._closed = False
         self._probe_warmed = False
+        metrics.follow_no_stall(self.snapshot)
 
     # -- the hook side ------------------------------------------------------------
     def intercept(
@@ -480,7 +481,7 @@ class Behind:
 
     def _lead(self, flight: Flight) -> str | None:
         """How this process leads the graph whose lease it took: ``worker``, ``inline`` (a worker could not give
-        the rank's key), or None: it led it :data:`BEHIND_TRIES` times, or its last compile failed less than
+        the rank's key), or None: it led it :data:`NO_STALL_TRIES` times, or its last compile failed less than
         :data:`RETRY_S` ago; the lease is released for another process, and this one waits for its artifact."""
         with self._lock:
             tries = self._tries.get(flight.key, 0)
@@ -492,12 +493,12 @@ class Behind:
         if lead is None:
             flight.release()
         elif tries:
-            self.metrics.behind(retries=1)
+            self.metrics.no_stall(retries=1)
         return lead
 
     def may_lead(self, key: str) -> bool:
         """Whether this process may lead graph ``key``'s compile now (:meth:`_lead`)."""
-        return self._tries.get(key, 0) < BEHIND_TRIES and time.monotonic() >= self._retry_at.get(key, 0.0)
+        return self._tries.get(key, 0) < NO_STALL_TRIES and time.monotonic() >= self._retry_at.get(key, 0.0)
 
     def looked_after_failure(self, key: str) -> None:
         """This process saw graph ``key``'s lease free: if its compile of it failed, it may lead it again
@@ -548,10 +549,10 @@ class Behind:
 
     def graph(
         self, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule, example_inputs: list[Any]
-    ) -> BehindGraph:
+    ) -> NoStallGraph:
         """The switching callable ``_compile_fx_inner`` returns for the deferred graph."""
         self._row(deferred.key, deferred.what)
-        return BehindGraph(self, deferred, reload, gm, example_inputs)
+        return NoStallGraph(self, deferred, reload, gm, example_inputs)
 
     def _row(self, key: str, what: tuple[str, str]) -> _Graph:
         """The report's row of graph ``key`` (``what``: its name and input shapes), made at its first sight."""
@@ -590,13 +591,13 @@ class Behind:
             seconds = self._work(job)
         except Exception as exc:
             self._compile_failed(job.key, exc)
-            reason = Reason.BEHIND_TIMEOUT if isinstance(exc, CompileTimeout) else Reason.BEHIND_FAILED
+            reason = Reason.NO_STALL_TIMEOUT if isinstance(exc, CompileTimeout) else Reason.NO_STALL_FAILED
             self._failed(job.key, (graph.name, graph.shapes), f"the compile behind failed ({exc})", reason)
             raise
         finally:
             self._drop(job)
         self.store.events.record("compile", job.key, seconds, behind=True)
-        self.metrics.behind(compiles=1, compile_s=seconds)
+        self.metrics.no_stall(compiles=1, compile_s=seconds)
         with self._lock:
             graph.compile_s += seconds
         return seconds
@@ -610,7 +611,7 @@ class Behind:
             if inline:
                 self._inline.add(key)
         if isinstance(exc, WorkerFailed) and exc.key_mismatch:
-            self.metrics.behind(key_mismatches=1)
+            self.metrics.no_stall(key_mismatches=1)
 
     def _work(self, job: _Job) -> float:
         """Have this process's worker compile ``job`` (starting one if none runs); its seconds, or raise why not."""
@@ -642,7 +643,7 @@ class Behind:
                 self._worker = _Worker()
             worker = self._worker
         if started:
-            self.metrics.behind(workers=1)  # not under our lock: a metrics flush reads our snapshot
+            self.metrics.no_stall(workers=1)  # not under our lock: a metrics flush reads our snapshot
         return worker  # type: ignore[return-value]  # made above if there was none
 
     def _drop(self, job: _Job) -> None:
@@ -652,12 +653,18 @@ class Behind:
             self._jobs.pop(job.key, None)
 
     def _failed(
-        self, key: str, what: tuple[str, str], why: str, reason: Reason = Reason.BEHIND_FAILED, *, inline: bool = False
+        self,
+        key: str,
+        what: tuple[str, str],
+        why: str,
+        reason: Reason = Reason.NO_STALL_FAILED,
+        *,
+        inline: bool = False,
     ) -> None:
         """Count and say why graph ``key`` is not compiled behind the steps; ``inline``: this process compiles it
         now instead (the others run it without inductor until it is published), else it runs without inductor."""
         self._row(key, what).failed = why
-        self.metrics.behind(failed=1)
+        self.metrics.no_stall(failed=1)
         outcome = (
             "this process compiles it inline; the others run it without inductor until it is published"
             if inline
@@ -720,7 +727,7 @@ def _wait_s(deadline: float) -> float:
     return min(max(deadline - time.monotonic(), 0.0), threading.TIMEOUT_MAX)
 
 
-class BehindGraph:
+class NoStallGraph:
     """Inductor's output for one graph while it compiles elsewhere: eager until the compiled graph exists.
 
     Boxed calling convention (``_boxed_call``), like the ``OutputCode`` it stands for; an
@@ -732,7 +739,7 @@ class BehindGraph:
 
     def __init__(
         self,
-        behind: Behind,
+        no_stall: NoStall,
         deferred: Deferred,
         reload: Callable[[], Any],
         gm: torch.fx.GraphModule,
@@ -742,7 +749,7 @@ class BehindGraph:
         from torch.fx._lazy_graph_module import _LazyGraphModule
 
         self._boxed_call = True
-        self._behind = behind
+        self._no_stall = no_stall
         self._key = deferred.key
         self._what = deferred.what
         self._reload = reload
@@ -779,10 +786,10 @@ class BehindGraph:
         start = time.perf_counter()
         out = self._eager(*args)
         seconds = time.perf_counter() - start
-        self._behind.store.events.record("eager", self._key, seconds)
-        self._behind.metrics.behind(eager_calls=1, eager_s=seconds)
-        with self._behind._lock:
-            graph = self._behind.graphs[self._key]
+        self._no_stall.store.events.record("eager", self._key, seconds)
+        self._no_stall.metrics.no_stall(eager_calls=1, eager_s=seconds)
+        with self._no_stall._lock:
+            graph = self._no_stall.graphs[self._key]
             graph.eager_calls += 1
             graph.eager_s += seconds
         return out
@@ -803,10 +810,10 @@ class BehindGraph:
 
     def _rejected(self, args: list[Any]) -> Any:
         """A call the compiled graph's guards reject: run it without inductor (right, if slower), counted."""
-        behind = self._behind
-        behind.metrics.behind(guard_rejected=1)
-        with behind._lock:
-            graph = behind.graphs[self._key]
+        no_stall = self._no_stall
+        no_stall.metrics.no_stall(guard_rejected=1)
+        with no_stall._lock:
+            graph = no_stall.graphs[self._key]
             graph.guard_rejected += 1
             first = graph.guard_rejected == 1
         if first:
@@ -828,13 +835,13 @@ class BehindGraph:
         if now < self._next_poll:
             return False
         self._next_poll = now + POLL_S
-        behind = self._behind
-        if behind.store.compiling(self._key):
+        no_stall = self._no_stall
+        if no_stall.store.compiling(self._key):
             self._saw_lease = True
             return False
-        behind.looked_after_failure(self._key)
+        no_stall.looked_after_failure(self._key)
         saw_lease, self._saw_lease = self._saw_lease, False
-        if saw_lease or behind.may_lead(self._key) or now >= self._looked + RETRY_S:
+        if saw_lease or no_stall.may_lead(self._key) or now >= self._looked + RETRY_S:
             self._looked = now
             return True
         return False
@@ -843,7 +850,7 @@ class BehindGraph:
         with self._lock:
             if self._compiled is not None or self._given_up:
                 return self._compiled
-            behind = self._behind
+            no_stall = self._no_stall
             job, self._job = self._job, None
             if job is not None:
                 if job.cancelled():  # the process is exiting
@@ -861,7 +868,7 @@ class BehindGraph:
                     # our own compile published it, yet loading missed or raised: do not try again
                     self._given_up = True
                     why = "its artifact was not found after the compile" if deferred is not None else repr(exc)
-                    behind._failed(self._key, self._what, f"cannot load the compiled graph ({why})")
+                    no_stall._failed(self._key, self._what, f"cannot load the compiled graph ({why})")
                     return None
                 # not there yet (the holder failed, or its lease expired): we lead now, or wait for the new holder
                 self._job = deferred.job
@@ -870,10 +877,10 @@ class BehindGraph:
             self._guards = getattr(compiled, "guards_expr", None) or None
             self._guards_code = None if self._guards is None else compile(self._guards, "<inductor guards>", "eval")
             self._compiled = compiled
-            behind.store.events.record("switch", self._key, seconds)
-            behind.metrics.behind(switches=1)
-            with behind._lock:
-                graph = behind.graphs[self._key]
+            no_stall.store.events.record("switch", self._key, seconds)
+            no_stall.metrics.no_stall(switches=1)
+            with no_stall._lock:
+                graph = no_stall.graphs[self._key]
                 graph.switched_at, graph.switch_s = time.time(), seconds
             log.info("recipecache: %s %s now runs compiled (switch took %.3f s)", *self._what, seconds)
             return compiled

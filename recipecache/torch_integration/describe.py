@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..runs.keyinfo import cpu_summary
+from ..keylog import cpu_summary
 
 #: label parts are cut to this many characters (they travel in envelope headers and event logs)
 MAX_LABEL_CHARS = 200

@@ -90,7 +90,8 @@ class Metrics:
         self._lock = threading.Lock()
         self._started = time.monotonic()
         #: when enable() started and ended (Unix times), so a job's timeline shows what enabling cost
-        self.enable_span: tuple[float, float] | None = None
+        #: when enable() began and ended (Unix seconds; :meth:`enabled`)
+        self._enable_span: tuple[float, float] | None = None
         self._saved_s = 0.0
         self._fallbacks: Counter[str] = Counter()
         #: fallback reasons warned about (once each), counted here or by the store
@@ -106,7 +107,7 @@ class Metrics:
         #: no-stall (:mod:`.behind`): calls run without inductor and their seconds, switches to the
         #: compiled graph, compiles run behind the steps and their seconds, those that failed, and calls
         #: after a switch whose inputs the compiled graph's guards rejected (run without inductor)
-        self._behind: dict[str, float] = dict.fromkeys(
+        self._no_stall: dict[str, float] = dict.fromkeys(
             (
                 "eager_calls",
                 "eager_s",
@@ -121,8 +122,8 @@ class Metrics:
             ),
             0,
         )
-        #: per graph key, what no-stall did with it here (set by the hooks: the report's rows)
-        self.behind_graphs_source: Callable[[], dict[str, Any]] | None = None
+        #: per graph key, what no-stall did with it here (:meth:`follow_no_stall`; the report's rows)
+        self._no_stall_graphs: Callable[[], dict[str, Any]] | None = None
         self._write_failed = False
         #: the figures last written (all but ``wall_s``), to skip a rewrite that would change nothing
         self._written: dict[str, Any] | None = None
@@ -213,7 +214,7 @@ class Metrics:
             self._stale_sources += 1
         self.changed()
 
-    def behind(self, **counts: float) -> None:
+    def no_stall(self, **counts: float) -> None:
         """No-stall figures to add (``eager_calls``, ``eager_s``, ``switches``, ``compiles``, ``compile_s``, ``failed``,
         ``workers`` started, ``retries`` of a failed compile, ``key_mismatches`` (a worker computed another key),
         ``guard_rejected`` calls).
@@ -222,7 +223,7 @@ class Metrics:
         """
         with self._lock:
             for name, n in counts.items():
-                self._behind[name] += n
+                self._no_stall[name] += n
         if set(counts) - {"eager_calls", "eager_s"}:
             self.changed()
 
@@ -243,7 +244,7 @@ class Metrics:
         # graph lookups, and whole functions the precompiled tier looked up
         graphs = {k: sum(lookups[kind][k] for kind in GRAPH_KINDS) for k in ("hit", "miss")}
         local = self.local_hits_source() if self.local_hits_source is not None else {}
-        behind_graphs = self.behind_graphs_source() if self.behind_graphs_source is not None else {}
+        no_stall_graphs = self._no_stall_graphs() if self._no_stall_graphs is not None else {}
         with self._lock:
             fallbacks.update({str(k): v for k, v in self._fallbacks.items()})
             out: dict[str, Any] = {
@@ -272,19 +273,27 @@ class Metrics:
                 "precompile_fallback_details": [dict(d) for d in self._precompile_fallback_details],
                 "precompile_shapes": {str(k): v for k, v in self._precompile_shapes.items()},
                 "stale_sources": self._stale_sources,
-                "behind": {
-                    **{k: round(v, 6) if isinstance(v, float) else v for k, v in self._behind.items()},
-                    "graphs": behind_graphs,
+                "no_stall": {
+                    **{k: round(v, 6) if isinstance(v, float) else v for k, v in self._no_stall.items()},
+                    "graphs": no_stall_graphs,
                 },
                 "store": store,
             }
         return out
 
+    def enabled(self, start: float, end: float) -> None:
+        """enable() ran from ``start`` to ``end`` (Unix seconds): the job's report shows what it cost."""
+        self._enable_span = (start, end)
+
+    def follow_no_stall(self, graphs: Callable[[], dict[str, Any]]) -> None:
+        """Report no-stall's graphs, as ``graphs()`` gives them at each snapshot (:class:`.behind.NoStall`)."""
+        self._no_stall_graphs = graphs
+
     def _enable_record(self) -> dict[str, float] | None:
         """``{"start": Unix time, "s": seconds}`` of enable(), or None before it ended."""
-        if self.enable_span is None:
+        if self._enable_span is None:
             return None
-        start, end = self.enable_span
+        start, end = self._enable_span
         return {"start": round(start, 6), "s": round(end - start, 6)}
 
     def write(self, *, if_changed: bool = False) -> None:

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Collection, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch._dynamo.config as dynamo_config
@@ -28,6 +28,9 @@ from ..store import Store
 from . import describe, rank_binding
 from ._hooks import Integration
 from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from .behind import NoStall
 
 #: job id enable() gives torch when none is set (PGO does nothing without one)
 JOB_ID = "recipecache"
@@ -88,7 +91,7 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         return original_precompile_header(header, hashable_cmd_line, **compile_command)
 
     def fx_codegen_and_compile(*args: Any, **kwargs: Any) -> Any:
-        if integration.behind is not None:
+        if integration.no_stall is not None:
             deferred = integration.guarded(integration.defer, args, kwargs)
             if deferred is not None:
                 raise deferred  # no-stall: _compile_fx_inner returns the graph's switching callable
@@ -113,18 +116,18 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
             integration.guarded(integration.end_attempt)
 
     def _compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
-        behind = integration.behind
-        if behind is None:
+        no_stall = integration.no_stall
+        if no_stall is None:
             return run_inner(*args, **kwargs)
         try:
             return run_inner(*args, **kwargs)
         except Exception as exc:
-            deferred = behind.deferred_of(exc)
+            deferred = no_stall.deferred_of(exc)
             if deferred is None:
                 raise
             # no-stall: eager until the compiled graph exists; reloading runs this compile again (a hit then)
             args = (args[0], list(args[1]), *args[2:])
-            return behind.graph(deferred, functools.partial(run_inner, *args, **kwargs), args[0], args[1])
+            return no_stall.graph(deferred, functools.partial(run_inner, *args, **kwargs), args[0], args[1])
 
     def reduce_fake_script_object(pickler: Any, fake: Any) -> Any:
         """torch's keys of graphs taking a device mesh: the mesh as what the code depends on, the same in every job
@@ -203,8 +206,8 @@ def _install(integration: Integration, on: frozenset[str]) -> None:
 
 
 def _uninstall(integration: Integration) -> None:
-    if integration.behind is not None:
-        integration.guarded(integration.behind.close)
+    if integration.no_stall is not None:
+        integration.guarded(integration.no_stall.close)
     integration.close()
     for owner, name, value in reversed(_originals):
         if value is _INHERITED:
@@ -255,14 +258,21 @@ class AutotuneBackend(_StoreBackend):
 
 
 def attach(
-    store: Store, metrics: Metrics, wait_timeout: float | None, on: Collection[str], *, wait_for_lease: bool = True
+    store: Store,
+    metrics: Metrics,
+    wait_timeout: float | None,
+    on: Collection[str],
+    *,
+    no_stall: NoStall | None = None,
+    wait_for_lease: bool = True,
 ) -> Integration:
     """Hook torch up to the stores with the hooks ``on`` (see :mod:`.compat`); nothing changed if it raises.
 
-    ``wait_for_lease=False``: never wait for another process's compile (no-stall, and its worker).
+    ``no_stall``: graphs that miss compile behind the steps there (no-stall ranks, which never wait for
+    another process's compile); ``wait_for_lease=False``: never wait either (the no-stall worker).
     """
     global _active
-    integration = Integration(store, metrics, wait_timeout, wait_for_lease=wait_for_lease)
+    integration = Integration(store, metrics, wait_timeout, no_stall=no_stall, wait_for_lease=wait_for_lease)
     _active = integration
     try:
         _install(integration, frozenset(on))
@@ -280,10 +290,10 @@ def detach() -> None:
         _uninstall(integration)
 
 
-def finish_behind() -> None:
-    """At exit: let no-stall compiles in flight finish and publish, within the exit grace (:meth:`.behind.Behind.finish`)."""
-    if _active is not None and _active.behind is not None:
-        _active.guarded(_active.behind.finish, _active.behind.exit_grace)
+def finish_no_stall() -> None:
+    """At exit: let no-stall compiles in flight finish and publish, within the exit grace (:meth:`.behind.NoStall.finish`)."""
+    if _active is not None and _active.no_stall is not None:
+        _active.guarded(_active.no_stall.finish, _active.no_stall.exit_grace)
 
 
 def release_leases() -> None:

@@ -21,7 +21,7 @@ import time
 
 from recipecache.backends.base import Backend
 from recipecache.buffers import Buffer
-from recipecache.runs.events import EventLog
+from recipecache.eventlog import EventLog
 from recipecache.backends import open_backend
 from recipecache.settings import StoreSettings
 from recipecache.store import Store

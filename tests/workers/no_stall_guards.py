@@ -23,7 +23,7 @@ import recipecache
 
 def dynamic_graph_switched() -> bool:
     """Whether the graph the loop calls (the one with the most calls without inductor) runs compiled now."""
-    graphs = recipecache.torch_integration.metrics()["behind"]["graphs"].values()
+    graphs = recipecache.torch_integration.metrics()["no_stall"]["graphs"].values()
     busiest = max(graphs, key=lambda g: g["eager_calls"], default=None)
     return busiest is not None and (busiest["switched_at"] is not None or bool(busiest.get("failed")))
 

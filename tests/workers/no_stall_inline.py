@@ -17,22 +17,22 @@ from typing import Any
 import torch
 
 import recipecache
-from recipecache.torch_integration import behind
+from recipecache.torch_integration import behind as controller
 
 
 def inject_key_mismatch() -> None:
     """The first compile behind of a backward graph fails as a worker that computed another key does."""
-    work = behind.Behind._work
+    work = controller.NoStall._work
     failed: set[str] = set()
 
-    def first_backward_mismatches(self: behind.Behind, job: Any) -> float:
+    def first_backward_mismatches(self: controller.NoStall, job: Any) -> float:
         if "backward" in self.graphs[job.key].name and not failed:
             failed.add(job.key)
-            raise behind.WorkerFailed(f"the worker computed key other, the rank {job.key}", inline=True,
+            raise controller.WorkerFailed(f"the worker computed key other, the rank {job.key}", inline=True,
                                       key_mismatch=True)
         return work(self, job)
 
-    behind.Behind._work = first_backward_mismatches  # type: ignore[method-assign]
+    controller.NoStall._work = first_backward_mismatches  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -50,7 +50,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         opt.zero_grad()
-        graphs = recipecache.torch_integration.metrics()["behind"]["graphs"]
+        graphs = recipecache.torch_integration.metrics()["no_stall"]["graphs"]
         if len(graphs) >= 2 and all(g["switched_at"] is not None for g in graphs.values()):
             break
         time.sleep(0.1)

@@ -1,7 +1,7 @@
 """One process with no-stall: its first compile behind the steps is killed (the worker process).
 
 Argument: a JSON file to write. The graph whose worker died must run eager (counted as
-``behind_failed``), its lease released, and training go on; then this process compiles it again, in
+``no_stall_failed``), its lease released, and training go on; then this process compiles it again, in
 a new worker, and switches. The script writes the losses, its no-stall metrics and whether the killed
 graph's lease was freed after the failure.
 """
@@ -67,20 +67,20 @@ def main() -> None:
     step()
     deadline = time.monotonic() + 300
     kill_worker(deadline)
-    behind = recipecache.torch_integration.metrics()["behind"]
-    while behind["failed"] == 0 and time.monotonic() < deadline:
+    no_stall = recipecache.torch_integration.metrics()["no_stall"]
+    while no_stall["failed"] == 0 and time.monotonic() < deadline:
         step()
         time.sleep(0.1)
-        behind = recipecache.torch_integration.metrics()["behind"]
-    failed = [key for key, g in behind["graphs"].items() if g.get("failed")]
+        no_stall = recipecache.torch_integration.metrics()["no_stall"]
+    failed = [key for key, g in no_stall["graphs"].items() if g.get("failed")]
     # the failed job frees the lease as it ends; no graph is called meanwhile, so nothing here takes it again
     while any(store.compiling(key) for key in failed) and time.monotonic() < deadline:
         time.sleep(0.05)
     lease_freed = [not store.compiling(key) for key in failed]
-    while not all(behind["graphs"][key]["switched_at"] for key in failed) and time.monotonic() < deadline:
+    while not all(no_stall["graphs"][key]["switched_at"] for key in failed) and time.monotonic() < deadline:
         step()  # eager, until this process compiles the graph again and switches
         time.sleep(0.1)
-        behind = recipecache.torch_integration.metrics()["behind"]
+        no_stall = recipecache.torch_integration.metrics()["no_stall"]
     for _ in range(5):
         step()
     metrics = recipecache.torch_integration.metrics()

@@ -2,8 +2,8 @@
 
 Arguments: MODE and a JSON file to write.
 
-* ``deadline``: the compile's deadline (``RECIPECACHE_BEHIND_TIMEOUT``, set by the test) ends the
-  worker; the script steps until the graph is counted failed (``behind_timeout``), then writes the
+* ``deadline``: the compile's deadline (``RECIPECACHE_NO_STALL_TIMEOUT``, set by the test) ends the
+  worker; the script steps until the graph is counted failed (``no_stall_timeout``), then writes the
   metrics, whether the graph's key is still leased and whether the stopped worker still exists.
 * ``exit``: the script writes the graph's key and the worker's pid, then returns: the exit
   grace (``exit_grace=1``) must end the stopped worker and the process exit.
@@ -44,11 +44,11 @@ def main() -> None:
     compiled(x)
     deadline = time.monotonic() + 300
     pid = stop_worker(deadline)
-    key = next(iter(recipecache.torch_integration.metrics()["behind"]["graphs"]))
+    key = next(iter(recipecache.torch_integration.metrics()["no_stall"]["graphs"]))
     if mode == "exit":
         out.write_text(json.dumps({"key": key, "worker": pid}))
         return
-    while not recipecache.torch_integration.metrics()["fallbacks"].get("behind_timeout"):
+    while not recipecache.torch_integration.metrics()["fallbacks"].get("no_stall_timeout"):
         assert time.monotonic() < deadline, "the stuck compile was never ended"
         assert torch.equal(compiled(x), torch.relu(x) * 2)
         time.sleep(0.1)

@@ -35,7 +35,7 @@ def all_switched() -> bool:
         from recipecache.torch_integration import metrics
     except ImportError:
         return True
-    graphs = metrics().get("behind", {}).get("graphs", {})
+    graphs = metrics().get("no_stall", {}).get("graphs", {})
     return all(g["switched_at"] is not None for g in graphs.values())
 
 
