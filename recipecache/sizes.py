@@ -30,7 +30,9 @@ def parse_size(text: str) -> int:
     m = _SIZE.match(str(text))
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
-        raise ConfigError(f"bad size {echo(str(text))}: use a number with an optional unit such as 512MB, 10GiB or 1000000")
+        raise ConfigError(
+            f"bad size {echo(str(text))}: use a number with an optional unit such as 512MB, 10GiB or 1000000"
+        )
     value = float(m.group(1)) * _UNITS[unit]
     if value != int(value):
         raise ConfigError(f"bad size {echo(str(text))}: not a whole number of bytes")

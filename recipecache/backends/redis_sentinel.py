@@ -55,4 +55,6 @@ class RedisSentinelBackend(RedisBackend):
         try:
             self._call("discover", self._sentinel.discover_master, self._service)
         except BackendError as exc:
-            raise ConfigError(f"cache {echo(self.url)}: no sentinel knows a primary for {echo(self._service)} ({exc})") from None
+            raise ConfigError(
+                f"cache {echo(self.url)}: no sentinel knows a primary for {echo(self._service)} ({exc})"
+            ) from None

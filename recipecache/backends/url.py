@@ -107,9 +107,7 @@ class StoreURL:
                 raise UnicodeError("longer than 253 characters")
             host.encode("idna")
         except UnicodeError as exc:
-            raise self.error(
-                f"bad host {echo(host)}: not a host name ({exc})"
-            ) from None
+            raise self.error(f"bad host {echo(host)}: not a host name ({exc})") from None
         return host
 
     def hosts(self, default_port: int) -> list[tuple[str, int]]:

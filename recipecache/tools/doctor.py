@@ -164,8 +164,12 @@ def _round_trip(store: Store, key: str) -> HealthCheck:
             "something rewrites values in this store; use another one",
         )
     if bytes(read) != payload:
-        return HealthCheck("store", FAIL, f"{echo(store.url, quote=False)}: read back other bytes than written", "use another store")
-    return HealthCheck("store", PASS, f"{echo(store.url, quote=False)}: write, read, verify, delete in {elapsed_ms:.1f} ms")
+        return HealthCheck(
+            "store", FAIL, f"{echo(store.url, quote=False)}: read back other bytes than written", "use another store"
+        )
+    return HealthCheck(
+        "store", PASS, f"{echo(store.url, quote=False)}: write, read, verify, delete in {elapsed_ms:.1f} ms"
+    )
 
 
 def _lease_check(store: Store, key: str) -> HealthCheck:
