@@ -16,6 +16,7 @@ imported, because inductor and ``tempfile`` read those variables once.
 from __future__ import annotations
 
 import builtins
+import gc
 import os
 import signal
 import sys
@@ -69,6 +70,21 @@ def use_rank_dirs(environ: MutableMapping[str, str]) -> None:
         environ[name] = str(path)
 
 
+def freeze_imports() -> None:
+    """Take every object alive now, before the script runs (the modules enable() imported: torch, dynamo,
+    inductor, sympy; some 375,000 objects), out of the cyclic garbage collector's sight (``gc.freeze``).
+
+    They live as long as the process (modules), yet every full collection walks them all: the
+    collections while torch compiles and trains, and the ones while the interpreter shuts down
+    (measured, issue 27: a process that compiled a Linear took 9.0-9.5 s from its script's end to
+    its exit on a loaded 2-core machine, 1.6-1.9 s frozen). Reference counting still frees a
+    frozen object that is dropped; only one left in a cycle would stay (a module's own, until
+    exit). Everything the script creates is collected as under ``python script``: its objects,
+    with their finalizers (a file it left open is flushed at exit as before), are not frozen.
+    """
+    gc.freeze()
+
+
 def run_as_main(script: str) -> None:
     """Run the Python source file ``script`` as ``python script`` does: as the ``__main__`` module for good.
 
@@ -109,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ConfigError as exc:  # what this rank reads is bad input: one line, as recipecache-run says it up front
             print(f"recipecache: error: rank {env.process_rank()}: {exc}", file=sys.stderr)
             sys.exit(2)
+        freeze_imports()
     sys.argv = argv
     sys.path[0] = str(Path(script).resolve().parent)
     status = 1  # an exception escaping the script: Python prints it and exits 1

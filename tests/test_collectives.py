@@ -4,16 +4,22 @@
 (all_gather / reduce_scatter), an expert-parallel all_to_all and a graph that all-reduces
 over both the tp and the dp group. torch bakes each rank's group names into these graphs
 and pickles the rank's device mesh into their keys, so before recipecache bound them per
-rank every rank compiled every graph. Three jobs, run once for the module:
+rank every rank compiled every graph. Six jobs, run once for the module (:func:`jobs`):
 
 1. cold: an empty store, every rank in its own empty local dirs (as on separate nodes);
 2. fresh: the same store, fresh empty dirs again: nothing may be compiled;
-3. plain: the same script under plain torchrun (one shared local cache), for the losses.
+3. plain: the same script under plain torchrun (one shared local cache), for the losses;
+4. nostall: a no-stall job on an empty store of its own: the graphs with collectives are compiled
+   by a rank of their groups, never by a worker process (which has no process groups);
+5. and 6. tier-cold, tier-fresh: the precompiled tier, cold then fresh on a store of its own, on a
+   function all-reducing over the tp mesh it is passed: the same call on every rank, whose compiled
+   code names the rank's tp group.
 
-And a no-stall job on an empty store of its own (``nostall``): the graphs with collectives are compiled
-by a rank of their groups, never by a worker process (which has no process groups). And the precompiled
-tier (``tier``: cold, then fresh, on a store of its own) on a function all-reducing over the tp mesh it
-is passed: the same call on every rank, whose compiled code names the rank's tp group.
+No two of them can be one job: each is a different configuration (no-stall and the precompiled tier change
+which path compiles, a fresh job needs fresh processes, plain torchrun none of recipecache). They run in
+two lanes side by side, each lane's jobs in order (a fresh job after its cold one), every job on a
+rendezvous port of its own (``--standalone``): a rank waiting for another's compile leaves a core to the
+other lane.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +57,12 @@ def _run(tmp: Path, name: str, store: str | None, *options: str, mode: str = "al
         local = tmp / "plain-local"
         (local / "tmp").mkdir(parents=True)
         env |= {"TMPDIR": str(local / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(local / "inductor"), "OMP_NUM_THREADS": "1"}
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), str(WORKER), str(out),
-                   "--mode", mode]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS),
+                   str(WORKER), str(out), "--mode", mode]
     else:
         command = [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--url", store, "--namespace",
                    "collectives", "--run-dir", str(tmp / name), "--rank-dirs", str(tmp / f"{name}-dirs"), "--quiet",
-                   *options, str(WORKER), str(out), "--mode", mode]
+                   "--standalone", *options, str(WORKER), str(out), "--mode", mode]
     proc = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     job = json.loads(out.read_text())
@@ -68,12 +74,31 @@ def _run(tmp: Path, name: str, store: str | None, *options: str, mode: str = "al
     return job
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
-    tmp = tmp_path_factory.mktemp("collectives")
+def _graph_store_lane(tmp: Path) -> dict[str, dict[str, Any]]:
+    """cold, then fresh on its store; then the no-stall job on a store of its own."""
     store = f"file://{tmp / 'store'}"
     cold = _run(tmp, "cold", store)
-    yield {"cold": cold, "fresh": _run(tmp, "fresh", store), "plain": _run(tmp, "plain", None)}
+    fresh = _run(tmp, "fresh", store)
+    return {"cold": cold, "fresh": fresh, "nostall": _run(tmp, "nostall", f"file://{tmp / 'nostall-store'}",
+                                                          "--no-stall")}
+
+
+def _plain_and_tier_lane(tmp: Path) -> dict[str, dict[str, Any]]:
+    """plain torchrun; then the precompiled tier, cold and then fresh, on a store of its own."""
+    plain = _run(tmp, "plain", None)
+    store = f"file://{tmp / 'tier-store'}"
+    cold = _run(tmp, "tier-cold", store, "--precompile", mode="mesh")
+    return {"plain": plain, "tier-cold": cold, "tier-fresh": _run(tmp, "tier-fresh", store, "--precompile",
+                                                                   mode="mesh")}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """The module's six jobs by name, run in two lanes side by side."""
+    tmp = tmp_path_factory.mktemp("collectives")
+    with ThreadPoolExecutor(2) as lanes:
+        running = [lanes.submit(lane, tmp) for lane in (_graph_store_lane, _plain_and_tier_lane)]
+        return {name: job for lane in running for name, job in lane.result().items()}
 
 
 def _keys(job: dict[str, Any], event: str, rank: int | None = None) -> set[str]:
@@ -134,9 +159,8 @@ def test_report_lists_no_duplicate(jobs: dict[str, dict[str, Any]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def nostall(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("collectives-nostall")
-    return _run(tmp, "nostall", f"file://{tmp / 'store'}", "--no-stall")
+def nostall(jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return jobs["nostall"]
 
 
 def test_no_stall_runs_each_ranks_own_collectives(nostall: dict[str, Any]) -> None:
@@ -155,11 +179,8 @@ def test_no_stall_compiles_graphs_with_collectives_in_a_rank(nostall: dict[str, 
 
 
 @pytest.fixture(scope="module")
-def tier(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("collectives-tier")
-    store = f"file://{tmp / 'store'}"
-    cold = _run(tmp, "tier-cold", store, "--precompile", mode="mesh")
-    return {"cold": cold, "fresh": _run(tmp, "tier-fresh", store, "--precompile", mode="mesh")}
+def tier(jobs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {"cold": jobs["tier-cold"], "fresh": jobs["tier-fresh"]}
 
 
 def test_precompiled_tier_serves_each_rank_its_own_groups_code(tier: dict[str, dict[str, Any]]) -> None:

@@ -1041,3 +1041,32 @@ def test_torchruns_options_with_values_it_takes_pass_the_check(script: Path) -> 
     options = dict(config_for(*argv).torchrun_options)
     assert (options["--nnodes"], options["--monitor-interval"], options["--rdzv-conf"]) == (
         "1:2", "0.5", "timeout=30,is_host=1")
+
+
+@pytest.mark.torch
+def test_the_bootstrap_freezes_the_imports_not_the_scripts_objects(tmp_path: Path) -> None:
+    """After enable() (torch imported) the bootstrap freezes what is alive: full collections, and the interpreter's
+    shutdown, no longer walk torch's modules. What the script makes is still collected: a cycle it drops is
+    finalized by a collection, as under ``python script``."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import gc, weakref\n"
+        "frozen = gc.get_freeze_count()\n"
+        "class Node:\n"
+        "    pass\n"
+        "node = Node()\n"
+        "node.me = node\n"
+        "finalized = []\n"
+        "weakref.finalize(node, finalized.append, 'collected')\n"
+        "del node\n"
+        "gc.collect()\n"
+        "print(frozen, finalized)\n"
+    )
+    environ = {**{k: v for k, v in os.environ.items() if not k.startswith("RECIPECACHE_")},
+               "RECIPECACHE_AUTO_ENABLE": "1", "RECIPECACHE_DIR": str(tmp_path / "store")}
+    proc = subprocess.run([sys.executable, "-m", "launcher.bootstrap", str(probe)], capture_output=True, text=True,
+                          cwd=tmp_path, env=environ, timeout=600, check=False)  # a hang guard
+    assert proc.returncode == 0, proc.stderr
+    frozen, finalized = proc.stdout.split(maxsplit=1)
+    assert int(frozen) > 10_000, "the imports were not frozen"
+    assert finalized.strip() == "['collected']"
