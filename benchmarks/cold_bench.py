@@ -186,6 +186,11 @@ def process_state(torch_threads: int) -> dict[str, Any]:
     state["threads"] = names
     state["thread_cpu_s"] = cpu
     state["python_threads"] = sorted(thread.name for thread in threading.enumerate())
+    import torch._C._dynamo.eval_frame as eval_frame
+
+    # dynamo's frame hook or a profiler left set after the calls would slow every frame of the steps
+    state["eval_frame_callback"] = repr(getattr(eval_frame, "get_eval_frame_callback", lambda: "unknown")())
+    state["profile_or_trace"] = repr((sys.getprofile(), sys.gettrace()))
     return state
 
 
