@@ -48,7 +48,10 @@ tier's targets: ``pc cold`` wall / ``plain cold`` wall <= 1.0 (issue 21) and, fo
 fresh ranks beside plain torchrun's warm job (issue 33): every iteration's time (the slowest
 rank's) side by side, its compiles and fallbacks (0, each fallback with its cause), its wall
 (<= 0.8x), iterations 0 + 1 (<= 0.2x, goal 0.1x) and every later iteration (<= 1.2x plain
-warm's same iteration), and both jobs' timelines side by side (:func:`phases_table`: launcher start, torchrun's
+warm's same iteration, the ratio's median over the pairs: each iteration's 20-40 ms jitter by some 10 ms
+between jobs), beside each later iteration's main-thread CPU ratio, where the later iterations' time went
+(per part of the step, wall and CPU: :data:`ITER_PARTS`), the ranks' thread settings compared (a
+difference makes the comparison unfair), and both jobs' timelines side by side (:func:`phases_table`: launcher start, torchrun's
 agent, the ranks' process start, ``enable()``, the script's start, torch imported, each iteration's end, the
 script's end, the rank processes gone, torchrun's exit, the report, the launcher's exit), so the wall's parts
 outside the steps are seen. The runs of a case that start without PGO state must give bitwise-equal
@@ -63,6 +66,7 @@ the tier's two runs (``PRECOMPILE_SCENARIOS``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -70,6 +74,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -123,6 +128,72 @@ def process_start(pid: int) -> float | None:
     return time.time() - uptime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
+#: where a rank's iteration goes (summed over its steps): making the batches, the compiled forward of the
+#: train steps, their backward (DDP's allreduce inside), the optimizer step with zero_grad, ``loss.item()``,
+#: the eval calls, and the garbage collector's pauses (inside the others)
+ITER_PARTS = ("batch", "forward", "backward", "optimizer", "item", "eval", "gc")
+
+
+class PartClock:
+    """Per iteration, the seconds (wall and this thread's CPU) each of :data:`ITER_PARTS` took, summed over its steps."""
+
+    def __init__(self, iters: int) -> None:
+        self.wall = {part: [0.0] * iters for part in ITER_PARTS}
+        self.cpu = {part: [0.0] * iters for part in ITER_PARTS}
+        self.iteration = 0
+        self._last = (time.perf_counter(), time.thread_time())
+        self._gc_start: tuple[float, float] | None = None
+
+    def lap(self, part: str | None = None) -> float:
+        """Count the time since the last lap to ``part`` (None: to nothing); returns now (``perf_counter``)."""
+        now = (time.perf_counter(), time.thread_time())
+        if part is not None:
+            self.wall[part][self.iteration] += now[0] - self._last[0]
+            self.cpu[part][self.iteration] += now[1] - self._last[1]
+        self._last = now
+        return now[0]
+
+    def gc_pause(self, phase: str, info: dict[str, int]) -> None:
+        """A ``gc.callbacks`` entry: the collector's pauses (inside the other parts too)."""
+        if phase == "start":
+            self._gc_start = (time.perf_counter(), time.thread_time())
+        elif self._gc_start is not None:
+            self.wall["gc"][self.iteration] += time.perf_counter() - self._gc_start[0]
+            self.cpu["gc"][self.iteration] += time.thread_time() - self._gc_start[1]
+            self._gc_start = None
+
+
+def process_state(torch_threads: int) -> dict[str, Any]:
+    """What a rank's steps compete with in its own process: torch's and OpenMP's threads, the process's
+    threads by name, its CPU affinity and nice value (the same in both jobs, or the comparison is unfair)."""
+    state: dict[str, Any] = {"torch_threads": torch_threads, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+                             "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+    if hasattr(os, "sched_getaffinity"):
+        state["affinity"] = sorted(os.sched_getaffinity(0))
+    names: dict[str, int] = {}
+    cpu: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for task in Path("/proc/self/task").glob("*") if Path("/proc/self/task").is_dir() else ():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        names[name] = names.get(name, 0) + 1
+        # each thread's CPU seconds (user + system), the main thread's under its own name
+        label = "main" if task.name == str(os.getpid()) else f"{name}/{task.name}"
+        cpu[label] = (int(fields[11]) + int(fields[12])) / tick
+    state["threads"] = names
+    state["thread_cpu_s"] = cpu
+    state["python_threads"] = sorted(thread.name for thread in threading.enumerate())
+    import torch._C._dynamo.eval_frame as eval_frame
+
+    # dynamo's frame hook or a profiler left set after the calls would slow every frame of the steps
+    state["eval_frame_callback"] = repr(getattr(eval_frame, "get_eval_frame_callback", lambda: "unknown")())
+    state["profile_or_trace"] = repr((sys.getprofile(), sys.gettrace()))
+    return state
+
+
 def job(args: argparse.Namespace) -> None:
     """Train and evaluate the small GPT; rank 0 writes every rank's timings and losses to ``--out``.
 
@@ -163,29 +234,47 @@ def job(args: argparse.Namespace) -> None:
     ddp = DistributedDataParallel(model)
     compiled = torch.compile(ddp)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    mine: dict[str, Any] = {"iter_s": [], "steps": [], "losses": [], "start": time.time()}
+    mine: dict[str, Any] = {"iter_s": [], "steps": [], "losses": [], "start": time.time(),
+                            "iter_cpu_s": [], "iter_main_cpu_s": []}
+    parts = PartClock(args.iters)
+    gc.callbacks.append(parts.gc_pause)
     for it in range(args.iters):
-        it_start = time.perf_counter()
+        parts.iteration = it
+        it_start, cpu_start, main_start = time.perf_counter(), time.process_time(), time.thread_time()
         for step, length in enumerate(order):
+            parts.lap()
             tokens, targets = batch(it, step, length)
-            start = time.perf_counter()
+            start = parts.lap("batch")
             loss = compiled(tokens, targets)
+            parts.lap("forward")
             loss.backward()
+            parts.lap("backward")
             opt.step()
             opt.zero_grad(set_to_none=True)
-            mine["steps"].append(["train", it, length, time.time() - mine["start"], time.perf_counter() - start])
+            end = parts.lap("optimizer")
+            mine["steps"].append(["train", it, length, time.time() - mine["start"], end - start])
             mine["losses"].append(loss.item())
+            parts.lap("item")
         model.eval()
         with torch.no_grad():
             for step, length in enumerate(order):
+                parts.lap()
                 tokens, targets = batch(it, 100 + step, length)
-                start = time.perf_counter()
+                start = parts.lap("batch")
                 loss = compiled(tokens, targets)
-                mine["steps"].append(["eval", it, length, time.time() - mine["start"], time.perf_counter() - start])
+                end = parts.lap("eval")
+                mine["steps"].append(["eval", it, length, time.time() - mine["start"], end - start])
                 mine["losses"].append(loss.item())
+                parts.lap("item")
         model.train()
         mine["iter_s"].append(time.perf_counter() - it_start)
+        # CPU seconds of the iteration: the whole process (every thread) and the main thread alone
+        mine["iter_cpu_s"].append(time.process_time() - cpu_start)
+        mine["iter_main_cpu_s"].append(time.thread_time() - main_start)
         marks[f"iter {it} end"] = time.time()
+    gc.callbacks.remove(parts.gc_pause)
+    mine["parts"], mine["parts_cpu"] = parts.wall, parts.cpu
+    mine["process"] = process_state(torch.get_num_threads())
     ranks = gather_at_rank0(mine, Path(args.out), rank, world)  # not all_gather_object: see its docstring
     if ranks is not None:
         Path(args.out).write_text(json.dumps({"ranks": ranks, "threads": torch.get_num_threads()}))
@@ -227,6 +316,21 @@ class Run:
     def iters_s(self) -> list[float]:
         """Each iteration's time, the slowest rank's (the ranks meet at every step's collective)."""
         return [max(times) for times in zip(*(r["iter_s"] for r in self.ranks))]
+
+    @property
+    def iters_main_cpu_s(self) -> list[float]:
+        """Each iteration's CPU seconds of the rank's main thread, the largest rank's: the steps' own work,
+        without the waits at the collectives and the time other processes held the cores."""
+        return [max(times) for times in zip(*(r["iter_main_cpu_s"] for r in self.ranks))]
+
+    def parts_s(self, clock: str, first: int) -> dict[str, float]:
+        """Seconds of each :data:`ITER_PARTS` part from iteration ``first`` on (``clock`` ``parts``: wall,
+        ``parts_cpu``: the main thread's CPU), the largest rank's."""
+        return {part: max(sum(r[clock][part][first:]) for r in self.ranks) for part in ITER_PARTS}
+
+    def process_states(self) -> list[dict[str, Any]]:
+        """Each rank's threads, OpenMP setting, affinity and nice value (:func:`process_state`)."""
+        return [r["process"] for r in self.ranks]
 
     @property
     def compiles(self) -> int:
@@ -567,30 +671,69 @@ def summarise(case: str, runs: list[Run]) -> dict[str, Any]:
 
 
 def precompile_fresh_figures(fresh: list[Run], warm: list[Run]) -> dict[str, Any]:
-    """Print the tier's whole job of fresh ranks beside plain torchrun's warm job (per pair); returns the figures."""
+    """Print the tier's whole job of fresh ranks beside plain torchrun's warm job (per pair); returns the figures.
+
+    An iteration after the first two takes 20-40 ms on 2 cores and jitters by some 10 ms between jobs (the
+    ranks wait for each other at every step's allreduce, and any other process on the cores delays one of
+    them), so the verdict on each later iteration reads its ratio's median over the pairs, beside each
+    pair's. The main thread's CPU time per iteration (what the steps themselves cost, little disturbed by
+    other processes) and where the later iterations' time went, part by part, are printed beside it.
+    """
     met = lambda ok: "met" if ok else "MISSED"  # noqa: E731
     iters = [[f / w for f, w in zip(pc.iters_s, plain.iters_s)] for pc, plain in zip(fresh, warm)]
+    cpu = [[f / w for f, w in zip(pc.iters_main_cpu_s, plain.iters_main_cpu_s)] for pc, plain in zip(fresh, warm)]
     for k, (pc, plain) in enumerate(zip(fresh, warm)):
         print(f"precompiled tier, fresh job {k}: iteration s (slowest rank) "
-              + "  ".join(f"{i}: {f:.2f}/{w:.2f}" for i, (f, w) in enumerate(zip(pc.iters_s, plain.iters_s)))
+              + "  ".join(f"{i}: {f:.3f}/{w:.3f}" for i, (f, w) in enumerate(zip(pc.iters_s, plain.iters_s)))
               + f" (fresh/plain warm); wall {pc.wall_s:.1f}/{plain.wall_s:.1f} s; compiles {pc.compiles}; "
               f"fallbacks {pc.fallbacks() or 'none'}")
         for line in pc.fallback_details():
             print(f"    {line}")
+    later_iters = range(2, min(len(r) for r in iters))
+    per_iter = [statistics.median(ratio[i] for ratio in iters) for i in later_iters]
+    per_iter_cpu = [statistics.median(ratio[i] for ratio in cpu) for i in later_iters]
+    print("precompiled tier, fresh / plain warm per iteration after 1, median over the pairs (each pair's): "
+          + "  ".join(f"{i}: {m:.2f} ({' '.join(f'{r[i]:.2f}' for r in iters)})" for i, m in zip(later_iters, per_iter)))
+    print("  main thread CPU per iteration, fresh / plain warm, median over the pairs: "
+          + "  ".join(f"{i}: {m:.2f}" for i, m in zip(later_iters, per_iter_cpu)))
+    parts = {side: {clock: {part: statistics.median(run.parts_s(clock, 2)[part] for run in runs) for part in ITER_PARTS}
+                    for clock in ("parts", "parts_cpu")} for side, runs in (("fresh", fresh), ("plain warm", warm))}
+    print("  iterations 2 on, ms per part (largest rank, median over the jobs), fresh / plain warm, wall | main CPU: "
+          + "  ".join(f"{part} {parts['fresh']['parts'][part] * 1e3:.1f}/{parts['plain warm']['parts'][part] * 1e3:.1f}"
+                      f" | {parts['fresh']['parts_cpu'][part] * 1e3:.1f}/{parts['plain warm']['parts_cpu'][part] * 1e3:.1f}"
+                      for part in ITER_PARTS))
+    unfair = process_differences(fresh[0].process_states(), warm[0].process_states())
+    print(f"  ranks' processes, fresh vs plain warm (torch threads, OMP_NUM_THREADS, affinity, nice): "
+          f"{'; '.join(unfair) if unfair else 'the same'}; threads {fresh[0].process_states()[0]['threads']} vs "
+          f"{warm[0].process_states()[0]['threads']}")
     first_two = ratios(fresh, warm, lambda r: sum(r.iters_s[:2]))
     walls = ratios(fresh, warm, lambda r: r.wall_s)
-    later = [max(ratio[2:], default=0.0) for ratio in iters]
     compiles, fallbacks = [r.compiles for r in fresh], [r.fallbacks() for r in fresh]
+    slowest = max(per_iter, default=0.0)
     print(f"precompiled tier, fresh job / plain warm job: iterations 0+1 {spread(first_two)}  target <= "
           f"{PRECOMPILE_FRESH_TARGET}: {met(statistics.median(first_two) <= PRECOMPILE_FRESH_TARGET)} (goal "
           f"{PRECOMPILE_FRESH_GOAL}: {met(statistics.median(first_two) <= PRECOMPILE_FRESH_GOAL)}); wall {spread(walls)}  "
           f"target <= {PRECOMPILE_FRESH_WALL_TARGET}: {met(statistics.median(walls) <= PRECOMPILE_FRESH_WALL_TARGET)}; "
-          f"slowest iteration after 1 {spread(later) if iters[0][2:] else 'none (run --iters 3 or more)'}  target <= "
-          f"{PRECOMPILE_FRESH_ITER_TARGET}: {met(max(later) <= PRECOMPILE_FRESH_ITER_TARGET)}; compiles {compiles}, "
-          f"fallbacks {fallbacks}  target 0: {met(not any(compiles) and not any(fallbacks))}")
+          f"slowest iteration after 1 (median over the pairs) "
+          f"{f'{slowest:.2f}' if per_iter else 'none (run --iters 3 or more)'}  target <= "
+          f"{PRECOMPILE_FRESH_ITER_TARGET}: {met(slowest <= PRECOMPILE_FRESH_ITER_TARGET)}"
+          f"{'' if len(iters) >= 3 else ' (fewer than 3 pairs: run --warm-pairs 3 or more for a median)'}; "
+          f"compiles {compiles}, fallbacks {fallbacks}  target 0: {met(not any(compiles) and not any(fallbacks))}")
     return {"pc_fresh_first_two": first_two, "pc_fresh_wall": walls, "pc_fresh_iters": iters,
-            "pc_fresh_later_iter_max": later, "pc_fresh_compiles": compiles, "pc_fresh_fallbacks": fallbacks,
+            "pc_fresh_iter_medians": per_iter, "pc_fresh_later_iter_max": slowest, "pc_fresh_main_cpu": cpu,
+            "pc_fresh_main_cpu_medians": per_iter_cpu, "pc_fresh_parts_ms": parts,
+            "pc_fresh_compiles": compiles, "pc_fresh_fallbacks": fallbacks,
             "pc_fresh_fallback_details": [r.fallback_details() for r in fresh]}
+
+
+def process_differences(one: list[dict[str, Any]], other: list[dict[str, Any]]) -> list[str]:
+    """What differs between two jobs' ranks that would make their steps' times unfair to compare."""
+    out = []
+    for rank, (a, b) in enumerate(zip(one, other)):
+        for what in ("torch_threads", "OMP_NUM_THREADS", "affinity", "nice"):
+            if a.get(what) != b.get(what):
+                out.append(f"rank {rank} {what} {a.get(what)} vs {b.get(what)}")
+    return out
 
 
 def no_stall_figures(cold: list[Run], fresh: list[Run], plain: list[Run]) -> dict[str, Any]:
