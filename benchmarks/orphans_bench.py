@@ -1,7 +1,7 @@
 """Nothing outlives a killed launcher, and how soon: issue 28's target, 0 processes of a 2-rank job left
 10 s after its launcher is SIGKILLed, at each of 5 points of the job.
 
-The job and the kill are ``tests/test_orphans.py``'s (:func:`test_orphans.kill_at`): a 2-rank gloo job
+The job and the kill are ``tests/launcher/test_orphans.py``'s (:func:`test_orphans.kill_at`): a 2-rank gloo job
 stopped at a point (``started``, ``rendezvous``, ``collective``, ``training``, ``exit``), the launcher
 SIGKILLed once both ranks are there, then the seconds until no process carrying the job's marker is
 left. The test asserts only that they all end (a hang guard bounds its wait); the seconds are this

@@ -2,7 +2,7 @@
 
 A precompiled function serves a call only once the values its trace read besides the inputs
 (the pins torch's loaded guards no longer compare: globals, torch's module attributes, the
-global hook dicts) are what they were (:mod:`recipecache.torch_integration.traced_values`).
+global hook dicts) are what they were (:mod:`recipecache.torch_integration.precompiled.traced_values`).
 This traces ``examples/train.py``'s TinyLM (torch's ``aot_eager`` backend: the guards are
 the tier's, the graph's speed is not the point) with the tier's guard filter, then times,
 median of repeats: the per-call pin check, torch's ``guard_check`` on the same call, and the
@@ -25,7 +25,7 @@ import torch
 from torch._dynamo.aot_compile import aot_compile_fullgraph
 from torch._dynamo.hooks import Hooks
 
-from recipecache.torch_integration.traced_values import Recorder, values_of
+from recipecache.torch_integration.precompiled.traced_values import Recorder, values_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train import TinyLM, make_batch  # noqa: E402

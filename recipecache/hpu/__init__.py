@@ -14,7 +14,7 @@ recipecache store (signed when ``RECIPECACHE_SECRET`` is set):
 What Intel documents (Runtime Environment Variables; vLLM warm-up guide): the variable's
 format and defaults, clearing on start, the size cap with eviction of the oldest recipes
 by file-system creation time, local disk only. What it does not document, and what we
-therefore assume (and ``tests/hpu_bridge_sim.py`` simulates):
+therefore assume (and ``tests/support/hpu_bridge_sim.py`` simulates):
 
 * a recipe is two files, ``<hash>.recipe`` and its metadata ``<hash>.meta``, names
   being hashes (letters, digits, ``_``, ``-``); both are opaque to us;

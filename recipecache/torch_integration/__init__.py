@@ -6,7 +6,7 @@
   backward graphs, AOTAutograd entries, the CPU-feature probe libraries and the
   automatic-dynamic (PGO) decisions (shared across ranks, merged on put) all travel.
 * Results are those of a local compile: a hit loads the very code the producer built.
-* With ``precompile=True`` (:mod:`.precompile`) a fresh process also skips dynamo: every
+* With ``precompile=True`` (:mod:`.precompiled.tier`) a fresh process also skips dynamo: every
   ``torch.compile``'d function or module loads a precompiled artifact (bytecode, guards
   and AOTInductor libraries) that one process compiled and published.
 * Nothing here raises into training. A backend that is down, a refused or malformed
@@ -84,7 +84,7 @@ def enable(
     one's compile) to ``RECIPECACHE_WAIT_TIMEOUT``; ``metrics_file`` to
     ``RECIPECACHE_METRICS_FILE``; ``precompile`` (the precompiled tier) to
     ``RECIPECACHE_PRECOMPILE=1``; ``no_stall`` (a graph that missed runs without inductor while
-    one process compiles it behind the steps, :mod:`.behind`) to ``RECIPECACHE_NO_STALL=1``, and
+    one process compiles it behind the steps, :mod:`.no_stall.controller`) to ``RECIPECACHE_NO_STALL=1``, and
     ``exit_grace`` (seconds the process may spend at exit finishing those compiles) to
     ``RECIPECACHE_EXIT_GRACE`` (recipecache-run sets 80% of its ``--exit-grace``), else 120 (one such compile may take ``RECIPECACHE_NO_STALL_TIMEOUT``
     seconds, else 1800, before its worker is ended). A malformed URL raises ConfigError (bad input); an
@@ -115,7 +115,7 @@ def enable(
             on = {state.hook.name for state in hooks if state.on}
             compiles_behind = None
             if want_no_stall and "no_stall" in on:
-                from .behind import NoStall
+                from .no_stall.controller import NoStall
 
                 compiles_behind = NoStall(store, metrics, grace, no_stall_timeout)
             integration = patches.attach(store, metrics, wait_timeout, on, no_stall=compiles_behind)
@@ -136,7 +136,7 @@ def enable(
             _warn_per_rank_graphs()
         if _session.hooked and want_tier and "precompiled" in on:
             try:
-                from . import precompile as tier
+                from .precompiled import tier
 
                 _session.tier = tier.attach(
                     store, metrics, wait_timeout, integration.cpu_key, integration.kernels_loaded
@@ -160,7 +160,7 @@ def _warn_per_rank_graphs() -> None:
     rank (:mod:`.rank_binding`). A flag turned on later in the script is seen at the first such
     graph (fallback ``rank_bound``, warned once, in the report).
     """
-    from .precompile_keys import compile_on_one_rank
+    from .precompiled.keys import compile_on_one_rank
 
     if compile_on_one_rank():
         log.warning(

@@ -104,7 +104,7 @@ class Metrics:
         self._precompile_fallback_details: list[dict[str, str]] = []
         self._precompile_shapes: Counter[str] = Counter()
         self._stale_sources = 0
-        #: no-stall (:mod:`.behind`): calls run without inductor and their seconds, switches to the
+        #: no-stall (:mod:`.no_stall.controller`): calls run without inductor and their seconds, switches to the
         #: compiled graph, compiles run behind the steps and their seconds, those that failed, and calls
         #: after a switch whose inputs the compiled graph's guards rejected (run without inductor)
         self._no_stall: dict[str, float] = dict.fromkeys(
@@ -286,7 +286,7 @@ class Metrics:
         self._enable_span = (start, end)
 
     def follow_no_stall(self, graphs: Callable[[], dict[str, Any]]) -> None:
-        """Report no-stall's graphs, as ``graphs()`` gives them at each snapshot (:class:`.behind.NoStall`)."""
+        """Report no-stall's graphs, as ``graphs()`` gives them at each snapshot (:class:`.no_stall.controller.NoStall`)."""
         self._no_stall_graphs = graphs
 
     def _enable_record(self) -> dict[str, float] | None:

@@ -1,9 +1,9 @@
 """The patch table: what enable() changes in torch, how it is put back, and the backend classes torch builds.
 
 torch builds its remote-cache backends itself, with no arguments, so they find the
-enabled :class:`~._hooks.Integration` through this module's ``_active``; every wrapper
+enabled :class:`~.graphs.hooks.Integration` through this module's ``_active``; every wrapper
 here does torch's own work and hands what it learned to that integration, which knows
-keys, flights and artifacts (:mod:`._hooks`). Which hooks are installed is
+keys, flights and artifacts (:mod:`.graphs.hooks`). Which hooks are installed is
 :mod:`.compat`'s call; the table is grouped by its hook names, each entry one
 ``(owner, attribute, new value)``.
 """
@@ -26,11 +26,11 @@ from torch._inductor.cpu_vec_isa import VecISA
 
 from ..store import Store
 from . import describe, rank_binding
-from ._hooks import Integration
+from .graphs.hooks import Integration
 from .metrics import Metrics
 
 if TYPE_CHECKING:
-    from .behind import NoStall
+    from .no_stall.controller import NoStall
 
 #: job id enable() gives torch when none is set (PGO does nothing without one)
 JOB_ID = "recipecache"
@@ -291,7 +291,7 @@ def detach() -> None:
 
 
 def finish_no_stall() -> None:
-    """At exit: let no-stall compiles in flight finish and publish, within the exit grace (:meth:`.behind.NoStall.finish`)."""
+    """At exit: let no-stall compiles in flight finish and publish, within the exit grace (:meth:`.no_stall.controller.NoStall.finish`)."""
     if _active is not None and _active.no_stall is not None:
         _active.guarded(_active.no_stall.finish, _active.no_stall.exit_grace)
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 import recipecache
-from recipecache.torch_integration import behind as controller
+from recipecache.torch_integration.no_stall import controller
 
 
 def inject_key_mismatch() -> None:

@@ -32,7 +32,7 @@ def worker_pid() -> int | None:
         except OSError:
             continue
         ppid = int(stat.rpartition(")")[2].split()[1])
-        if ppid == os.getpid() and b"behind_worker" in cmdline:
+        if ppid == os.getpid() and b"no_stall.worker" in cmdline:
             return int(entry.name)
     return None
 

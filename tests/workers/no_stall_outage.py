@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from redis_server import RedisServer  # noqa: E402
+from support.redis_server import RedisServer  # noqa: E402
 
 import recipecache  # noqa: E402
 

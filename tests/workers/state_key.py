@@ -21,7 +21,7 @@ import torch._inductor.config
 import torch.compiler.config
 from torch._inductor.codecache import compiled_fx_graph_hash
 
-from recipecache.torch_integration import global_state
+from recipecache.torch_integration.no_stall import global_state
 
 
 def matmul_relu(x, w):  # type: ignore[no-untyped-def] - make_fx keeps annotations, which the key cannot pickle

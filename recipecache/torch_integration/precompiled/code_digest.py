@@ -1,0 +1,217 @@
+"""What this process runs from a source file: a digest of its code objects and of the globals they name.
+
+A precompiled artifact's bytecode and kernels were derived from the functions dynamo
+traced in its producer, and ``aot_compile`` drops the guards on globals (their values are
+baked into the graph). A loader must therefore run it only where the same code, with the
+same globals, would run. The file on disk does not say that: a long job imported its
+modules when it started, the shared checkout may have been edited since, and another job
+may then have published the new version. So a traced file is described by what this
+process holds from it:
+
+* every code object of the modules loaded from that path (``sys.modules`` entries whose
+  ``__file__`` it is): functions, methods, properties, decorated functions, and nested
+  functions and lambdas through their parent's constants; each with its bytecode,
+  constants, names, argument layout and line table (the bytecode is the unspecialised
+  ``co_code``, stable within one Python version, which is in the key);
+* the values that the globals the traced code reads (``LOAD_GLOBAL``; their names are
+  recorded in the artifact) hold now in those modules: plain values (numbers, strings,
+  containers of them, dataclasses, torch dtypes and devices) by value; functions,
+  classes and modules by qualified name; other objects by type only (their state is
+  often per process, a logger's level say). Only the traced code's globals: a global that
+  other code of the file changes at run time (a counter, a cache) must not make every
+  artifact a miss.
+
+Two processes that imported the same source (and set the same globals) get the same
+digest; any change of what a process runs changes it, whatever the disk holds. A file
+this process holds no module of has no digest: an artifact naming it is not loaded. This
+module does not import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import enum
+import functools
+import hashlib
+import sys
+import types
+from collections.abc import Iterable
+from typing import Any
+
+from .compiled_function import SourceFile
+
+#: containers longer than this, or nested deeper, are described by type and length only
+_MAX_ITEMS = 256
+_MAX_DEPTH = 4
+#: value types of torch's whose repr is their value (a dtype global is baked into a graph)
+_TORCH_VALUE_TYPES = frozenset({"dtype", "device", "layout", "memory_format", "qscheme"})
+#: what stands for a file this process holds no code of
+MISSING = bytes(32)
+
+
+def of_traced(codes: Iterable[types.CodeType]) -> tuple[SourceFile, ...]:
+    """The files of the code objects dynamo traced, each with the digest of what this process runs from it.
+
+    The traced code objects count even where the module namespace does not reach them
+    (a function kept only in a dict, say), so the digest covers all the artifact runs.
+    """
+    by_file: dict[str, list[types.CodeType]] = {}
+    for code in codes:
+        by_file.setdefault(code.co_filename, []).append(code)
+    namespaces = _namespaces(by_file)
+    out = []
+    for path in sorted(by_file):
+        names = tuple(sorted({name for code in by_file[path] for c in _nested(code) for name in _globals_read(c)}))
+        out.append(SourceFile(path, _digest(path, namespaces.get(path, []), names, by_file[path]), names))
+    return tuple(out)
+
+
+def current(sources: Iterable[SourceFile]) -> tuple[SourceFile, ...]:
+    """``sources`` (an artifact's) with the digests of what this process runs from their files."""
+    sources = list(sources)
+    namespaces = _namespaces(s.path for s in sources)
+    return tuple(SourceFile(s.path, _digest(s.path, namespaces.get(s.path, []), s.names, ()), s.names) for s in sources)
+
+
+def stale(sources: Iterable[SourceFile]) -> list[str]:
+    """The paths among ``sources`` whose code in this process differs from the recorded digest (or is absent)."""
+    sources = list(sources)
+    ours = current(sources)
+    return [s.path for s, mine in zip(sources, ours, strict=True) if mine.digest == MISSING or mine.digest != s.digest]
+
+
+def _namespaces(paths: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
+    """The globals of every loaded module whose file is one of ``paths`` (a script may be loaded twice)."""
+    wanted = set(paths)
+    found: dict[str, list[dict[str, Any]]] = {}
+    for module in list(sys.modules.values()):
+        try:
+            path = getattr(module, "__file__", None)
+            if path in wanted:
+                found.setdefault(path, []).append(vars(module))
+        except Exception:  # noqa: BLE001 - a lazy or proxy module that fails on access holds nothing of ours
+            continue
+    return found
+
+
+def _digest(
+    path: str, namespaces: list[dict[str, Any]], names: Iterable[str], roots: Iterable[types.CodeType]
+) -> bytes:
+    """The digest of ``path``'s code in ``namespaces`` (plus ``roots``) and of its globals ``names``; or MISSING."""
+    codes: dict[int, types.CodeType] = {}
+    for namespace in namespaces:
+        _reachable_code(list(namespace.values()), path, codes)
+    covered = {id(c) for code in codes.values() for c in _nested(code)}
+    codes.update((id(c), c) for c in roots if id(c) not in covered)
+    if not namespaces and not codes:
+        return MISSING
+    h = hashlib.sha256()
+    for part in sorted(_code_digest(code) for code in codes.values()):
+        _feed(h, part)
+    for name in sorted(set(names)):
+        values = sorted(describe(namespace[name]) for namespace in namespaces if name in namespace)
+        _feed(h, f"{name}={values}".encode())  # [] for a builtin
+    return h.digest()
+
+
+def _globals_read(code: types.CodeType) -> Iterable[str]:
+    """The global names ``code`` itself reads (not its attribute names, which ``co_names`` holds too)."""
+    return (str(ins.argval) for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"))
+
+
+def _reachable_code(stack: list[Any], path: str, out: dict[int, types.CodeType]) -> None:
+    """The code objects from ``path`` that the objects in ``stack`` hold (functions, classes and their members)."""
+    seen: set[int] = set()
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        try:
+            if isinstance(obj, types.FunctionType):
+                if obj.__code__.co_filename == path:
+                    out[id(obj.__code__)] = obj.__code__
+                wrapped = vars(obj).get("__wrapped__")  # functools.wraps: the decorated function
+                if wrapped is not None:
+                    stack.append(wrapped)
+            elif isinstance(obj, type):
+                stack.extend(vars(obj).values())
+            elif isinstance(obj, (staticmethod, classmethod)):
+                stack.append(obj.__func__)
+            elif isinstance(obj, property):
+                stack.extend((obj.fget, obj.fset, obj.fdel))
+            elif isinstance(obj, functools.partial):
+                stack.append(obj.func)
+        except Exception:  # noqa: BLE001 - an object that fails on inspection holds no code we can see
+            continue
+
+
+def _nested(code: types.CodeType) -> Iterable[types.CodeType]:
+    """``code`` and the code objects of the functions, lambdas and classes defined inside it."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _nested(const)
+
+
+def _code_digest(code: types.CodeType) -> bytes:
+    h = hashlib.sha256()
+    layout = (
+        getattr(code, "co_qualname", code.co_name),
+        code.co_firstlineno,
+        code.co_argcount,
+        code.co_posonlyargcount,
+        code.co_kwonlyargcount,
+        code.co_flags,
+        code.co_names,
+        code.co_varnames,
+        code.co_freevars,
+        code.co_cellvars,
+    )
+    _feed(h, repr(layout).encode())
+    for part in (code.co_code, code.co_linetable, getattr(code, "co_exceptiontable", b"")):
+        _feed(h, part)
+    for const in code.co_consts:
+        _feed(h, _code_digest(const) if isinstance(const, types.CodeType) else _value(const).encode())
+    return h.digest()
+
+
+def _feed(h: Any, part: bytes) -> None:
+    h.update(len(part).to_bytes(8, "little"))
+    h.update(part)
+
+
+def describe(value: Any) -> str:
+    """:func:`_value`, or the type of a value that fails to describe itself (a broken ``__repr__``, say)."""
+    try:
+        return _value(value)
+    except Exception:  # noqa: BLE001 - described as well as it can be; equal values still compare equal
+        return f"unreadable:{type(value).__module__}.{type(value).__qualname__}"
+
+
+def _value(value: Any, depth: int = 0) -> str:
+    """A description of ``value`` that is equal in two processes holding equal values (sets and dicts sorted)."""
+    kind = type(value)
+    if value is None or value is Ellipsis or isinstance(value, (bool, int, float, complex, str, bytes, enum.Enum)):
+        return f"{kind.__qualname__}:{value!r}"
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
+        return f"{kind.__name__}:{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', None)}"
+    if isinstance(value, types.ModuleType):
+        return f"module:{value.__name__}"
+    if isinstance(value, (tuple, list, set, frozenset, dict)):
+        if depth >= _MAX_DEPTH or len(value) > _MAX_ITEMS:
+            return f"{kind.__qualname__}[{len(value)}]"
+        if isinstance(value, dict):
+            items = sorted(f"{_value(k, depth + 1)}: {_value(v, depth + 1)}" for k, v in list(value.items()))
+        elif isinstance(value, (set, frozenset)):
+            items = sorted(_value(v, depth + 1) for v in list(value))
+        else:
+            items = [_value(v, depth + 1) for v in value]
+        return f"{kind.__qualname__}({', '.join(items)})"
+    if dataclasses.is_dataclass(value) and depth < _MAX_DEPTH:
+        fields = (f"{f.name}={_value(getattr(value, f.name, None), depth + 1)}" for f in dataclasses.fields(value))
+        return f"{kind.__module__}.{kind.__qualname__}({', '.join(fields)})"
+    if kind.__module__ == "torch" and kind.__name__ in _TORCH_VALUE_TYPES:
+        return f"torch:{value!r}"
+    return f"object:{kind.__module__}.{kind.__qualname__}"

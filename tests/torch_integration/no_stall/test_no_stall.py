@@ -1,0 +1,394 @@
+"""No-stall (``enable(no_stall=True)``, ``recipecache-run --no-stall``): ranks keep training while a graph compiles behind them.
+
+* the store's non-blocking begin: a process never waits for a lease another one holds;
+* a bad ``RECIPECACHE_NO_STALL`` is one line and exit status 2;
+* one process whose background compile is killed: the graph runs eager, counted, training goes on, and the
+  process compiles it again in a new worker and switches;
+* a real 2-rank torchrun job (gloo) on a cold store, of a script that sets global torch settings before it
+  compiles (tf32, float32 matmul precision, deterministic algorithms, config changed at run time: torch's
+  keys read them): each rank runs graphs eagerly while a worker compiles them, every graph is compiled
+  once in the job, none fails behind, every rank switches, the losses match plain torchrun's; a job of
+  fresh ranks right after compiles nothing and runs nothing eagerly;
+* a 2-rank job whose rank 0 loses its worker mid-compile: rank 1 takes that graph over (compiles it
+  behind its own steps and switches), and rank 0 switches to it too;
+* a graph inductor specializes while compiling it behind: after the switch, inputs its guards
+  reject run without inductor (right results), never the specialized graph;
+* a stuck worker (SIGSTOP): ended at the compile's deadline, or at the exit grace, its lease released;
+* at exit a queued compile frees its lease, and a grace past ``threading.TIMEOUT_MAX`` still waits;
+* a job never touches the temporary directory (its settings hold the secret);
+* a store outage while the worker publishes: the leader still switches (torch's local cache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recipecache.reasons import Role
+from recipecache.runs.events import read_events
+from recipecache.settings import StoreSettings
+from recipecache.store import Store
+from support.paths import REPO, WORKERS
+
+ROOT = REPO
+TRAIN = WORKERS / "no_stall_train.py"
+RANKS = 2
+#: the largest loss difference allowed between a step run eagerly and the same step under torch.compile
+LOSS_TOLERANCE = 2e-3
+
+
+def test_begin_without_wait_is_busy_while_another_process_leads(store_url: str) -> None:
+    leader = Store.open(StoreSettings(store_url, namespace="busy"))
+    other = Store.open(StoreSettings(store_url, namespace="busy"))
+    with leader.begin("k") as flight:
+        assert flight.role is Role.LEADER
+        busy = other.begin("k", wait=False, wait_timeout=600)  # answered at once, not after the timeout
+        assert busy.role is Role.BUSY and busy.data is None and busy.lease is None
+        assert other.compiling("k")
+        flight.publish(b"artifact")
+    assert not other.compiling("k")
+    again = other.begin("k", wait=False)
+    assert again.role is Role.HIT and again.data == b"artifact"
+    assert other.stats()["busy"] == 1 and other.stats()["waits"] == 0
+
+
+def _env_without_recipecache() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
+
+
+def test_bad_no_stall_variable_is_one_line_and_status_2(tmp_path: Path) -> None:
+    env = _env_without_recipecache() | {"RECIPECACHE_NO_STALL": "yes"}
+    proc = subprocess.run([sys.executable, "-m", "launcher.main", "--nproc", "1", "--run-dir", str(tmp_path / "run"),
+                           str(TRAIN)], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "RECIPECACHE_NO_STALL='yes'" in lines[0] and "1 (on) or 0 (off)" in lines[0]
+
+
+def test_bad_no_stall_timeout_is_one_line_and_status_2(tmp_path: Path) -> None:
+    env = _env_without_recipecache() | {"RECIPECACHE_NO_STALL_TIMEOUT": "soon"}
+    proc = subprocess.run([sys.executable, "-m", "launcher.main", "--nproc", "1", "--no-stall", "--run-dir",
+                           str(tmp_path / "run"), str(TRAIN)], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "RECIPECACHE_NO_STALL_TIMEOUT='soon'" in lines[0], proc.stderr
+
+
+@pytest.mark.torch
+@pytest.mark.internals
+@pytest.mark.timeout(600)
+def test_killed_worker_leaves_the_graph_eager_counted_then_retried(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    # the metrics file rewritten at every change, as a user may ask: a flush reads no-stall's rows while
+    # workers start and fail
+    env = _env_without_recipecache() | {"RECIPECACHE_DIR": str(tmp_path / "store"),
+                                        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                                        "RECIPECACHE_METRICS_FILE": str(tmp_path / "metrics.json"),
+                                        "RECIPECACHE_METRICS_FLUSH": "1"}
+    proc = subprocess.run([sys.executable, str(WORKERS / "no_stall_kill.py"), str(out)], capture_output=True,
+                          text=True, env=env, timeout=540, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    no_stall = result["metrics"]["no_stall"]
+    assert no_stall["failed"] >= 1 and no_stall["workers"] >= 2 and no_stall["retries"] >= 1
+    assert json.loads((tmp_path / "metrics.json").read_text())["no_stall"]["failed"] == no_stall["failed"]
+    assert result["metrics"]["fallbacks"].get("no_stall_failed") == no_stall["failed"]
+    failed = [g for g in no_stall["graphs"].values() if g.get("failed")]
+    assert failed and all(g["switched_at"] is not None for g in failed)  # compiled again, not eager for good
+    assert all(g["eager_calls"] >= 5 for g in failed)  # it went on running without inductor meanwhile
+    assert result["lease_freed"] == [True] * len(failed)  # another process may compile it
+    assert "no_stall_failed" in proc.stderr  # the one warning
+
+
+# -- a real job ------------------------------------------------------------------------
+def _launch(tmp: Path, name: str, store_url: str, *args: str) -> dict[str, Any]:
+    run_dir = tmp / name
+    out = run_dir / "out.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--url", store_url, "--namespace", "nostall",
+         "--run-dir", str(run_dir), "--rank-dirs", str(tmp / f"{name}-dirs"), "--no-stall", str(TRAIN), *args,
+         "--out", str(out)],
+        check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {**json.loads(out.read_text()), "events": list(read_events(run_dir / "events")),
+            "report": json.loads((run_dir / "report.json").read_text()),
+            "metrics": [json.loads((run_dir / f"metrics-rank{r}.json").read_text()) for r in range(RANKS)]}
+
+
+def _plain(tmp: Path, steps: int) -> dict[str, Any]:
+    local = tmp / "plain-local"
+    (local / "tmp").mkdir(parents=True)
+    env = _env_without_recipecache() | {"TMPDIR": str(local / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(local / "inductor"),
+                                        "OMP_NUM_THREADS": "1"}
+    out = tmp / "plain.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), str(TRAIN),
+                           "--steps", str(steps), "--pause", "0", "--set-globals", "--out", str(out)],
+                          check=False, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
+    tmp = tmp_path_factory.mktemp("nostall")
+    store = f"file://{tmp / 'store'}"
+    cold = _launch(tmp, "cold", store, "--until-switched", "600", "--set-globals")
+    fresh = _launch(tmp, "fresh", store, "--steps", "4", "--set-globals")
+    yield {"cold": cold, "fresh": fresh, "plain": _plain(tmp, cold["steps"])}
+
+
+def _events(job: dict[str, Any], kind: str, rank: int | None = None) -> list[dict[str, Any]]:
+    return [e for e in job["events"] if e["event"] == kind and (rank is None or e["rank"] == rank)]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(1800)
+def test_ranks_run_eager_while_a_worker_compiles_then_switch(jobs: dict[str, dict[str, Any]]) -> None:
+    cold = jobs["cold"]
+    no_stall = Counter(e["key"] for e in _events(cold, "compile") if e.get("behind"))
+    assert no_stall and max(no_stall.values()) == 1, f"graphs compiled more than once: {no_stall}"
+    assert not [e for e in _events(cold, "compile") if not e.get("behind")], "a rank compiled inline"
+    most_compiled_by_one_worker = 0
+    assert cold["report"]["total"]["compiles"] == 0  # no step waited for a compile
+    for rank in range(RANKS):
+        eager = {e["key"] for e in _events(cold, "eager", rank)}
+        switched = {e["key"]: e["time"] for e in _events(cold, "switch", rank)}
+        assert eager and eager == set(switched) == set(no_stall), f"rank {rank}"
+        for e in _events(cold, "eager", rank):
+            assert e["time"] <= switched[e["key"]]  # eager until the switch, compiled after it
+        # rank r compiles what it met first; the graphs another rank compiled it ran eagerly meanwhile
+        compiled_here = {e["key"] for e in _events(cold, "compile", rank)}
+        assert compiled_here and eager - compiled_here
+        row = cold["metrics"][rank]["no_stall"]
+        assert row["failed"] == 0 and row["switches"] == len(no_stall)
+        assert row["workers"] == 1 and row["compiles"] == len(compiled_here)  # one worker compiled them all
+        most_compiled_by_one_worker = max(most_compiled_by_one_worker, len(compiled_here))
+    assert most_compiled_by_one_worker > 1
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(1800)
+def test_a_graph_whose_worker_died_is_taken_over_by_another_rank(tmp_path: Path) -> None:
+    job = _launch(tmp_path, "takeover", f"file://{tmp_path / 'store'}", "--until-switched", "600", "--kill-worker")
+    zero, one = (job["metrics"][rank]["no_stall"] for rank in range(RANKS))
+    failed = {key for key, graph in zero["graphs"].items() if graph.get("failed")}
+    assert failed and zero["failed"] == len(failed) and one["failed"] == 0
+    # once rank 1 published it, rank 0 loads it: it does not stay eager for the rest of the job
+    assert all(zero["graphs"][key]["switched_at"] is not None for key in failed)
+    compiled = Counter(e["key"] for e in _events(job, "compile") if e.get("behind"))
+    assert max(compiled.values()) == 1, f"graphs compiled more than once: {compiled}"
+    assert failed <= {e["key"] for e in _events(job, "compile", 1)}, "rank 1 compiled what rank 0's worker left"
+    assert failed <= {e["key"] for e in _events(job, "switch", 1)}, "and switched to it"
+    assert len(job["losses"]) == job["steps"] and all(loss == loss for step in job["losses"] for loss in step)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(1800)
+def test_losses_match_plain_torchrun(jobs: dict[str, dict[str, Any]]) -> None:
+    cold, plain = jobs["cold"], jobs["plain"]
+    assert len(cold["losses"]) == len(plain["losses"]) == cold["steps"]
+    worst = max(abs(a - b) for step, ref in zip(cold["losses"], plain["losses"]) for a, b in zip(step, ref))
+    assert worst <= LOSS_TOLERANCE
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(1800)
+def test_fresh_ranks_after_compile_nothing(jobs: dict[str, dict[str, Any]]) -> None:
+    fresh = jobs["fresh"]
+    assert not _events(fresh, "compile") and not _events(fresh, "eager")
+    assert len({e["key"] for e in _events(fresh, "hit")}) == len({e["key"] for e in _events(jobs["cold"], "switch")})
+
+
+# -- the switching callable on its own ------------------------------------------------------
+def _no_stall_graph(reload: Any) -> tuple[Any, Any, Any]:
+    import torch
+    from concurrent.futures import Future
+
+    from recipecache.torch_integration.no_stall.controller import NoStall, Deferred
+    from recipecache.torch_integration.metrics import Metrics
+
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (x * 2,)
+
+    store = Store.open(StoreSettings("memory://", namespace="behind-unit"))
+    no_stall = NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0)
+    job: Future[float] = Future()
+    graph = no_stall.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()), [])
+    return graph, job, no_stall
+
+
+@pytest.mark.torch
+def test_switching_callable_runs_eager_until_its_compile_is_done_then_compiled() -> None:
+    import torch
+
+    loads: list[int] = []
+
+    def reload() -> Any:
+        loads.append(1)
+        return lambda args: ("compiled", len(args))
+
+    graph, job, no_stall = _no_stall_graph(reload)
+    assert graph._boxed_call is True
+    for _ in range(3):
+        assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
+    assert not loads  # the compile is not done: never tried
+    job.set_result(1.0)
+    assert graph([torch.ones(2)]) == ("compiled", 1) and graph([torch.ones(2)]) == ("compiled", 1)
+    assert loads == [1]  # loaded once, then called
+    row = no_stall.snapshot()["k"]
+    assert row["eager_calls"] == 3 and row["switched_at"] is not None
+    assert no_stall.metrics.snapshot()["no_stall"]["switches"] == 1
+
+
+@pytest.mark.torch
+def test_switching_callable_stays_eager_when_its_compile_failed_or_its_load_fails() -> None:
+    import torch
+
+    def never() -> Any:
+        raise AssertionError("a failed compile is not loaded")
+
+    graph, job, _ = _no_stall_graph(never)
+    job.set_exception(RuntimeError("worker exited with status -9"))
+    for _ in range(2):
+        assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
+
+    def broken() -> Any:
+        raise OSError("the artifact's kernel is gone")
+
+    graph, job, no_stall = _no_stall_graph(broken)
+    job.set_result(1.0)
+    for _ in range(2):
+        assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
+    metrics = no_stall.metrics.snapshot()
+    assert metrics["no_stall"]["failed"] == 1 and metrics["fallbacks"] == {"no_stall_failed": 1}
+    assert "cannot load the compiled graph" in no_stall.snapshot()["k"]["failed"]
+
+
+# -- guards, deadlines, exit, the job's input -------------------------------------------------
+def _run_script(tmp_path: Path, script: str, *args: str, extra_env: dict[str, str] | None = None,
+                timeout: float = 540) -> subprocess.CompletedProcess[str]:
+    env = _env_without_recipecache() | {"RECIPECACHE_DIR": str(tmp_path / "store"),
+                                        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **(extra_env or {})}
+    return subprocess.run([sys.executable, str(WORKERS / script), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, check=False)
+
+
+@pytest.mark.torch
+@pytest.mark.internals
+@pytest.mark.timeout(600)
+def test_the_switched_graph_runs_only_for_inputs_inductors_guards_accept(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    proc = _run_script(tmp_path, "no_stall_guards.py", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert max(result["differences"].values()) <= 1e-5, result["differences"]
+    no_stall = result["metrics"]["no_stall"]
+    assert no_stall["failed"] == 0 and no_stall["switches"] >= 1
+    assert no_stall["guard_rejected"] >= 1  # inductor's guard held a length off the specialized graph
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_a_stuck_compile_behind_is_ended_at_its_deadline(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    proc = _run_script(tmp_path, "no_stall_stuck.py", "deadline", str(out), extra_env={"RECIPECACHE_NO_STALL_TIMEOUT": "2"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["metrics"]["fallbacks"] == {"no_stall_timeout": 1}
+    assert result["metrics"]["no_stall"]["failed"] == 1
+    assert not result["still_leased"] and not result["worker_exists"]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_the_exit_grace_ends_a_stuck_compile_behind(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    try:  # the grace is 1 s: past the bound, the exit hung on the stuck worker
+        proc = _run_script(tmp_path, "no_stall_stuck.py", "exit", str(out), timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process did not exit: a stuck compile behind held it past the exit grace")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert not Path(f"/proc/{result['worker']}").exists()
+    store = Store.open(StoreSettings(f"file://{tmp_path / 'store'}"))
+    assert not store.compiling(result["key"])
+
+
+def _no_stall_with_jobs(tmp_path: Path, keys: list[str], secret: bytes | None = None) -> tuple[Any, Store]:
+    """A NoStall on a filesystem store whose worker gets one job per key, leased here; a job torch cannot read
+    (its wire input is not torch's), so the worker fails it after starting."""
+    import pickle
+
+    from recipecache.torch_integration.no_stall import global_state
+    from recipecache.torch_integration.no_stall.controller import NoStall
+    from recipecache.torch_integration.metrics import Metrics
+
+    store = Store.open(StoreSettings(f"file://{tmp_path / 'store'}", namespace="jobs", secret=secret))
+    no_stall = NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0)
+    for key in keys:
+        flight = store.begin(key, wait=False)
+        assert flight.role is Role.LEADER
+        no_stall._row(key, ("f", "f32[2]"))
+        no_stall._submit(flight, pickle.dumps("not a graph"), global_state.capture())
+    return no_stall, store
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_finish_frees_the_lease_of_a_compile_still_queued(tmp_path: Path) -> None:
+    no_stall, store = _no_stall_with_jobs(tmp_path, ["first", "queued"])
+    no_stall.finish(0.0)
+    assert not store.compiling("first") and not store.compiling("queued")
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_an_exit_grace_past_what_a_wait_takes_lets_the_compile_finish(tmp_path: Path) -> None:
+    no_stall, _ = _no_stall_with_jobs(tmp_path, ["k"])
+    no_stall.finish(1e10)  # beyond threading.TIMEOUT_MAX: the compile ends on its own (here, failing to read its job)
+    failed = no_stall.snapshot()["k"]["failed"]
+    assert "exited with status" not in failed, failed  # the worker answered; it was not killed
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_a_compile_behind_writes_nothing_to_the_temporary_directory(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o777)  # world-writable and not sticky: another user could swap whatever we put there
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    secret = b"s3cret-signing-key-0123456789abcdef"
+    no_stall, _ = _no_stall_with_jobs(tmp_path, ["k"], secret=secret)
+    try:
+        assert list(shared.iterdir()) == []  # the job (and the secret in its settings) went through the worker's pipe
+    finally:
+        no_stall.finish(0.0)
+
+
+@pytest.mark.torch
+@pytest.mark.redis
+@pytest.mark.timeout(600)
+def test_a_store_outage_during_a_compile_behind_still_switches_the_leader(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    (tmp_path / "redis").mkdir()
+    proc = _run_script(tmp_path, "no_stall_outage.py", str(tmp_path / "redis"), str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    no_stall = result["metrics"]["no_stall"]
+    assert no_stall["failed"] == 0 and no_stall["compiles"] == 1 and no_stall["switches"] == 1
+    assert "backend_down" in result["metrics"]["fallbacks"]  # the worker's store failures, counted here
+    assert result["difference"] <= 1e-6

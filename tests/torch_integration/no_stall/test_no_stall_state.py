@@ -1,0 +1,272 @@
+"""No-stall's worker compiles under the rank's global torch state, and a failed compile behind is not the end.
+
+* each setting a training script makes before it compiles (matmul and cuDNN precisions, deterministic
+  algorithms, default dtype, inductor/functorch/dynamo/compiler config changed at run time, thread
+  count, environment), captured in a "rank" process and applied in one kept "worker" process after the other (or, where
+  an earlier state stuck, in a fresh one, as no-stall does): the worker computes the rank's FX key for each
+  (and the key-relevant ones do change the key);
+* a config torch's copy leaves out (a custom pass) cannot travel: :class:`Uncarried`;
+* a kept worker in which an earlier job's state stuck is replaced for the job;
+* the lead policy after a failure: the lease left to the others, led again only after a look and a
+  wait, inline after a key mismatch, at most ``NO_STALL_TRIES`` times;
+* a graph whose compile failed switches once another process published it (issue 28: load, never lead);
+* a real compile whose worker answers a key mismatch: counted, compiled again inline, switched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recipecache.reasons import Role
+from recipecache.settings import StoreSettings
+from recipecache.store import Store
+from support.paths import WORKERS
+
+pytestmark = pytest.mark.internals
+
+STATE_KEY = WORKERS / "state_key.py"
+
+#: statements a training script runs before it compiles, and whether torch's FX key reads what they set
+#: (the others only inductor's lowering reads, or dynamo: the worker reproduces them all the same)
+SETTINGS = {
+    "torch.backends.cuda.matmul.allow_tf32 = True": True,
+    "torch.backends.cudnn.allow_tf32 = False": False,
+    "torch.set_float32_matmul_precision('high')": True,
+    "torch.backends.cuda.matmul.fp32_precision = 'tf32'": True,
+    "torch.backends.cuda.matmul.allow_tf32 = True; torch.set_float32_matmul_precision('medium')": True,
+    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False": True,
+    "torch.backends.mkldnn.matmul.fp32_precision = 'bf16'": False,
+    "torch.use_deterministic_algorithms(True, warn_only=True)": True,
+    "torch.utils.deterministic.fill_uninitialized_memory = False": True,
+    "torch.set_default_dtype(torch.float64)": True,
+    "torch.set_num_threads(1)": True,
+    "torch._inductor.config.fallback_random = True": True,
+    "torch._inductor.config._micro_pipeline_tp = True": True,
+    "torch._functorch.config.bundled_autograd_cache = True": True,
+    "torch.compiler.config.cache_key_tag = 'job-tag'": True,
+    "torch._dynamo.config.capture_scalar_outputs = True": False,
+    "os.environ['SCRIPT_SETTING'] = '1'; os.environ.pop('HOME', None)": False,
+}
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(900)
+def test_the_worker_computes_the_ranks_key_under_each_setting() -> None:
+    statements = ["pass", *SETTINGS]
+    ranks = [subprocess.Popen([sys.executable, str(STATE_KEY), "rank", s], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=_env()) for s in statements]
+    captured: list[dict[str, Any]] = []
+    for statement, proc in zip(statements, ranks):
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{statement}: {err.decode()[-2000:]}"
+        captured.append(pickle.loads(out))
+    # one worker process for all, as the kept worker: each state replaces the previous one, defaults included;
+    # where what stuck of an earlier state keeps it from reproducing one, a fresh worker gets that job (as no-stall does)
+    results = _in_worker([c["state"] for c in captured])
+    for index, result in enumerate(results):
+        if result["differences"] and index:
+            results[index] = _in_worker([captured[index]["state"]])[0]
+    default_key = captured[0]["key"]
+    for statement, rank, worker_side in zip(statements, captured, results):
+        assert worker_side["differences"] == [], statement
+        assert worker_side["key"] == rank["key"], statement
+        if SETTINGS.get(statement):
+            assert rank["key"] != default_key, f"{statement} does not change the key: the test proves nothing"
+
+
+def _in_worker(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Apply each state, one after the other, in one fresh process; the FX key and unreproduced names after each."""
+    worker = subprocess.run([sys.executable, str(STATE_KEY), "worker"], input=pickle.dumps(states),
+                            capture_output=True, env=_env(), timeout=600, check=False)
+    assert worker.returncode == 0, worker.stderr.decode()[-2000:]
+    results: list[dict[str, Any]] = pickle.loads(worker.stdout)
+    return results
+
+
+@pytest.mark.torch
+def test_a_custom_pass_cannot_travel_to_a_worker() -> None:
+    import torch._inductor.config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    from recipecache.torch_integration.no_stall import global_state
+
+    class Noop(CustomGraphPass):
+        def __call__(self, graph: Any) -> None:
+            return None
+
+        def uuid(self) -> bytes:
+            return b"noop"
+
+    global_state.capture()  # torch's defaults travel
+    with inductor_config.patch(post_grad_custom_post_pass=Noop()), pytest.raises(global_state.Uncarried) as raised:
+        global_state.capture()
+    assert "post_grad_custom_post_pass" in str(raised.value)
+
+
+@pytest.mark.torch
+def test_a_job_a_kept_worker_cannot_reproduce_runs_again_in_a_fresh_one(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from recipecache.torch_integration.no_stall.controller import _Job, _Worker
+
+    answers = [{"error": "the worker cannot reproduce the rank's float32_matmul_precision", "stale_worker": True},
+               {"compile_s": 1.5}]
+    workers: list[_Worker] = []
+
+    def compile_(worker: _Worker, payload: bytes, timeout: float) -> dict[str, Any]:
+        workers.append(worker)
+        return answers.pop(0)
+
+    monkeypatch.setattr(_Worker, "compile", compile_)
+    no_stall = _no_stall(monkeypatch, retry_s=0.0)
+    try:
+        job = _Job("k", b"job", no_stall.store.begin("k", wait=False))
+        assert no_stall._work(job) == 1.5
+        assert len(workers) == 2 and workers[0] is not workers[1] and not workers[0].alive()
+        assert no_stall.metrics.snapshot()["no_stall"]["workers"] == 2
+    finally:
+        no_stall.close()
+
+
+def _no_stall(monkeypatch: pytest.MonkeyPatch, retry_s: float, url: str = "memory://") -> Any:
+    from recipecache.torch_integration.no_stall import controller
+    from recipecache.torch_integration.metrics import Metrics
+
+    monkeypatch.setattr(controller, "POLL_S", 0.0)
+    monkeypatch.setattr(controller, "RETRY_S", retry_s)
+    store = Store.open(StoreSettings(url, namespace="behind-policy"))
+    return controller.NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0)
+
+
+@pytest.mark.torch
+def test_a_failed_lead_is_retried_after_a_look_inline_after_a_key_mismatch_and_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from recipecache.torch_integration.no_stall.controller import NO_STALL_TRIES, WorkerFailed
+
+    no_stall = _no_stall(monkeypatch, retry_s=0.0)
+    store = no_stall.store
+    first = store.begin("k", wait=False)
+    assert no_stall._lead(first) == "worker"
+    first.release()  # the job's end frees it
+    no_stall._compile_failed("k", WorkerFailed("the worker computed key a, the rank b", inline=True, key_mismatch=True))
+    flight = store.begin("k", wait=False)
+    assert flight.role is Role.LEADER
+    assert no_stall._lead(flight) is None  # not before it looked at the free lease: the others go first
+    assert not store.compiling("k")  # and the lease it took is theirs to take
+    no_stall.looked_after_failure("k")
+    inline = store.begin("k", wait=False)
+    assert no_stall._lead(inline) == "inline"  # a worker would compute the wrong key again
+    inline.release()  # the inline compile's end frees it
+    assert NO_STALL_TRIES == 2
+    no_stall._compile_failed("k", RuntimeError("inline compile raised"))
+    no_stall.looked_after_failure("k")
+    assert no_stall._lead(store.begin("k", wait=False)) is None  # led twice: from now on it only waits
+    assert not store.compiling("k")
+    metrics = no_stall.metrics.snapshot()["no_stall"]
+    assert metrics["retries"] == 1 and metrics["key_mismatches"] == 1
+
+
+@pytest.mark.torch
+def test_a_graph_whose_compile_failed_switches_once_another_process_publishes_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import torch
+    from concurrent.futures import Future
+
+    from recipecache.torch_integration.no_stall.controller import Deferred
+
+    # this process will not lead it again during the test; the other process shares the store
+    no_stall = _no_stall(monkeypatch, retry_s=3600.0, url=f"file://{tmp_path / 'store'}")
+    other = Store.open(StoreSettings(no_stall.store.url, namespace="behind-policy"))
+
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (x * 2,)
+
+    loads: list[int] = []
+
+    def reload() -> Any:
+        loads.append(1)
+        return lambda args: ("compiled", len(args))
+
+    job: Future[float] = Future()
+    graph = no_stall.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()), [])
+    job.set_exception(RuntimeError("worker exited with status -9"))
+    no_stall._compile_failed("k", RuntimeError("worker exited with status -9"))
+    assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
+    with other.begin("k", wait=False) as flight:  # another process compiles it
+        assert flight.role is Role.LEADER
+        for _ in range(3):
+            assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
+        assert not loads  # nothing to load while it compiles
+        flight.publish(b"artifact")
+    assert graph([torch.ones(2)]) == ("compiled", 1)  # its compile ended: this process loads it
+    assert loads == [1] and no_stall.snapshot()["k"]["switched_at"] is not None
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_a_key_mismatch_is_counted_and_the_graph_compiled_inline_then_switched(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    env = _env() | {"RECIPECACHE_DIR": str(tmp_path / "store"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    proc = subprocess.run([sys.executable, str(WORKERS / "no_stall_inline.py"), str(out)], capture_output=True,
+                          text=True, env=env, timeout=540, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    no_stall = json.loads(out.read_text())["no_stall"]
+    assert no_stall["key_mismatches"] == 1 and no_stall["failed"] == 1 and no_stall["retries"] == 1
+    assert no_stall["compiles"] == 1  # the forward, behind; the backward was compiled inline
+    rows = no_stall["graphs"].values()
+    assert all(g["switched_at"] is not None for g in rows) and len(rows) == 2
+    assert [g["name"] for g in rows if g.get("failed")] == ["inner backward"]
+
+
+@pytest.mark.torch
+def test_a_registered_backends_codegen_config_reaches_the_worker_and_its_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.15's wire format carries the codegen configs of the backends registered for a device
+    (``backend_configs``; the FX key covers them), and torch's own child compiles under them. No-stall's wire
+    input carries the rank's, and its worker's context applies them: under it, a process whose backend config
+    reads its defaults computes the rank's FX key. Before, on 2.15 no-stall was off: the wire input lacked the
+    field (building it raised)."""
+    import importlib
+
+    import torch
+    from torch._inductor.codecache import compiled_fx_graph_hash
+    from torch._inductor.codegen import common
+    from torch._inductor.compile_fx_ext import _WireProtocolInput, _WireProtocolPickledInput
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from recipecache.torch_integration.no_stall.controller import wire_input
+    from recipecache.torch_integration.no_stall.worker import compile_context
+
+    if "backend_configs" not in _WireProtocolInput.__dataclass_fields__:
+        pytest.skip(f"torch {torch.__version__}'s wire format carries no backend configs (from 2.15)")
+    monkeypatch.syspath_prepend(str(WORKERS))
+    backend: Any = importlib.import_module("backend_codegen_config")
+    common.init_backend_registration()  # torch's own first, which registers the CPU without a codegen config
+    monkeypatch.setitem(common.custom_backend_codegen_configs, "cpu", backend)
+
+    inputs = [torch.randn(4, 3), torch.randn(3, 3)]
+    gm = make_fx(lambda x, w: (torch.relu(x @ w),))(*inputs)
+    default_key = compiled_fx_graph_hash(gm, inputs, {}, [])[0]
+    backend.vector_width = 16  # the rank's setting
+    rank_key = compiled_fx_graph_hash(gm, inputs, {}, [])[0]
+    assert rank_key != default_key, "the backend config does not change the key: the test proves nothing"
+    payload = wire_input(gm, inputs, [], {})
+    assert payload is not None
+    backend.vector_width = 8  # the worker's: a fresh process's defaults
+    wire = _WireProtocolPickledInput(payload).deserialize()
+    assert wire.backend_configs == {backend.__name__: backend.get_serializable_config_copy() | {"vector_width": 16}}
+    with compile_context(wire):
+        assert backend.vector_width == 16
+        assert compiled_fx_graph_hash(wire.gm, wire.example_inputs, {}, [])[0] == rank_key
+    assert backend.vector_width == 8
