@@ -127,10 +127,10 @@ class Metrics:
         self._write_failed = False
         #: the figures last written (all but ``wall_s``), to skip a rewrite that would change nothing
         self._written: dict[str, Any] | None = None
-        #: torch's own local-cache hits (``{"fx": n, "aot": m}``), set by the hooks: a graph
+        #: torch's own local-cache hits (``{"fx": n, "aot": m}``; :meth:`follow_local_hits`): a graph
         #: torch found in its local cache never reaches the store, so the store's counters
         #: alone would make a warm rerun look as if the cache did nothing
-        self.local_hits_source: Callable[[], dict[str, int]] | None = None
+        self._local_hits: Callable[[], dict[str, int]] | None = None
 
     # -- updates (each one flushes when asked to) -----------------------------------
     def changed(self) -> None:
@@ -243,7 +243,7 @@ class Metrics:
         lookups = {kind: store["by_kind"].get(kind, {"hit": 0, "miss": 0, "put": 0}) for kind in LOOKUP_KINDS}
         # graph lookups, and whole functions the precompiled tier looked up
         graphs = {k: sum(lookups[kind][k] for kind in GRAPH_KINDS) for k in ("hit", "miss")}
-        local = self.local_hits_source() if self.local_hits_source is not None else {}
+        local = self._local_hits() if self._local_hits is not None else {}
         no_stall_graphs = self._no_stall_graphs() if self._no_stall_graphs is not None else {}
         with self._lock:
             fallbacks.update({str(k): v for k, v in self._fallbacks.items()})
@@ -284,6 +284,11 @@ class Metrics:
     def enabled(self, start: float, end: float) -> None:
         """enable() ran from ``start`` to ``end`` (Unix seconds): the job's report shows what it cost."""
         self._enable_span = (start, end)
+
+    def follow_local_hits(self, hits: Callable[[], dict[str, int]]) -> None:
+        """Report torch's own local-cache hits, as ``hits()`` counts them at each snapshot (the hooks hand in
+        :func:`.describe.local_hits` once torch is hooked: this module imports no torch)."""
+        self._local_hits = hits
 
     def follow_no_stall(self, graphs: Callable[[], dict[str, Any]]) -> None:
         """Report no-stall's graphs, as ``graphs()`` gives them at each snapshot (:class:`.no_stall.controller.NoStall`)."""

@@ -200,7 +200,7 @@ def _install(integration: Integration, on: frozenset[str]) -> None:
     if "autograd" in on:
         # functools.cache'd: it may hold a backend (or None) from before the override
         AOTAutogradCache.get_remote_cache.cache_clear()
-    integration.metrics.local_hits_source = describe.local_hits
+    integration.metrics.follow_local_hits(describe.local_hits)
     if "cpu_probes" in on:
         integration.guarded(integration.probes.install_isa_probe)
 

@@ -320,6 +320,10 @@ class WorkerFailed(RuntimeError):
         self.key_mismatch = key_mismatch
 
 
+#: the directory that holds the ``recipecache`` package (this module's name says how deep it sits in it)
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[len(__name__.split(".")) - 1])
+
+
 class _Worker:
     """This process's compile worker (:mod:`.worker`), kept for one graph after another.
 
@@ -334,17 +338,21 @@ class _Worker:
         environ = dict(os.environ)
         for name in (env.EVENT_LOG, env.METRICS_FILE, env.METRICS_FLUSH):
             environ.pop(name, None)  # the parent records the background compile; the worker writes nothing of its own
-        package_root = str(Path(__file__).resolve().parents[2])
-        environ["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environ.get("PYTHONPATH")) if p)
+        environ["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, environ.get("PYTHONPATH")) if p)
         self.expired = False
-        # started in the package's root, which ``-m`` puts first on sys.path: never a module of the rank's directory
+        # started in the package's root, which ``-m`` puts first on sys.path: never a module of the rank's directory.
+        # In a process group of its own (this rank's session): a worker stopped (SIGSTOP) before it could ask to
+        # die with the rank would otherwise outlive a rank killed meanwhile, stopped for good; the kernel ends
+        # such a group when its parent dies (SIGHUP, then SIGCONT, to a group left orphaned with stopped members)
+        own_group: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {}  # 3.10: none
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "recipecache.torch_integration.no_stall.worker", str(os.getpid())],
             env=environ,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
-            cwd=package_root,
+            cwd=PACKAGE_ROOT,
+            **own_group,
         )
 
     def alive(self) -> bool:

@@ -20,6 +20,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +271,39 @@ def test_a_registered_backends_codegen_config_reaches_the_worker_and_its_key(mon
         assert backend.vector_width == 16
         assert compiled_fx_graph_hash(wire.gm, wire.example_inputs, {}, [])[0] == rank_key
     assert backend.vector_width == 8
+
+
+def _process_state(pid: int) -> str | None:
+    """``pid``'s state letter from /proc (``T`` stopped, ``Z`` a zombie), or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[0]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the worker's own process group needs Python 3.11's Popen")
+def test_a_worker_stopped_before_it_asked_to_die_with_its_rank_ends_with_it(tmp_path: Path) -> None:
+    """Issue 28: a worker stopped (SIGSTOP) before it armed its parent-death signal outlived its rank, killed
+    meanwhile, stopped for good. Started in a process group of its own (in the rank's session), it is ended by
+    the kernel once the rank's death leaves that group orphaned with a stopped member. It starts in the
+    directory that holds the package (never the rank's, never the package's own)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    rank = subprocess.Popen([sys.executable, str(WORKERS / "stopped_worker.py")], stdout=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        assert rank.stdout is not None
+        pid = int(rank.stdout.readline())
+        assert os.getpgid(pid) == pid and os.getsid(pid) == rank.pid, "the worker's own group, in the rank's session"
+        assert (Path(f"/proc/{pid}/cwd").resolve() / "recipecache" / "torch_integration").is_dir()
+        deadline = time.monotonic() + 60  # a hang guard: the stop is delivered once the worker next runs
+        while _process_state(pid) != "T":
+            assert time.monotonic() < deadline, f"the worker never stopped (state {_process_state(pid)})"
+            time.sleep(0.01)
+    finally:
+        rank.kill()
+        rank.wait()
+    deadline = time.monotonic() + 60  # a hang guard: a worker stopped for good never ends
+    while _process_state(pid) not in (None, "Z"):
+        assert time.monotonic() < deadline, f"the worker outlived its rank (state {_process_state(pid)})"
+        time.sleep(0.05)
