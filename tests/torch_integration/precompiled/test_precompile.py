@@ -530,7 +530,7 @@ def test_code_digests_follow_the_code_this_process_runs_not_the_file(tmp_path: P
     path.write_text(CODE_V1)  # v1 again, in processes with other hash seeds: the same digest
     script = (f"import importlib.util, sys; spec = importlib.util.spec_from_file_location('cd_model', {str(path)!r}); "
               "m = importlib.util.module_from_spec(spec); sys.modules['cd_model'] = m; spec.loader.exec_module(m); "
-              "from recipecache.torch_integration import code_digest; "
+              "from recipecache.torch_integration.precompiled import code_digest; "
               "print(code_digest.of_traced([m.f.__code__, m.helper.__code__])[0].digest.hex())")
     for seed in ("1", "2"):
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
