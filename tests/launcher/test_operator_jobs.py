@@ -68,7 +68,10 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
 
 
 def progress_lines(job: Job) -> list[str]:
-    return [line for line in job.stderr.splitlines() if line.startswith("recipecache-run: rank ")]
+    """The launcher's progress lines. Each is one write to the stderr it shares with torchrun and the ranks,
+    so it stays whole, but a rank's line written in pieces (C++ warnings) may have begun before it."""
+    prefix = "recipecache-run: rank "
+    return [line[line.index(prefix) :] for line in job.stderr.splitlines() if prefix in line]
 
 
 def test_cold_job_prints_each_compile_as_it_starts_and_ends(jobs: dict[str, Job]) -> None:
