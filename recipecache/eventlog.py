@@ -5,7 +5,13 @@ Enabled by ``RECIPECACHE_EVENT_LOG=<directory>``; each process appends to
 
     {"time": <unix seconds, float>, "rank": <int>, "key": <str>, "event": <str>, "duration": <seconds, float>}
 
-:mod:`recipecache.runs.events` reads the logs back.
+``event`` is one of :data:`EVENT_KINDS`. ``time`` is when the event *ended*, so an
+event covers ``[time - duration, time]``. Extra fields (``reason``, ``bytes``,
+``step``, ``shape``, ``behind``) may appear; readers must ignore fields they do not know.
+
+Lines are written with one ``write`` call on a file opened in append mode, so lines of
+different threads never interleave, and flushed at once so a killed process loses at
+most the line it was writing. :mod:`recipecache.runs.events` reads the logs back.
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ which writes JSON lines (the event-log format, :mod:`recipecache.eventlog`) to
 Components are ``name -> [hash, value]``, values cut to :data:`MAX_VALUE_CHARS`. The
 *graph identity* hashes the graph components with device indices taken out, so keys that
 differ only in their environment (or in ``cuda:0`` vs ``cuda:1``) share it: those are
-keys that should have matched. :mod:`recipecache.runs.keyinfo` reads them back. The ``keys/`` directory sits below the event logs, so
-readers of ``*.jsonl`` event files (the simulator) never see these records.
+keys that should have matched. The ``keys/`` directory sits below the event logs, so
+readers of ``*.jsonl`` event files (the simulator) never see these records;
+:mod:`recipecache.runs.keyinfo` reads them back.
 """
 
 from __future__ import annotations
@@ -63,8 +64,7 @@ GRAPH_ATTRIBUTES = frozenset(
 
 _LINE = re.compile(r"\[([A-Za-z0-9]+)\] ([^:\n]+?): (.*)\Z", re.DOTALL)
 #: device indices differ between ranks on purpose (each rank its own GPU); they do not make another graph
-DEVICE_INDEX = re.compile(r"(index=|cuda:|xpu:|hpu:)\d+")
-_ANY_INDEX = r"\1N"
+_DEVICE_INDEX = re.compile(r"(index=|cuda:|xpu:|hpu:)\d+")
 _UNPRINTABLE = re.compile(r"[^\t\n\x20-\x7e]")
 
 #: name -> (hash, value)
@@ -132,6 +132,12 @@ def is_graph_component(name: str) -> bool:
     return name.split("[", 1)[0] in GRAPH_ATTRIBUTES
 
 
+def without_device_index(value: str) -> str:
+    """``value`` with every device index blanked (``cuda:1`` -> ``cuda:N``): what two ranks' values share when
+    they differ only in the device each rank runs on."""
+    return _DEVICE_INDEX.sub(r"\1N", value)
+
+
 def graph_identity(components: Mapping[str, tuple[str, str]]) -> str:
     """A digest of the graph components, device indices removed: equal for keys that should have matched.
 
@@ -141,7 +147,8 @@ def graph_identity(components: Mapping[str, tuple[str, str]]) -> str:
     parts = []
     for name in sorted(n for n in components if is_graph_component(n)):
         digest, value = components[name]
-        parts.append(f"{name}={DEVICE_INDEX.sub(_ANY_INDEX, value) if DEVICE_INDEX.search(value) else digest}")
+        blanked = without_device_index(value)
+        parts.append(f"{name}={blanked if blanked != value else digest}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..keylog import DEVICE_INDEX
+from ..keylog import without_device_index
 from ..reasons import REFUSED, Reason
 from .events import Skipped, read_events
 from .keyinfo import KeyInfo, differing, graph_label, load_keys, short_key, torch_hash
@@ -349,7 +349,7 @@ def named_differences(differences: Sequence[tuple[str, Sequence[str]]]) -> list[
                 if len(coordinates) > 1:
                     out.append("device mesh coordinate " + " vs ".join(coordinates))
                 out.append("rank " + " vs ".join(dict.fromkeys(m.group(1) for m in found)))
-        elif len({DEVICE_INDEX.sub(r"\1N", v) for v in values}) == 1 and len(set(values)) > 1:
+        elif len({without_device_index(v) for v in values}) == 1 and len(set(values)) > 1:
             out.append("device ordinal")
     if any(n.startswith("device_mesh[") for n, _v in differences):
         out.append("torch pickles the rank's device mesh into the key (with its group names, rank and coordinate)")
