@@ -64,6 +64,8 @@ the tier's two runs (``PRECOMPILE_SCENARIOS``).
     python benchmarks/cold_bench.py [--reps 3] [--warm-pairs 2] [--cases rotated,aligned] [--quick]
                                     [--timeline] [--compare-tree /work/main] [--precompile] [--no-stall] [--tf32]
                                     [--json FILE]
+    python benchmarks/cold_bench.py --precompile --fresh-only --workdir DIR [--warm-pairs 8] [--iters 8]
+        (only the issue-33 pairs, on the plain cache and tier store a --precompile run left in DIR)
 """
 
 from __future__ import annotations
@@ -895,6 +897,27 @@ def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[s
     return runs
 
 
+def fresh_pairs(work: Path, case: str, pairs: int, job_args: list[str]) -> dict[str, Any]:
+    """``pairs`` interleaved pairs of plain torchrun's warm job and the tier's fresh job (each in new empty dirs)
+    on the plain cache and tier store an earlier run left in ``work`` (its first repetition's); prints and
+    returns :func:`precompile_fresh_figures`. The issue-33 figures without the cold jobs, which take minutes
+    each on a loaded machine, so many pairs fit in one sitting."""
+    base = work / f"{case}-0"
+    if not (base / "plain-dirs").is_dir() or not (base / "pc-store").is_dir():
+        sys.exit(f"cold_bench: {base} holds no plain cache and tier store: run --precompile with --workdir {work} first")
+    args = [*job_args, "--order", case]
+    fresh: list[Run] = []
+    warm: list[Run] = []
+    for k in range(pairs):
+        tag = f"fresh-only.{k}.{time.strftime('%H%M%S')}"
+        sides = [lambda: warm.append(run_job(work, "plain warm", case, tag, args, dirs=base / "plain-dirs", store=None)),
+                 lambda: fresh.append(run_job(work, "pc fresh", case, tag, args, dirs=base / f"pc-fresh-dirs-{tag}",
+                                              store=base / "pc-store", launcher_args=["--precompile"]))]
+        for side in sides if k % 2 == 0 else sides[::-1]:
+            side()
+    return precompile_fresh_figures(fresh, warm)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, help="interleaved repetitions per case (default 3; 1 with --quick)")
@@ -915,7 +938,12 @@ def main() -> None:
                    help="also run recipecache-run cold and fresh from this checkout (e.g. /work/main), interleaved")
     p.add_argument("--precompile", action="store_true",
                    help="also run recipecache-run --precompile cold and fresh (the precompiled tier), interleaved")
+    p.add_argument("--fresh-only", action="store_true",
+                   help="with --precompile and the --workdir of an earlier run: only the pairs of plain torchrun's warm "
+                        "job and the tier's fresh job, on that run's plain cache and tier store (no cold job)")
     args = p.parse_args()
+    if args.fresh_only and not (args.precompile and args.workdir):
+        p.error("--fresh-only needs --precompile and the --workdir of an earlier --precompile run")
     sys.path.insert(0, str(ROOT))  # recipecache.runs.events, to read the runs' event logs
     cases = [c for c in args.cases.split(",") if c]
     if not cases or any(c not in TARGETS for c in cases):
@@ -927,16 +955,20 @@ def main() -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="cold-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"cold_bench: 2 ranks (gloo, CPU, 1 thread each), each in its own empty TORCHINDUCTOR_CACHE_DIR and TMPDIR; "
-          f"job {' '.join(job_args)}; {reps} repetition(s); workdir {work}", flush=True)
+          f"job {' '.join(job_args)}; "
+          f"{f'{args.warm_pairs} pair(s)' if args.fresh_only else f'{reps} repetition(s)'}; workdir {work}", flush=True)
 
     def show(run: Run) -> None:
         if args.timeline:
             print(timeline(run), flush=True)
 
     compare = args.compare_tree.resolve() if args.compare_tree else None
-    figures = {case: summarise(case, run_case(work, case, reps, args.warm_pairs, job_args, compare, show,
-                                              args.precompile, args.no_stall))
-               for case in cases}
+    if args.fresh_only:
+        figures = {case: fresh_pairs(work, case, args.warm_pairs, job_args) for case in cases}
+    else:
+        figures = {case: summarise(case, run_case(work, case, reps, args.warm_pairs, job_args, compare, show,
+                                                  args.precompile, args.no_stall))
+                   for case in cases}
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
     if args.workdir is None:
