@@ -49,7 +49,10 @@ fresh ranks beside plain torchrun's warm job (issue 33): every iteration's time 
 rank's) side by side, its compiles and fallbacks (0, each fallback with its cause), its wall
 (<= 0.8x), iterations 0 + 1 (<= 0.2x, goal 0.1x) and every later iteration (<= 1.2x plain
 warm's same iteration, the ratio's median over the pairs: each iteration's 20-40 ms jitter by some 10 ms
-between jobs), beside each later iteration's main-thread CPU ratio, where the later iterations' time went
+between jobs; with each median its 90% interval, and whether the pairs settle the target: every interval
+within 1.2x, one wholly above, or not settled, which more ``--warm-pairs`` narrow: 5 pairs at least, 8 or more
+on a shared machine), the share of the cores other processes took during each side's later iterations, beside
+each later iteration's main-thread CPU ratio, where the later iterations' time went
 (per part of the step, wall and CPU: :data:`ITER_PARTS`), the ranks' thread settings compared (a
 difference makes the comparison unfair), and both jobs' timelines side by side (:func:`phases_table`: launcher start, torchrun's
 agent, the ranks' process start, ``enable()``, the script's start, torch imported, each iteration's end, the
@@ -61,6 +64,8 @@ the tier's two runs (``PRECOMPILE_SCENARIOS``).
     python benchmarks/cold_bench.py [--reps 3] [--warm-pairs 2] [--cases rotated,aligned] [--quick]
                                     [--timeline] [--compare-tree /work/main] [--precompile] [--no-stall] [--tf32]
                                     [--json FILE]
+    python benchmarks/cold_bench.py --precompile --fresh-only --workdir DIR [--warm-pairs 8] [--iters 8]
+        (only the issue-33 pairs, on the plain cache and tier store a --precompile run left in DIR)
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import shutil
 import statistics
@@ -163,6 +169,18 @@ class PartClock:
             self._gc_start = None
 
 
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has been busy (user, nice, system, irq, softirq, steal) since boot,
+    from /proc/stat; 0.0 where there is none. A job's ranks subtract their own CPU from its change over their
+    later iterations: what is left is what other processes took from the cores meanwhile."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    busy = [int(fields[i]) for i in (0, 1, 2, 5, 6, 7) if i < len(fields)]
+    return sum(busy) / os.sysconf("SC_CLK_TCK")
+
+
 def process_state(torch_threads: int) -> dict[str, Any]:
     """What a rank's steps compete with in its own process: torch's and OpenMP's threads, the process's
     threads by name, its CPU affinity and nice value (the same in both jobs, or the comparison is unfair)."""
@@ -235,12 +253,13 @@ def job(args: argparse.Namespace) -> None:
     compiled = torch.compile(ddp)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     mine: dict[str, Any] = {"iter_s": [], "steps": [], "losses": [], "start": time.time(),
-                            "iter_cpu_s": [], "iter_main_cpu_s": []}
+                            "iter_cpu_s": [], "iter_main_cpu_s": [], "iter_machine_busy_s": []}
     parts = PartClock(args.iters)
     gc.callbacks.append(parts.gc_pause)
     for it in range(args.iters):
         parts.iteration = it
         it_start, cpu_start, main_start = time.perf_counter(), time.process_time(), time.thread_time()
+        busy_start = machine_busy_s()
         for step, length in enumerate(order):
             parts.lap()
             tokens, targets = batch(it, step, length)
@@ -271,6 +290,7 @@ def job(args: argparse.Namespace) -> None:
         # CPU seconds of the iteration: the whole process (every thread) and the main thread alone
         mine["iter_cpu_s"].append(time.process_time() - cpu_start)
         mine["iter_main_cpu_s"].append(time.thread_time() - main_start)
+        mine["iter_machine_busy_s"].append(machine_busy_s() - busy_start)
         marks[f"iter {it} end"] = time.time()
     gc.callbacks.remove(parts.gc_pause)
     mine["parts"], mine["parts_cpu"] = parts.wall, parts.cpu
@@ -322,6 +342,18 @@ class Run:
         """Each iteration's CPU seconds of the rank's main thread, the largest rank's: the steps' own work,
         without the waits at the collectives and the time other processes held the cores."""
         return [max(times) for times in zip(*(r["iter_main_cpu_s"] for r in self.ranks))]
+
+    def others_share(self, first: int) -> float | None:
+        """The share of the machine's cores that processes other than the job's ranks took over iterations ``first``
+        on: the machine's busy seconds meanwhile (as rank 0 saw them) less both ranks' CPU seconds, over the
+        iterations' wall seconds times the cores. The same job is slower beside a busier machine, so a pair whose
+        sides ran beside different loads says more about the machine than about the jobs. None without /proc/stat."""
+        busy = sum(self.ranks[0].get("iter_machine_busy_s", [])[first:])
+        if busy <= 0:
+            return None
+        own = sum(sum(r["iter_cpu_s"][first:]) for r in self.ranks)
+        wall = sum(self.ranks[0]["iter_s"][first:]) * (os.cpu_count() or 1)
+        return max(0.0, busy - own) / wall if wall > 0 else None
 
     def parts_s(self, clock: str, first: int) -> dict[str, float]:
         """Seconds of each :data:`ITER_PARTS` part from iteration ``first`` on (``clock`` ``parts``: wall,
@@ -585,6 +617,30 @@ def spread(values: Sequence[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
+#: how sure an interval of a median over the pairs must be before the verdict calls a later iteration
+#: within or above its target
+MEDIAN_COVERAGE = 0.9
+
+
+def median_interval(values: Sequence[float], coverage: float = MEDIAN_COVERAGE) -> tuple[float, float] | None:
+    """The narrowest interval between order statistics of ``values`` that holds their population's median with
+    probability ``coverage`` or more (distribution-free: the binomial count of values below the median), or
+    None when there are too few values for that (fewer than 5 at 0.9: even their min-max interval misses the
+    median once in 2**(n-1) draws)."""
+    ordered, n = sorted(values), len(values)
+    below = [math.comb(n, i) / 2**n for i in range(n + 1)]  # P(exactly i values below the median)
+    best = None
+    for k in range(1, n // 2 + 1):  # the interval from the k-th smallest to the k-th largest
+        if 1 - 2 * sum(below[:k]) >= coverage:
+            best = (ordered[k - 1], ordered[n - k])
+    return best
+
+
+def interval_text(span: tuple[float, float] | None) -> str:
+    """An interval of :func:`median_interval` as printed."""
+    return f"{span[0]:.2f}-{span[1]:.2f}" if span is not None else "none (fewer than 5 pairs)"
+
+
 def ratios(numerator: list[Run], denominator: list[Run], measure: Callable[[Run], float]) -> list[float]:
     """Per repetition (runs of one repetition ran back to back), ``measure`` of one side over the other."""
     return [measure(a) / measure(b) for a, b in zip(numerator, denominator)]
@@ -689,11 +745,23 @@ def precompile_fresh_figures(fresh: list[Run], warm: list[Run]) -> dict[str, Any
               f"fallbacks {pc.fallbacks() or 'none'}")
         for line in pc.fallback_details():
             print(f"    {line}")
+    for k, (pc, plain) in enumerate(zip(fresh, warm)):
+        shares = [run.others_share(2) for run in (pc, plain)]
+        if None not in shares:
+            print(f"  pair {k}: other processes' share of the cores during iterations 2 on, fresh / plain warm: "
+                  f"{shares[0]:.0%} / {shares[1]:.0%}")
     later_iters = range(2, min(len(r) for r in iters))
     per_iter = [statistics.median(ratio[i] for ratio in iters) for i in later_iters]
+    intervals = [median_interval([ratio[i] for ratio in iters]) for i in later_iters]
     per_iter_cpu = [statistics.median(ratio[i] for ratio in cpu) for i in later_iters]
     print("precompiled tier, fresh / plain warm per iteration after 1, median over the pairs (each pair's): "
           + "  ".join(f"{i}: {m:.2f} ({' '.join(f'{r[i]:.2f}' for r in iters)})" for i, m in zip(later_iters, per_iter)))
+    print(f"  {MEDIAN_COVERAGE:.0%} interval of each median: "
+          + "  ".join(f"{i}: {interval_text(span)}" for i, span in zip(later_iters, intervals)))
+    together = ratios(fresh, warm, lambda r: sum(r.iters_s[2:])) if later_iters else []
+    if together:
+        print(f"  iterations 2 on together, fresh / plain warm: {spread(together)}, {MEDIAN_COVERAGE:.0%} interval "
+              f"of the median {interval_text(median_interval(together))}")
     print("  main thread CPU per iteration, fresh / plain warm, median over the pairs: "
           + "  ".join(f"{i}: {m:.2f}" for i, m in zip(later_iters, per_iter_cpu)))
     parts = {side: {clock: {part: statistics.median(run.parts_s(clock, 2)[part] for run in runs) for part in ITER_PARTS}
@@ -717,13 +785,30 @@ def precompile_fresh_figures(fresh: list[Run], warm: list[Run]) -> dict[str, Any
           f"slowest iteration after 1 (median over the pairs) "
           f"{f'{slowest:.2f}' if per_iter else 'none (run --iters 3 or more)'}  target <= "
           f"{PRECOMPILE_FRESH_ITER_TARGET}: {met(slowest <= PRECOMPILE_FRESH_ITER_TARGET)}"
-          f"{'' if len(iters) >= 3 else ' (fewer than 3 pairs: run --warm-pairs 3 or more for a median)'}; "
+          f"{'' if len(iters) >= 3 else ' (fewer than 3 pairs: run --warm-pairs 3 or more for a median)'} "
+          f"({resolution(list(later_iters), intervals, PRECOMPILE_FRESH_ITER_TARGET)}); "
           f"compiles {compiles}, fallbacks {fallbacks}  target 0: {met(not any(compiles) and not any(fallbacks))}")
     return {"pc_fresh_first_two": first_two, "pc_fresh_wall": walls, "pc_fresh_iters": iters,
-            "pc_fresh_iter_medians": per_iter, "pc_fresh_later_iter_max": slowest, "pc_fresh_main_cpu": cpu,
+            "pc_fresh_iter_medians": per_iter, "pc_fresh_iter_median_intervals": intervals,
+            "pc_fresh_later_iters_together": together, "pc_fresh_later_iter_max": slowest, "pc_fresh_main_cpu": cpu,
             "pc_fresh_main_cpu_medians": per_iter_cpu, "pc_fresh_parts_ms": parts,
             "pc_fresh_compiles": compiles, "pc_fresh_fallbacks": fallbacks,
             "pc_fresh_fallback_details": [r.fallback_details() for r in fresh]}
+
+
+def resolution(iterations: list[int], intervals: list[tuple[float, float] | None], target: float) -> str:
+    """Whether the pairs settle each later iteration's median against ``target``: every interval of
+    :func:`median_interval` below it (within, at that coverage), one wholly above it (above), or else which
+    iterations' intervals straddle it (more pairs narrow them). A single median of few noisy pairs, and the largest
+    of several such medians, lands above the target by chance though the jobs run alike."""
+    above = [i for i, span in zip(iterations, intervals) if span is not None and span[0] > target]
+    if above:
+        return f"iteration(s) {', '.join(map(str, above))} above {target}x at {MEDIAN_COVERAGE:.0%} confidence"
+    open_ = [i for i, span in zip(iterations, intervals) if span is None or span[1] > target]
+    if not open_:
+        return f"every iteration within {target}x at {MEDIAN_COVERAGE:.0%} confidence"
+    return (f"not settled at {MEDIAN_COVERAGE:.0%} confidence: iteration(s) {', '.join(map(str, open_))}; "
+            "more --warm-pairs narrow the intervals")
 
 
 def process_differences(one: list[dict[str, Any]], other: list[dict[str, Any]]) -> list[str]:
@@ -812,6 +897,27 @@ def run_case(work: Path, case: str, reps: int, warm_pairs: int, job_args: list[s
     return runs
 
 
+def fresh_pairs(work: Path, case: str, pairs: int, job_args: list[str]) -> dict[str, Any]:
+    """``pairs`` interleaved pairs of plain torchrun's warm job and the tier's fresh job (each in new empty dirs)
+    on the plain cache and tier store an earlier run left in ``work`` (its first repetition's); prints and
+    returns :func:`precompile_fresh_figures`. The issue-33 figures without the cold jobs, which take minutes
+    each on a loaded machine, so many pairs fit in one sitting."""
+    base = work / f"{case}-0"
+    if not (base / "plain-dirs").is_dir() or not (base / "pc-store").is_dir():
+        sys.exit(f"cold_bench: {base} holds no plain cache and tier store: run --precompile with --workdir {work} first")
+    args = [*job_args, "--order", case]
+    fresh: list[Run] = []
+    warm: list[Run] = []
+    for k in range(pairs):
+        tag = f"fresh-only.{k}.{time.strftime('%H%M%S')}"
+        sides = [lambda: warm.append(run_job(work, "plain warm", case, tag, args, dirs=base / "plain-dirs", store=None)),
+                 lambda: fresh.append(run_job(work, "pc fresh", case, tag, args, dirs=base / f"pc-fresh-dirs-{tag}",
+                                              store=base / "pc-store", launcher_args=["--precompile"]))]
+        for side in sides if k % 2 == 0 else sides[::-1]:
+            side()
+    return precompile_fresh_figures(fresh, warm)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, help="interleaved repetitions per case (default 3; 1 with --quick)")
@@ -832,7 +938,12 @@ def main() -> None:
                    help="also run recipecache-run cold and fresh from this checkout (e.g. /work/main), interleaved")
     p.add_argument("--precompile", action="store_true",
                    help="also run recipecache-run --precompile cold and fresh (the precompiled tier), interleaved")
+    p.add_argument("--fresh-only", action="store_true",
+                   help="with --precompile and the --workdir of an earlier run: only the pairs of plain torchrun's warm "
+                        "job and the tier's fresh job, on that run's plain cache and tier store (no cold job)")
     args = p.parse_args()
+    if args.fresh_only and not (args.precompile and args.workdir):
+        p.error("--fresh-only needs --precompile and the --workdir of an earlier --precompile run")
     sys.path.insert(0, str(ROOT))  # recipecache.runs.events, to read the runs' event logs
     cases = [c for c in args.cases.split(",") if c]
     if not cases or any(c not in TARGETS for c in cases):
@@ -844,16 +955,20 @@ def main() -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="cold-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"cold_bench: 2 ranks (gloo, CPU, 1 thread each), each in its own empty TORCHINDUCTOR_CACHE_DIR and TMPDIR; "
-          f"job {' '.join(job_args)}; {reps} repetition(s); workdir {work}", flush=True)
+          f"job {' '.join(job_args)}; "
+          f"{f'{args.warm_pairs} pair(s)' if args.fresh_only else f'{reps} repetition(s)'}; workdir {work}", flush=True)
 
     def show(run: Run) -> None:
         if args.timeline:
             print(timeline(run), flush=True)
 
     compare = args.compare_tree.resolve() if args.compare_tree else None
-    figures = {case: summarise(case, run_case(work, case, reps, args.warm_pairs, job_args, compare, show,
-                                              args.precompile, args.no_stall))
-               for case in cases}
+    if args.fresh_only:
+        figures = {case: fresh_pairs(work, case, args.warm_pairs, job_args) for case in cases}
+    else:
+        figures = {case: summarise(case, run_case(work, case, reps, args.warm_pairs, job_args, compare, show,
+                                                  args.precompile, args.no_stall))
+                   for case in cases}
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
     if args.workdir is None:

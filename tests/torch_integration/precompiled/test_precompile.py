@@ -1098,3 +1098,39 @@ def test_cold_bench_judges_each_later_iteration_by_its_median_over_the_pairs(cap
         "rank 0 OMP_NUM_THREADS 2 vs 1",
         "rank 1 OMP_NUM_THREADS 2 vs 1",
     ]
+
+
+def test_cold_bench_settles_a_later_iteration_only_when_the_interval_of_its_median_is_on_one_side(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33: two processes of the same job differ by some 30% per iteration on this machine, so the median of
+    3 pairs, and the largest of six such medians, lands above 1.2x by chance with the jobs at parity. The verdict
+    says whether the pairs settle it: each later iteration's median with its 90% interval (distribution-free,
+    from the order statistics; none below 5 pairs), within the target only when every interval is, above it when
+    one interval is wholly above. The median verdict itself is unchanged. Each pair also says how much of the
+    cores other processes took during each side's later iterations."""
+    bench = _cold_bench()
+    assert bench.median_interval([1.0, 1.1, 1.2, 1.3]) is None, "4 values: min-max misses the median 1 time in 8"
+    assert bench.median_interval([0.9, 1.3, 1.0, 1.1, 0.8]) == (0.8, 1.3)
+    assert bench.median_interval([float(i) for i in range(10)]) == (1.0, 8.0)
+
+    def verdict(fresh_iters: list[list[float]]) -> tuple[dict[str, Any], str]:
+        warm = [_bench_run(bench, "plain warm", [10.0, 0.5, 0.1, 0.1]) for _ in fresh_iters]
+        figures = bench.precompile_fresh_figures([_bench_run(bench, "pc fresh", i) for i in fresh_iters], warm)
+        return figures, capsys.readouterr().out.splitlines()[-1]
+
+    alike = [[1.0, 0.05, 0.1 + d, 0.1 - d] for d in (0.0, 0.01, -0.01, 0.005, -0.005, 0.01, -0.01)]
+    figures, line = verdict(alike)
+    assert figures["pc_fresh_iter_median_intervals"] == [pytest.approx((0.9, 1.1)), pytest.approx((0.9, 1.1))]
+    assert "target <= 1.2: met (every iteration within 1.2x at 90% confidence)" in line
+    above = [[1.0, 0.05, 0.15 + d, 0.1] for d in (0.0, 0.01, -0.01, 0.005, -0.005, 0.01, -0.01)]
+    assert "target <= 1.2: MISSED (iteration(s) 2 above 1.2x at 90% confidence)" in verdict(above)[1]
+    spread_out = [[1.0, 0.05, 0.1, t] for t in (0.07, 0.08, 0.1, 0.11, 0.13, 0.15, 0.16)]
+    assert "target <= 1.2: met (not settled at 90% confidence: iteration(s) 3;" in verdict(spread_out)[1]
+    assert "met (not settled at 90% confidence: iteration(s) 2, 3;" in verdict(alike[:3])[1], "3 pairs settle nothing"
+
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    run = _bench_run(bench, "pc fresh", [1.0, 0.05, 0.1, 0.1])
+    for rank in run.ranks:
+        rank.update(iter_cpu_s=[1.0, 0.05, 0.05, 0.05], iter_machine_busy_s=[2.0, 0.1, 0.15, 0.15])
+    assert run.others_share(2) == pytest.approx((0.3 - 0.2) / (0.2 * 2)), "the machine's busy time less the ranks'"
