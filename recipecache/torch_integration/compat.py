@@ -179,6 +179,32 @@ HOOKS: tuple[Hook, ...] = (
         (_i("_inductor.compile_fx", "fx_codegen_and_compile", "gm", "example_inputs"),),
     ),
     Hook(
+        "overlap",
+        "a rank whose graph another rank compiles goes on to compile the next graph (a forward's backward) and "
+        "waits for it at its first call (without: it waits in the compile, a CPU core idle)",
+        (
+            _i("_inductor.compile_fx", "_check_triton_bf16_support", "graph"),
+            _i(
+                "_functorch._aot_autograd.graph_compile",
+                "_aot_stage2b_bw_compile",
+                "bw_module",
+                "maybe_subclass_meta",
+                "fw_metadata",
+                "fwd_output_strides",
+                "num_symints_saved_for_bw",
+                "aot_config",
+                "bw_compiler",
+            ),
+            _i("_functorch._aot_autograd.schemas", "AOTConfig.force_non_lazy_backward_lowering"),
+            _i("_inductor.utils", "set_tracing_context_output_strides", "example_inputs", "compiled_graph"),
+            _i("fx.experimental.symbolic_shapes", "SymExprPrinter"),
+            _i("_guards", "TracingContext.report_output_strides"),
+            _i("_guards", "tracing"),
+            _i("_inductor.config", "save_config_portable"),
+        ),
+        requires=("graphs", "compile_scope", "compile_count"),
+    ),
+    Hook(
         "key_records",
         "what each graph key is made of, for recipecache explain, and graph names in the report",
         (_i("_inductor.codecache", "compiled_fx_graph_hash", "gm", "example_inputs", "fx_kwargs"),),
