@@ -31,6 +31,7 @@ from torch._inductor.cpu_vec_isa import VecISA
 from ..reasons import Reason
 from ..store import Store
 from . import deferral, describe, rank_binding
+from .graphs import hooks
 from .graphs.hooks import Integration
 from .metrics import Metrics
 
@@ -70,6 +71,7 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
     original_reduce_fake: Any = getattr(codecache.FxGraphCachePickler, "_reduce_fake_script_object", None)
     original_lowered: Any = getattr(compile_fx, "_check_triton_bf16_support", None)
     original_backward_stage: Any = getattr(graph_compile, "_aot_stage2b_bw_compile", None)
+    original_cache_info: Any = getattr(graph_compile, "_cache_autograd_info", None)
 
     def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
         result = original_write(content, extension, *args, **kwargs)
@@ -167,6 +169,38 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
             )
             return original_backward_stage(*args, **kwargs)
 
+    def _cache_autograd_info(*args: Any, **kwargs: Any) -> Any:
+        """AOTAutograd's cache entry of a compile: saved now, or (the backward compiled lazily) after that compile.
+        An entry naming a graph that waits for its first call (overlap, :class:`.graphs.hooks.WaitingGraph`) is saved
+        once that graph is loaded: the entry names the loaded graph's key and guards."""
+        bound = inspect.signature(original_cache_info).bind(*args, **kwargs)
+        forward = hooks.waiting_graph_in(bound.arguments["compiled_fw_func"])
+        backward_func = bound.arguments["compiled_bw_func"]
+        backward = hooks.waiting_graph_in(backward_func)
+        if forward is None and backward is None:
+            try_save, entry = original_cache_info(*args, **kwargs)
+            return (None if try_save is None else _saving_when_loaded(try_save, [])), entry
+        if forward is not None:
+            bound.arguments["compiled_fw_func"] = forward  # its key and guards are read from what it loads
+        bound.arguments["compiled_bw_func"] = None  # the stage saves nothing itself: its saving function follows
+        try_save, entry = original_cache_info(*bound.args, **bound.kwargs)
+        if try_save is None or backward_func is None:  # nothing to save; or the backward compiles lazily
+            return (None if try_save is None else _saving_when_loaded(try_save, [forward] if forward else [])), entry
+        arguments = (backward or backward_func, bound.arguments["bw_module"], bound.arguments["fw_metadata"],
+                     bound.arguments["aot_config"])
+        waiting = [g for g in (forward, backward) if g is not None]
+        return None, hooks.save_when_loaded(functools.partial(try_save, *arguments), waiting)
+
+    def _saving_when_loaded(try_save: Any, waiting: list[hooks.WaitingGraph]) -> Any:
+        """AOTAutograd's function saving an entry after a lazy backward compile, which may give a WaitingGraph."""
+
+        def save(compiled_bw_func: Any, *rest: Any) -> Any:
+            backward = hooks.waiting_graph_in(compiled_bw_func)
+            graphs = [*waiting, *([backward] if backward is not None else [])]
+            return hooks.save_when_loaded(functools.partial(try_save, backward or compiled_bw_func, *rest), graphs)
+
+        return save
+
     def reduce_fake_script_object(pickler: Any, fake: Any) -> Any:
         """torch's keys of graphs taking a device mesh: the mesh as what the code depends on, the same in every job
         (:func:`.rank_binding.rank_mesh_reduction`); AOTAutograd's entries of those graphs then hit in later jobs."""
@@ -224,6 +258,7 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         "overlap": [
             (compile_fx, "_check_triton_bf16_support", _check_triton_bf16_support),
             (graph_compile, "_aot_stage2b_bw_compile", _aot_stage2b_bw_compile),
+            (graph_compile, "_cache_autograd_info", _cache_autograd_info),
         ],
         "key_records": [(codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash)],
     }

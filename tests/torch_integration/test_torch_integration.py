@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -782,6 +783,28 @@ def test_overlap_a_busy_backward_is_waited_for_at_its_first_call_and_loads_the_l
     calling.join(timeout=60)
     assert loads == ["hit", ("compiled", 1)]
     assert waiter.metrics.snapshot()["graph_compilation"]["TotalNumber"] == 0
+
+
+def test_overlap_an_autograd_entry_naming_waiting_graphs_is_saved_once_all_are_loaded_with_their_keys() -> None:
+    from recipecache.torch_integration import deferral
+    from recipecache.torch_integration.graphs.hooks import WaitingGraph, save_when_loaded, waiting_graph_in
+
+    def waiting(key: str) -> WaitingGraph:
+        def compiled(args: list[Any]) -> str:
+            return key
+
+        compiled._fx_graph_cache_key = key  # type: ignore[attr-defined]  # what torch's compiled graph carries
+        return WaitingGraph(deferral.Deferred(key, ("f", ""), None, {}, None), lambda: compiled)
+
+    forward, backward = waiting("fw"), waiting("bw")
+    saved: list[tuple[Any, Any]] = []
+    save = lambda: saved.append((forward._fx_graph_cache_key, backward._fx_graph_cache_key))  # noqa: E731
+    assert save_when_loaded(save, [forward, backward]) is None and forward._fx_graph_cache_key is None
+    assert forward([]) == "fw" and saved == [], "saved before the backward was loaded"
+    assert backward([]) == "bw" and backward([]) == "bw" and forward([]) == "fw"
+    assert saved == [("fw", "bw")], "saved once, naming the loaded graphs' keys"
+    assert save_when_loaded(lambda: "now", [forward]) == "now"
+    assert waiting_graph_in(functools.wraps(forward)(lambda args: None)) is forward and waiting_graph_in(save) is None
 
 
 def test_bad_artifact_in_the_store_falls_back_without_writing(integration: Any, tmp_path: Path) -> None:

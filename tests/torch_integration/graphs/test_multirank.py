@@ -290,6 +290,9 @@ def test_a_rank_whose_forward_another_compiles_compiles_the_backward_meanwhile(t
     assert set(compiles) == {0, 1} and compiles[0]["key"] != compiles[1]["key"]
     # rank 1 began the backward before rank 0's forward compile ended: the two compiles overlapped
     assert starts[1]["time"] < compiles[0]["time"]
+    # each rank saved its AOTAutograd entry once the graph it waited for was loaded (a fresh rank skips the trace)
+    metrics = [json.loads((run_dir / f"metrics-rank{rank}.json").read_text()) for rank in range(2)]
+    assert [m["store"]["by_kind"]["aot"]["put"] for m in metrics] == [1, 1], [m["store"]["by_kind"] for m in metrics]
 
     plain = tmp_path / "plain"
     (plain / "tmp").mkdir(parents=True)
