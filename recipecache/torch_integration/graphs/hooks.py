@@ -34,6 +34,10 @@ In short:
   actually compiles here; ``compile_fx._compile_fx_inner`` bounds one graph's compile, so
   a lease whose put never comes (the compile raised, the graph could not be pickled) is
   released when that compile ends rather than when its TTL runs out.
+* Overlap: a graph whose lease another process holds is not waited for in torch's compile; a
+  :class:`WaitingGraph` stands for it and waits at its first call, so this process goes on to
+  compile the next graph (a forward's backward, with the output strides the forward's leader
+  published once it lowered the graph) while the other one compiles the first.
 
 Every hook runs the original torch code first or around it and swallows its own
 failures (counted as fallback ``hook_error``): the cache may fail, training may not.
