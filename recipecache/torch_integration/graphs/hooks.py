@@ -547,9 +547,9 @@ class Integration:
 
     def waiting_graph(self, deferred: deferral.Deferred, compile_again: Callable[[], Any]) -> Any:
         """What ``_compile_fx_inner`` returns for a graph :meth:`_overlap` deferred: a :class:`WaitingGraph`, or the
-        graph itself, waited for now."""
+        graph itself, waited for now (still inside torch's compile of it, in its context)."""
         if not deferred.later:
-            return deferral.reload(deferred, compile_again)
+            return compile_again()
         return WaitingGraph(deferred, compile_again)
 
     def fx_put(self, torch_key: str, data: bytes) -> None:
