@@ -131,7 +131,7 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         if no_stall is None and not integration.overlap:
             return run_inner(*args, **kwargs)
         try:
-            with integration.may_defer():
+            with integration.may_defer(kwargs):
                 return run_inner(*args, **kwargs)
         except Exception as exc:
             deferred = deferral.deferred_of(exc)

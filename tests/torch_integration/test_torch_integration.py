@@ -697,7 +697,7 @@ def _overlapping(integration: Any) -> tuple[Any, Any]:
     """A leader and a waiter with overlap on; the leader leads the forward (and its output strides' lease)."""
     leader, waiter = integration, _another(integration, wait_timeout=30)
     leader.overlap = waiter.overlap = True
-    with _compiling_a_forward(), leader.may_defer():
+    with _compiling_a_forward(), leader.may_defer({}):
         assert _lookup(leader, lambda graph: True) is None and leader.attempt.flight.role == "leader"
         assert leader.attempt.strides_flight is not None
     return leader, waiter
@@ -707,7 +707,7 @@ def _defer_busy_forward(waiter: Any, meanwhile: Callable[[], object] = lambda: N
     """The waiter's compile of the forward (on this thread): its lookup finds it busy without waiting, then
     (after ``meanwhile``) torch's compile is deferred. The Deferred, the output strides reported to AOTAutograd,
     and whether AOTAutograd's backward stage then compiles the backward at once (asked twice: once only)."""
-    with _compiling_a_forward() as context, waiter.may_defer():
+    with _compiling_a_forward() as context, waiter.may_defer({}):
         assert _lookup(waiter, lambda graph: True) is None
         assert waiter.attempt.flight.role == "busy", "the waiter did not wait in its lookup"
         meanwhile()
@@ -767,9 +767,11 @@ def test_overlap_a_forward_whose_leader_is_gone_before_lowering_it_is_waited_for
 def test_overlap_a_busy_backward_is_waited_for_at_its_first_call_and_loads_the_leaders_graph(integration: Any) -> None:
     leader, waiter = integration, _another(integration, wait_timeout=30)
     leader.overlap = waiter.overlap = True
-    with leader.may_defer():
+    with leader.may_defer({}):
         assert _lookup(leader, lambda graph: True) is None and leader.attempt.strides_flight is None
-    with waiter.may_defer():
+    with waiter.may_defer({"is_inference": True}):
+        assert not waiter.attempt.deferrable, "an inference graph (no backward follows) is waited for in its compile"
+    with waiter.may_defer({}):
         assert _lookup(waiter, lambda graph: True) is None and waiter.attempt.flight.role == "busy"
     deferred = waiter.defer((None, []), {})
     assert deferred.later is True, "a backward's stand-in needs nothing of its leader"

@@ -536,10 +536,12 @@ class Integration:
         flight.publish(json.dumps(strides).encode(), meta={"kind": KIND_NAMES["strides"]})
 
     @contextmanager
-    def may_defer(self) -> Iterator[None]:
-        """Overlap: the compile in this block may leave a graph another process compiles to its first call."""
+    def may_defer(self, graph_kwargs: dict[str, Any]) -> Iterator[None]:
+        """Overlap: the compile in this block (torch's ``_compile_fx_inner`` with ``graph_kwargs``) may leave a graph
+        another process compiles to its first call. Not an inference graph: no backward follows it to compile
+        meanwhile, and AOTAutograd saves its entry in the compile (it would save none for a stand-in)."""
         attempt = self.attempt
-        outer, attempt.deferrable = attempt.deferrable, self.overlap
+        outer, attempt.deferrable = attempt.deferrable, self.overlap and not graph_kwargs.get("is_inference", False)
         try:
             yield
         finally:
