@@ -11,7 +11,10 @@ keys, flights and artifacts (:mod:`.graphs.hooks`). Which hooks are installed is
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import inspect
+import logging
 import time
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
@@ -20,17 +23,22 @@ import torch
 import torch._dynamo.config as dynamo_config
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
+from torch._functorch._aot_autograd import graph_compile
 from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
 from torch._inductor import codecache, compile_fx, cpu_vec_isa, remote_cache
 from torch._inductor.cpu_vec_isa import VecISA
 
+from ..reasons import Reason
 from ..store import Store
-from . import describe, rank_binding
+from . import deferral, describe, rank_binding
+from .graphs import hooks
 from .graphs.hooks import Integration
 from .metrics import Metrics
 
 if TYPE_CHECKING:
     from .no_stall.controller import NoStall
+
+log = logging.getLogger(__name__)
 
 #: job id enable() gives torch when none is set (PGO does nothing without one)
 JOB_ID = "recipecache"
@@ -61,6 +69,9 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
     original_valid_isas: Any = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
     original_probe_load: Any = getattr(VecISA, "_probe_load", None)
     original_reduce_fake: Any = getattr(codecache.FxGraphCachePickler, "_reduce_fake_script_object", None)
+    original_lowered: Any = getattr(compile_fx, "_check_triton_bf16_support", None)
+    original_backward_stage: Any = getattr(graph_compile, "_aot_stage2b_bw_compile", None)
+    original_cache_info: Any = getattr(graph_compile, "_cache_autograd_info", None)
 
     def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
         result = original_write(content, extension, *args, **kwargs)
@@ -91,10 +102,10 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         return original_precompile_header(header, hashable_cmd_line, **compile_command)
 
     def fx_codegen_and_compile(*args: Any, **kwargs: Any) -> Any:
-        if integration.no_stall is not None:
+        if integration.no_stall is not None or integration.overlap:
             deferred = integration.guarded(integration.defer, args, kwargs)
             if deferred is not None:
-                raise deferred  # no-stall: _compile_fx_inner returns the graph's switching callable
+                raise deferred  # _compile_fx_inner returns the graph's stand-in (no-stall's, or overlap's)
         start = time.perf_counter()
         try:
             return original_codegen(*args, **kwargs)
@@ -117,17 +128,78 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
 
     def _compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
         no_stall = integration.no_stall
-        if no_stall is None:
+        if no_stall is None and not integration.overlap:
             return run_inner(*args, **kwargs)
         try:
-            return run_inner(*args, **kwargs)
+            with integration.may_defer(kwargs):
+                return run_inner(*args, **kwargs)
         except Exception as exc:
-            deferred = no_stall.deferred_of(exc)
+            deferred = deferral.deferred_of(exc)
             if deferred is None:
                 raise
-            # no-stall: eager until the compiled graph exists; reloading runs this compile again (a hit then)
+            # a stand-in until the compiled graph exists; reloading runs this compile again (a hit then)
             args = (args[0], list(args[1]), *args[2:])
-            return no_stall.graph(deferred, functools.partial(run_inner, *args, **kwargs), args[0], args[1])
+            compile_again = functools.partial(run_inner, *args, **kwargs)
+            if no_stall is not None:  # no-stall: eager meanwhile
+                return no_stall.graph(deferred, compile_again, args[0], args[1])
+            return integration.waiting_graph(deferred, compile_again)  # overlap: waits at its first call
+
+    def _check_triton_bf16_support(graph: Any) -> None:
+        """Called by ``fx_codegen_and_compile`` right after inductor lowered the graph, before its kernels are
+        built: where a forward's leader publishes its output strides (overlap: :meth:`Integration.lowered`)."""
+        integration.guarded(integration.lowered, graph)
+        original_lowered(graph)
+
+    def _aot_stage2b_bw_compile(*args: Any, **kwargs: Any) -> Any:
+        """AOTAutograd's backward stage, which leaves the backward's compile to its first call (after the forward
+        ran) unless told otherwise: after a forward left for its first call (overlap, :meth:`Integration.backward_now`)
+        the backward is compiled now, by torch's own eager path (the one it takes for backwards that save sizes);
+        should that raise, the stage runs again as torch's default, the backward compiled at its first call."""
+        if not integration.guarded(integration.backward_now):
+            return original_backward_stage(*args, **kwargs)
+        bound = inspect.signature(original_backward_stage).bind(*args, **kwargs)
+        aot_config = bound.arguments["aot_config"]
+        bound.arguments["aot_config"] = dataclasses.replace(aot_config, force_non_lazy_backward_lowering=True)
+        try:
+            return original_backward_stage(*bound.args, **bound.kwargs)
+        except Exception as exc:
+            log.debug("recipecache: compiling a backward ahead failed", exc_info=True)
+            integration.metrics.fallback(
+                Reason.HOOK_ERROR, f"compiling a backward ahead failed ({exc!r}); torch compiles it at its first call"
+            )
+            return original_backward_stage(*args, **kwargs)
+
+    def _cache_autograd_info(*args: Any, **kwargs: Any) -> Any:
+        """AOTAutograd's cache entry of a compile: saved now, or (the backward compiled lazily) after that compile.
+        An entry naming a graph that waits for its first call (overlap, :class:`.graphs.hooks.WaitingGraph`) is saved
+        once that graph is loaded: the entry names the loaded graph's key and guards."""
+        bound = inspect.signature(original_cache_info).bind(*args, **kwargs)
+        forward = hooks.waiting_graph_in(bound.arguments["compiled_fw_func"])
+        backward_func = bound.arguments["compiled_bw_func"]
+        backward = hooks.waiting_graph_in(backward_func)
+        if forward is None and backward is None:
+            try_save, entry = original_cache_info(*args, **kwargs)
+            return (None if try_save is None else _saving_when_loaded(try_save, [])), entry
+        if forward is not None:
+            bound.arguments["compiled_fw_func"] = forward  # its key and guards are read from what it loads
+        bound.arguments["compiled_bw_func"] = None  # the stage saves nothing itself: its saving function follows
+        try_save, entry = original_cache_info(*bound.args, **bound.kwargs)
+        if try_save is None or backward_func is None:  # nothing to save; or the backward compiles lazily
+            return (None if try_save is None else _saving_when_loaded(try_save, [forward] if forward else [])), entry
+        arguments = (backward or backward_func, bound.arguments["bw_module"], bound.arguments["fw_metadata"],
+                     bound.arguments["aot_config"])
+        waiting = [g for g in (forward, backward) if g is not None]
+        return None, hooks.save_when_loaded(functools.partial(try_save, *arguments), waiting)
+
+    def _saving_when_loaded(try_save: Any, waiting: list[hooks.WaitingGraph]) -> Any:
+        """AOTAutograd's function saving an entry after a lazy backward compile, which may give a WaitingGraph."""
+
+        def save(compiled_bw_func: Any, *rest: Any) -> Any:
+            backward = hooks.waiting_graph_in(compiled_bw_func)
+            graphs = [*waiting, *([backward] if backward is not None else [])]
+            return hooks.save_when_loaded(functools.partial(try_save, backward or compiled_bw_func, *rest), graphs)
+
+        return save
 
     def reduce_fake_script_object(pickler: Any, fake: Any) -> Any:
         """torch's keys of graphs taking a device mesh: the mesh as what the code depends on, the same in every job
@@ -183,6 +255,11 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
             (remote_cache.RemoteAutotuneCache, "backend_override_cls", AutotuneBackend),
         ],
         "compile_count": [(compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile)],
+        "overlap": [
+            (compile_fx, "_check_triton_bf16_support", _check_triton_bf16_support),
+            (graph_compile, "_aot_stage2b_bw_compile", _aot_stage2b_bw_compile),
+            (graph_compile, "_cache_autograd_info", _cache_autograd_info),
+        ],
         "key_records": [(codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash)],
     }
     return [patch for name, patches in table.items() if name in on for patch in patches]
@@ -191,6 +268,7 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
 def _install(integration: Integration, on: frozenset[str]) -> None:
     """Install the hooks named in ``on`` (those whose interface this torch has, :func:`.compat.states`)."""
     integration.on = on
+    integration.overlap = "overlap" in on and integration.wait_for_lease
     patches = table(integration, on)  # resolves every torch attribute before anything changes
     for owner, name, value in patches:
         # a class's own attribute as stored (a classmethod stays one); an inherited one is deleted again

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -680,6 +681,132 @@ def test_a_compile_that_never_puts_frees_its_lease(integration: Any) -> None:
     integration.end_attempt()  # what the _compile_fx_inner wrapper does when the compile raised
     with integration.store.begin(integration.cpu_key(FX_KEY), wait_timeout=0.5) as flight:
         assert flight.role == "leader", "the lease was released, so nobody waits for it"
+
+
+@contextlib.contextmanager
+def _compiling_a_forward() -> Iterator[Any]:
+    """What AOTAutograd sets up around a forward's compile: a tracing context that collects its output strides."""
+    import torch
+
+    context = torch._guards.TracingContext(None)
+    with torch._guards.tracing(context), torch._guards.TracingContext.report_output_strides():
+        yield context
+
+
+def _overlapping(integration: Any) -> tuple[Any, Any]:
+    """A leader and a waiter with overlap on; the leader leads the forward (and its output strides' lease)."""
+    leader, waiter = integration, _another(integration, wait_timeout=30)
+    leader.overlap = waiter.overlap = True
+    with _compiling_a_forward(), leader.may_defer({}):
+        assert _lookup(leader, lambda graph: True) is None and leader.attempt.flight.role == "leader"
+        assert leader.attempt.strides_flight is not None
+    return leader, waiter
+
+
+def _defer_busy_forward(waiter: Any, meanwhile: Callable[[], object] = lambda: None) -> tuple[Any, Any, bool]:
+    """The waiter's compile of the forward (on this thread): its lookup finds it busy without waiting, then
+    (after ``meanwhile``) torch's compile is deferred. The Deferred, the output strides reported to AOTAutograd,
+    and whether AOTAutograd's backward stage then compiles the backward at once (asked twice: once only)."""
+    with _compiling_a_forward() as context, waiter.may_defer({}):
+        assert _lookup(waiter, lambda graph: True) is None
+        assert waiter.attempt.flight.role == "busy", "the waiter did not wait in its lookup"
+        meanwhile()
+        deferred = waiter.defer((None, []), {})
+        ahead = waiter.backward_now()
+        assert not waiter.backward_now()
+        return deferred, list(context.output_strides), ahead
+
+
+def _reload_counting(waiter: Any, loads: list[str]) -> Callable[[], Any]:
+    """The WaitingGraph's compile again: the lookup, which now waits (a hit, or the lease taken over)."""
+
+    def compile_again() -> Any:
+        graph = _lookup(waiter, lambda graph: True)
+        loads.append("hit" if graph is not None else waiter.attempt.flight.role)
+        return lambda args: ("compiled", len(args))
+
+    return compile_again
+
+
+def test_overlap_a_busy_forward_gets_its_leaders_strides_and_waits_at_its_first_call_a_dead_leader_taken_over(
+    integration: Any,
+) -> None:
+    from recipecache.torch_integration.graphs.hooks import WaitingGraph
+
+    leader, waiter = _overlapping(integration)
+    deferred: list[Any] = []
+    on_the_lease = finds_lease_held(waiter.store.backend)
+    asking = threading.Thread(target=lambda: deferred.append(_defer_busy_forward(waiter)))
+    asking.start()
+    assert on_the_lease.wait(60), "the waiter did not wait on the lease of the forward's output strides"
+    leader.lowered(SimpleNamespace(graph_outputs=[object()]))  # lowered: one output, strides unknown (None)
+    asking.join(timeout=60)
+    (deferred, strides, ahead), = deferred
+    assert strides == [None], "the leader's strides were not reported to AOTAutograd"
+    assert ahead, "the backward is not compiled meanwhile"
+    assert deferred.later is True and deferred.key == leader.attempt.key
+    waiting = leader.waiting_graph(deferred, _reload_counting(waiter, loads := []))
+    assert isinstance(waiting, WaitingGraph) and waiting._boxed_call is True and loads == []
+    leader.end_attempt()  # the leader's compile raised (or it died): its lease is gone, nothing published
+    assert waiting([1, 2]) == ("compiled", 2) and waiting([3]) == ("compiled", 1)
+    assert loads == ["leader"], "the first call took the graph over (and compiles it), once"
+
+
+def test_overlap_a_forward_whose_leader_is_gone_before_lowering_it_is_waited_for_in_the_compile(
+    integration: Any,
+) -> None:
+    leader, waiter = _overlapping(integration)
+    # gone before lowering: neither strides nor graph will come
+    deferred, strides, ahead = _defer_busy_forward(waiter, leader.end_attempt)
+    assert deferred.later is False and strides == [] and not ahead
+    loads: list[str] = []
+    assert waiter.waiting_graph(deferred, _reload_counting(waiter, loads))([0]) == ("compiled", 1)
+    assert loads == ["leader"], "waited for in the compile: taken over there"
+
+
+def test_overlap_a_busy_backward_is_waited_for_at_its_first_call_and_loads_the_leaders_graph(integration: Any) -> None:
+    leader, waiter = integration, _another(integration, wait_timeout=30)
+    leader.overlap = waiter.overlap = True
+    with leader.may_defer({}):
+        assert _lookup(leader, lambda graph: True) is None and leader.attempt.strides_flight is None
+    with waiter.may_defer({"is_inference": True}):
+        assert not waiter.attempt.deferrable, "an inference graph (no backward follows) is waited for in its compile"
+    with waiter.may_defer({}):
+        assert _lookup(waiter, lambda graph: True) is None and waiter.attempt.flight.role == "busy"
+    deferred = waiter.defer((None, []), {})
+    assert deferred.later is True, "a backward's stand-in needs nothing of its leader"
+    loads: list[str] = []
+    waiting = waiter.waiting_graph(deferred, _reload_counting(waiter, loads))
+    on_the_lease = finds_lease_held(waiter.store.backend)
+    calling = threading.Thread(target=lambda: loads.append(waiting([1])))
+    calling.start()
+    assert on_the_lease.wait(60), "the first call did not wait on the leader's lease"
+    leader.fx_put(FX_KEY, _fx_entry(None))
+    calling.join(timeout=60)
+    assert loads == ["hit", ("compiled", 1)]
+    assert waiter.metrics.snapshot()["graph_compilation"]["TotalNumber"] == 0
+
+
+def test_overlap_an_autograd_entry_naming_waiting_graphs_is_saved_once_all_are_loaded_with_their_keys() -> None:
+    from recipecache.torch_integration import deferral
+    from recipecache.torch_integration.graphs.hooks import WaitingGraph, save_when_loaded, waiting_graph_in
+
+    def waiting(key: str) -> WaitingGraph:
+        def compiled(args: list[Any]) -> str:
+            return key
+
+        compiled._fx_graph_cache_key = key  # type: ignore[attr-defined]  # what torch's compiled graph carries
+        return WaitingGraph(deferral.Deferred(key, ("f", ""), None, {}, None), lambda: compiled)
+
+    forward, backward = waiting("fw"), waiting("bw")
+    saved: list[tuple[Any, Any]] = []
+    save = lambda: saved.append((forward._fx_graph_cache_key, backward._fx_graph_cache_key))  # noqa: E731
+    assert save_when_loaded(save, [forward, backward]) is None and forward._fx_graph_cache_key is None
+    assert forward([]) == "fw" and saved == [], "saved before the backward was loaded"
+    assert backward([]) == "bw" and backward([]) == "bw" and forward([]) == "fw"
+    assert saved == [("fw", "bw")], "saved once, naming the loaded graphs' keys"
+    assert save_when_loaded(lambda: "now", [forward]) == "now"
+    assert waiting_graph_in(functools.wraps(forward)(lambda args: None)) is forward and waiting_graph_in(save) is None
 
 
 def test_bad_artifact_in_the_store_falls_back_without_writing(integration: Any, tmp_path: Path) -> None:

@@ -34,6 +34,10 @@ In short:
   actually compiles here; ``compile_fx._compile_fx_inner`` bounds one graph's compile, so
   a lease whose put never comes (the compile raised, the graph could not be pickled) is
   released when that compile ends rather than when its TTL runs out.
+* Overlap: a graph whose lease another process holds is not waited for in torch's compile; a
+  :class:`WaitingGraph` stands for it and waits at its first call, so this process goes on to
+  compile the next graph (a forward's backward, with the output strides the forward's leader
+  published once it lowered the graph) while the other one compiles the first.
 
 Every hook runs the original torch code first or around it and swallows its own
 failures (counted as fallback ``hook_error``): the cache may fail, training may not.
@@ -44,6 +48,7 @@ the patch table that installs them, and the backend classes torch builds, are :m
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import pickle
@@ -59,9 +64,9 @@ from torch._inductor.runtime.runtime_utils import cache_dir
 
 from ...errors import ConfigError
 from ...keylog import KeyLog
-from ...reasons import Reason
+from ...reasons import Reason, Role
 from ...store import Flight, Store
-from .. import describe, host_cpu, rank_binding
+from .. import deferral, describe, host_cpu, rank_binding
 from ..artifact import Artifact, ArtifactError, Entry, collect, install, torch_pickle
 from ..metrics import Metrics
 from . import pgo
@@ -80,7 +85,14 @@ VARIANT_WAITS = 4
 #: nice value of speculative background builds (a precompiled header a later compile may need): idle CPU only
 BACKGROUND_NICE = 19
 #: what ``recipecache ls`` calls each artifact kind (the ``kind`` of its envelope meta)
-KIND_NAMES = {"fx": "graph", "aot": "aot", "pgo": "pgo", "isa": "cpu_probe", "autotune": "autotune"}
+KIND_NAMES = {
+    "fx": "graph",
+    "aot": "aot",
+    "pgo": "pgo",
+    "isa": "cpu_probe",
+    "autotune": "autotune",
+    "strides": "output_strides",
+}
 
 R = TypeVar("R")
 
@@ -117,6 +129,14 @@ class _Attempt(threading.local):
         self.binding: rank_binding.Binding | None = None
         #: what ``key`` is (function name, input shapes), for the meta of its artifact
         self.what: tuple[str, str] = ("graph", "")
+        #: overlap: this thread's compile may leave a graph another process compiles for its first call (set
+        #: around torch's ``_compile_fx_inner``, not around the reload of such a graph; outlives end_attempt())
+        self.deferrable = False
+        #: overlap: the lease of the output strides of the forward this thread leads, published once lowered
+        self.strides_flight: Flight | None = None
+        #: overlap: the tracing context of the forward this thread last left for its first call, until AOTAutograd's
+        #: backward stage of that compile asks (:meth:`Integration.backward_now`); outlives end_attempt()
+        self.deferred_forward: Any = None
 
 
 class Integration:
@@ -143,6 +163,10 @@ class Integration:
         #: ranks run it eagerly meanwhile (:attr:`no_stall`), a no-stall worker (``wait_for_lease=False``,
         #: no :attr:`no_stall` of its own) compiles it for that holder
         self.wait_for_lease = wait_for_lease and no_stall is None
+        #: overlap (set at install, where its hooks are on): a graph whose lease another process holds is waited
+        #: for at its first call, not in the compile, so this process goes on to lead the next graph meanwhile
+        #: (:meth:`defer`, :class:`WaitingGraph`)
+        self.overlap = False
         #: the store key of the graph this process looked up last (the no-stall worker reports it)
         self.last_key: str | None = None
         #: this host's CPU fingerprint, in the key of every artifact holding compiled CPU code
@@ -280,6 +304,9 @@ class Integration:
         if attempt.flight is not None:
             flight, attempt.flight = attempt.flight, None
             self._close_flight(flight)
+        if attempt.strides_flight is not None:
+            flight, attempt.strides_flight = attempt.strides_flight, None
+            self._close_flight(flight)
         attempt.key = None
         attempt.binding = None
         attempt.what = ("graph", "")
@@ -341,8 +368,15 @@ class Integration:
         install_failed = False
         if self.wait_for_lease:  # a cold job's waiting ranks probe the CPU beside the rank that compiles
             self.guarded(self.probes.probe_while_waiting, lambda: self.store.compiling(key))
-        flight = self.store.begin(key, wait_timeout=self.wait_timeout, kind="fx", wait=self.wait_for_lease)
+        overlap = self.overlap and attempt.deferrable and attempt.build_kernels is None
+        flight = self.store.begin(
+            key, wait_timeout=self.wait_timeout, kind="fx", wait=self.wait_for_lease and not overlap
+        )
         attempt.hit_counted = flight.data is not None
+        if overlap and flight.role is Role.LEADER:
+            self.store.events.record("compile_start", key)  # the store records it only for a lookup that may wait
+            if _output_strides_wanted():
+                self._lead_strides(key)
         for waits in itertools.count():
             if flight.waited_s:
                 self._followed = True
@@ -392,21 +426,133 @@ class Integration:
             )
 
     def defer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
-        """No-stall: torch is about to compile the graph this thread looked up and missed; the
-        :class:`~..no_stall.controller.Deferred` to raise instead, or None to compile it here (:meth:`..no_stall.controller.NoStall.intercept`).
+        """torch is about to compile the graph this thread looked up and missed; the
+        :class:`~..deferral.Deferred` to raise instead, or None to compile it here. No-stall:
+        :meth:`..no_stall.controller.NoStall.intercept`; overlap: another process holds the lease (:meth:`_overlap`).
 
-        A leader's lease goes with its background compile (released when that ends), not with this attempt.
+        A no-stall leader's lease goes with its background compile (released when that ends), not with this attempt.
         """
-        if self.no_stall is None:
-            return None
         attempt = self.attempt
         flight = attempt.flight if attempt.key is not None else None
-        deferred = self.no_stall.intercept(flight, attempt.what, args, kwargs)
+        if self.no_stall is not None:
+            deferred = self.no_stall.intercept(flight, attempt.what, args, kwargs)
+        elif flight is not None and flight.role is Role.BUSY:
+            deferred = self._overlap(flight, args[1])
+        else:
+            return None
         if deferred is not None and flight is not None:
             with self._lock:
                 self._flights.pop(id(flight), None)
             attempt.flight = None
         return deferred
+
+    def _overlap(self, flight: Flight, example_inputs: list[Any]) -> deferral.Deferred:
+        """Another process compiles this graph: wait for it at the graph's first call (:class:`WaitingGraph`).
+
+        A forward's compile reports its output strides to AOTAutograd, which compiles the backward
+        for saved activations of those strides (inductor may lay them out otherwise than eager):
+        the backward's code and key depend on them. So for a forward this waits for the strides
+        its leader publishes once inductor lowered the graph (seconds, before its kernels are
+        built: :meth:`lowered`) and reports them as torch's own load would. Without them (the
+        leader died or gave up before, the record was unreadable) the Deferred says to wait now:
+        the compile waits for the graph itself, as without overlap.
+        """
+        deferred = deferral.Deferred.here(flight.key, self.attempt.what)
+        if not _output_strides_wanted():
+            return deferred
+        strides = self._leader_strides(flight.key)
+        if strides is None:
+            deferred.later = False
+            return deferred
+        from types import SimpleNamespace
+
+        from torch._inductor.utils import set_tracing_context_output_strides
+
+        set_tracing_context_output_strides(example_inputs, SimpleNamespace(output_strides=strides))
+        self.attempt.deferred_forward = deferred.context
+        return deferred
+
+    def backward_now(self) -> bool:
+        """Whether AOTAutograd should compile the backward of the graph it is compiling now rather than at its first
+        call: its forward was left for its first call here (:meth:`_overlap`). torch compiles a backward lazily,
+        at its first call, after the forward ran; the forward being another process's compile, this one compiles
+        the backward meanwhile. Asked once per backward stage."""
+        import torch
+
+        context, self.attempt.deferred_forward = self.attempt.deferred_forward, None
+        return context is not None and context is torch._guards.TracingContext.try_get()
+
+    def _lead_strides(self, key: str) -> None:
+        """This thread leads forward ``key``'s compile: take the lease of its output strides, which
+        :meth:`lowered` publishes (a process that finds the forward busy waits on it, :meth:`_leader_strides`)."""
+        flight = self.store.begin(_strides_key(key), wait=False, trace=False, kind="strides")
+        if flight.role is Role.LEADER:
+            self.attempt.strides_flight = flight
+            with self._lock:
+                self._flights[id(flight)] = flight
+        else:  # published already (an earlier job, the same graph), or another process leads it: nothing to do
+            flight.release()
+
+    def _leader_strides(self, key: str) -> list[list[str] | None] | None:
+        """The output strides of forward ``key`` as its leader published them (torch's strings), or None (counted
+        where the store counts it: its wait timed out or failed; or we became its leader: the forward's leader has
+        not taken it, which this process does not wait for)."""
+        flight = self.store.begin(_strides_key(key), wait_timeout=self.wait_timeout, trace=False, kind="strides")
+        data = flight.data
+        flight.release()
+        if data is None:
+            return None
+        try:
+            strides = json.loads(bytes(data))
+        except ValueError:
+            strides = None
+        if not isinstance(strides, list) or not all(
+            s is None or (isinstance(s, list) and all(isinstance(e, str) for e in s)) for s in strides
+        ):
+            self.metrics.fallback(Reason.BAD_ARTIFACT, f"{key}: unreadable output strides; waiting for the graph")
+            return None
+        return strides
+
+    def lowered(self, graph: Any) -> None:
+        """Inductor lowered the graph this thread leads (its kernels are not built yet): publish its output strides
+        if another process may wait for them (:meth:`_overlap`), as torch computes them for its compiled graph."""
+        attempt = self.attempt
+        flight = attempt.strides_flight
+        if flight is None:
+            return
+        from torch._inductor.ir import IRNode
+        from torch.fx.experimental.symbolic_shapes import SymExprPrinter, free_unbacked_symbols
+
+        printer = SymExprPrinter()
+        strides = [
+            [printer.doprint(s) for s in out.get_layout().stride]
+            if isinstance(out, IRNode) and out.has_tensor_output() and not free_unbacked_symbols(out.get_stride())
+            else None
+            for out in graph.graph_outputs or ()
+        ]
+        attempt.strides_flight = None
+        with self._lock:
+            self._flights.pop(id(flight), None)
+        flight.publish(json.dumps(strides).encode(), meta={"kind": KIND_NAMES["strides"]})
+
+    @contextmanager
+    def may_defer(self, graph_kwargs: dict[str, Any]) -> Iterator[None]:
+        """Overlap: the compile in this block (torch's ``_compile_fx_inner`` with ``graph_kwargs``) may leave a graph
+        another process compiles to its first call. Not an inference graph: no backward follows it to compile
+        meanwhile, and AOTAutograd saves its entry in the compile (it would save none for a stand-in)."""
+        attempt = self.attempt
+        outer, attempt.deferrable = attempt.deferrable, self.overlap and not graph_kwargs.get("is_inference", False)
+        try:
+            yield
+        finally:
+            attempt.deferrable = outer
+
+    def waiting_graph(self, deferred: deferral.Deferred, compile_again: Callable[[], Any]) -> Any:
+        """What ``_compile_fx_inner`` returns for a graph :meth:`_overlap` deferred: a :class:`WaitingGraph`, or the
+        graph itself, waited for now (still inside torch's compile of it, in its context)."""
+        if not deferred.later:
+            return compile_again()
+        return WaitingGraph(deferred, compile_again)
 
     def fx_put(self, torch_key: str, data: bytes) -> None:
         """Merge the graph torch compiled here into its key's variants (compare-and-set), then free the lease."""
@@ -694,6 +840,111 @@ class Integration:
         self.end_attempt()
         self.release_all()
         self.keys.close()
+
+
+class WaitingGraph:
+    """Inductor's output for a graph another process is compiling (overlap): at its first call, that graph.
+
+    The first call waits for the lease holder's artifact and loads it (:func:`..deferral.reload`:
+    torch's ``_compile_fx_inner`` again, whose lookup waits as a compile's would: a hit, or, if the
+    holder died or the wait timed out, the take-over or a local compile, counted); every call then runs
+    the loaded graph. Boxed calling convention, as an instance attribute (see
+    :class:`..no_stall.controller.NoStallGraph`). What AOTAutograd's cache entry reads of a compiled
+    graph (its FX key, debug lines and guards) is the loaded graph's, so the entry is saved once every
+    graph it names is loaded (:meth:`when_loaded`, :func:`save_when_loaded`): a later job of fresh
+    ranks skips AOTAutograd's trace as after an inline compile.
+    """
+
+    def __init__(self, deferred: deferral.Deferred, compile_again: Callable[[], Any]) -> None:
+        self._boxed_call = True
+        self._deferred = deferred
+        self._compile_again = compile_again
+        self._lock = threading.Lock()
+        self._compiled: Callable[[list[Any]], Any] | None = None
+        self._on_load: list[Callable[[], object]] = []
+
+    def __call__(self, args: list[Any]) -> Any:
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._load()
+        return compiled(args)
+
+    def _load(self) -> Callable[[list[Any]], Any]:
+        with self._lock:
+            if self._compiled is None:
+                self._compiled = deferral.reload(self._deferred, self._compile_again)
+                on_load, self._on_load = self._on_load, []
+                for call in on_load:
+                    try:
+                        call()
+                    except Exception:  # an AOTAutograd entry not saved: a later job traces again
+                        log.warning("recipecache: saving an AOTAutograd entry after a load failed", exc_info=True)
+            return self._compiled
+
+    def when_loaded(self, call: Callable[[], object]) -> bool:
+        """Run ``call`` once this graph is loaded; False if it is already (the caller runs it)."""
+        with self._lock:
+            if self._compiled is not None:
+                return False
+            self._on_load.append(call)
+            return True
+
+    @property
+    def _fx_graph_cache_key(self) -> str | None:
+        return getattr(self._compiled, "_fx_graph_cache_key", None)
+
+    @property
+    def _fx_graph_cache_debug_lines(self) -> list[str] | None:
+        return getattr(self._compiled, "_fx_graph_cache_debug_lines", None)
+
+    @property
+    def guards_expr(self) -> str | None:
+        return getattr(self._compiled, "guards_expr", None)
+
+    @property
+    def _time_taken_ns(self) -> int | None:
+        return getattr(self._compiled, "_time_taken_ns", None)
+
+
+def waiting_graph_in(compiled: Any) -> WaitingGraph | None:
+    """The :class:`WaitingGraph` that ``compiled`` (AOTAutograd's compiled forward or backward, maybe wrapped) is,
+    if it is one."""
+    import inspect
+
+    inner = inspect.unwrap(compiled) if compiled is not None else None
+    return inner if isinstance(inner, WaitingGraph) else None
+
+
+def save_when_loaded(save: Callable[[], R], graphs: list[WaitingGraph]) -> R | None:
+    """``save()`` now if every graph in ``graphs`` is loaded, else once the last of them is (once)."""
+    pending = [g for g in graphs if g._compiled is None]
+    if not pending:
+        return save()
+    done = threading.Event()
+
+    def again() -> None:
+        if not done.is_set() and all(g._compiled is not None for g in graphs):
+            done.set()
+            save()
+
+    for graph in pending:
+        if not graph.when_loaded(again):
+            again()
+    return None
+
+
+def _output_strides_wanted() -> bool:
+    """Whether the graph being compiled reports its output strides (a forward: AOTAutograd compiles its backward
+    for them, ``TracingContext.report_output_strides``)."""
+    import torch
+
+    context = torch._guards.TracingContext.try_get()
+    return context is not None and context.output_strides is not None
+
+
+def _strides_key(key: str) -> str:
+    """Store key of the output strides of the forward stored under ``key``."""
+    return f"{key}:output-strides"
 
 
 def _lower_this_threads_priority() -> None:

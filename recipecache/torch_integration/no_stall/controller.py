@@ -76,6 +76,8 @@ import torch._inductor.config as inductor_config
 from ... import env
 from ...reasons import Reason, Role
 from ...store import Flight, Store
+from .. import deferral
+from ..deferral import Deferred, deferred_of
 from ..metrics import Metrics
 from . import global_state
 
@@ -91,36 +93,6 @@ NO_STALL_TRIES = 2
 #: seconds a process whose compile of a graph failed leaves its lead to the others before it takes it
 #: again, and between two looks for the artifact of a graph it may no longer lead while nobody compiles it
 RETRY_S = 5.0
-
-
-class Deferred(Exception):
-    """Raised by the hooks inside torch's compile of one graph: do not compile it here and now.
-
-    torch wraps it (``InductorError``); :func:`deferred_of` finds it again.
-    """
-
-    def __init__(
-        self, key: str, what: tuple[str, str], job: Future[float] | None, config: dict[str, Any], context: Any
-    ) -> None:
-        super().__init__(f"compile of {key} deferred")
-        self.key = key
-        self.what = what
-        #: the background compile this process started (leader), or None (another process compiles it)
-        self.job = job
-        self.config = config
-        self.context = context
-
-
-def deferred_of(exc: BaseException) -> Deferred | None:
-    """The :class:`Deferred` that ``exc`` is or wraps (torch re-raises it as ``InductorError``), else None."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, Deferred):
-            return current
-        seen.add(id(current))
-        current = getattr(current, "inner_exception", None) or current.__cause__ or current.__context__
-    return None
 
 
 #: ops a worker can look up by name: torch's own (the worker runs the same torch, never the user's
@@ -761,8 +733,8 @@ class NoStallGraph:
         self._key = deferred.key
         self._what = deferred.what
         self._reload = reload
-        self._config = deferred.config
-        self._context = deferred.context
+        #: the first attempt, whose inductor config and tracing context the load runs under
+        self._deferred = deferred
         self._job = deferred.job
         self._next_poll = time.monotonic() + POLL_S
         #: when this process last looked the graph up again, and whether it saw another one compile it since
@@ -894,13 +866,5 @@ class NoStallGraph:
             return compiled
 
     def _load(self) -> Callable[[list[Any]], Any]:
-        """torch's ``_compile_fx_inner`` again, in the context of the first attempt: a hit now, or a compile here
-        (a retry inline), which needs the debug context torch's ``compile_fx_inner`` gives it."""
-        from torch._inductor.debug import DebugContext
-
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(torch.utils._python_dispatch._disable_current_modes())
-            stack.enter_context(DebugContext())
-            stack.enter_context(inductor_config.patch(self._config))
-            stack.enter_context(torch._guards.tracing(self._context))
-            return self._reload()
+        """torch's ``_compile_fx_inner`` again, in the context of the first attempt (:func:`..deferral.reload`)."""
+        return deferral.reload(self._deferred, self._reload)

@@ -262,3 +262,44 @@ def test_ranks_writing_pgo_decisions_at_once_lose_none_and_decide_alike(tmp_path
     assert decisions[0] == decisions[1], "both ranks make the same dynamic/static decision for every function"
     lost = sorted(int(index) for index, dynamic in decisions[0].items() if not dynamic)
     assert len(decisions[0]) == RANKS * PGO_ROUNDS and lost == [], f"decisions lost to concurrent writes: {lost}"
+
+
+OVERLAP_WORKER = WORKERS / "overlap_ranks.py"
+
+
+def test_a_rank_whose_forward_another_compiles_compiles_the_backward_meanwhile(tmp_path: Path) -> None:
+    """Overlap: rank 1 finds the forward's lease held by rank 0, leaves that graph for its first call and leads the
+    backward while rank 0 still compiles the forward (the worker holds rank 0's forward compile until rank 1 has
+    lowered the backward: without overlap rank 1 waits for the forward instead, and rank 0 gives up waiting).
+    Each graph is compiled once, by a different rank; losses equal plain torchrun's bit for bit."""
+    env = _env_without_recipecache() | {"TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher.main", "--nproc", "2", "--url", f"file://{tmp_path / 'store'}",
+         "--namespace", "overlap", "--run-dir", str(run_dir), "--rank-dirs", str(tmp_path / "dirs"),
+         str(OVERLAP_WORKER), str(out), "--sync"],
+        check=False, capture_output=True, text=True, env=env, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((out / "overlapped.json").read_text()) is True, "rank 1 did not lead the backward meanwhile"
+    events = list(read_events(run_dir / "events"))
+    compiles = {e["rank"]: e for e in events if e["event"] == "compile"}
+    starts = {e["rank"]: e for e in events if e["event"] == "compile_start"}
+    assert len([e for e in events if e["event"] == "compile"]) == 2, events
+    assert set(compiles) == {0, 1} and compiles[0]["key"] != compiles[1]["key"]
+    # rank 1 began the backward before rank 0's forward compile ended: the two compiles overlapped
+    assert starts[1]["time"] < compiles[0]["time"]
+    # each rank saved its AOTAutograd entry once the graph it waited for was loaded (a fresh rank skips the trace)
+    metrics = [json.loads((run_dir / f"metrics-rank{rank}.json").read_text()) for rank in range(2)]
+    assert [m["store"]["by_kind"]["aot"]["put"] for m in metrics] == [1, 1], [m["store"]["by_kind"] for m in metrics]
+
+    plain = tmp_path / "plain"
+    (plain / "tmp").mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(OVERLAP_WORKER), str(plain)],
+        check=False, capture_output=True, text=True, timeout=900,
+        env=env | {"TMPDIR": str(plain / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(plain / "inductor")},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((out / "losses.json").read_text()) == json.loads((plain / "losses.json").read_text())
