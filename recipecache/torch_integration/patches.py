@@ -186,8 +186,12 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
         try_save, entry = original_cache_info(*bound.args, **bound.kwargs)
         if try_save is None or backward_func is None:  # nothing to save; or the backward compiles lazily
             return (None if try_save is None else _saving_when_loaded(try_save, [forward] if forward else [])), entry
-        arguments = (backward or backward_func, bound.arguments["bw_module"], bound.arguments["fw_metadata"],
-                     bound.arguments["aot_config"])
+        arguments = (
+            backward or backward_func,
+            bound.arguments["bw_module"],
+            bound.arguments["fw_metadata"],
+            bound.arguments["aot_config"],
+        )
         waiting = [g for g in (forward, backward) if g is not None]
         return None, hooks.save_when_loaded(functools.partial(try_save, *arguments), waiting)
 
