@@ -12,8 +12,9 @@ rank every rank compiled every graph. Six jobs, run once for the module (:func:`
 4. nostall: a no-stall job on an empty store of its own: the graphs with collectives are compiled
    by a rank of their groups, never by a worker process (which has no process groups);
 5. and 6. tier-cold, tier-fresh: the precompiled tier, cold then fresh on a store of its own, on a
-   function all-reducing over the tp mesh it is passed: the same call on every rank, whose compiled
-   code names the rank's tp group.
+   function all-reducing over the tp mesh it is passed (the same call on every rank, whose compiled
+   code names the rank's tp group), then on the tensor-parallel MLP as TorchTitan builds it
+   (``parallelize_module``: DTensor parameters, the plan's hooks), trained.
 
 No two of them can be one job: each is a different configuration (no-stall and the precompiled tier change
 which path compiles, a fresh job needs fresh processes, plain torchrun none of recipecache). They run in
@@ -88,9 +89,9 @@ def _plain_and_tier_lane(tmp: Path) -> dict[str, dict[str, Any]]:
     """plain torchrun; then the precompiled tier, cold and then fresh, on a store of its own."""
     plain = _run(tmp, "plain", None)
     store = f"file://{tmp / 'tier-store'}"
-    cold = _run(tmp, "tier-cold", store, "--precompile", mode="mesh")
+    cold = _run(tmp, "tier-cold", store, "--precompile", mode="tier")
     return {"plain": plain, "tier-cold": cold, "tier-fresh": _run(tmp, "tier-fresh", store, "--precompile",
-                                                                   mode="mesh")}
+                                                                   mode="tier")}
 
 
 @pytest.fixture(scope="module")
@@ -187,13 +188,26 @@ def tier(jobs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def test_precompiled_tier_serves_each_rank_its_own_groups_code(tier: dict[str, dict[str, Any]]) -> None:
     """One key for every rank, but torch bakes the tp group's name into the code: built once per tp group (the
     artifact names the groups it was built for; a rank of another group looks under the key naming its own), and a
-    fresh job loads them all, compiling nothing, each rank all-reducing over its own tp group (x2: 6 and 14)."""
+    fresh job loads them all, compiling nothing, each rank all-reducing over its own tp group (x2: 6 and 14).
+    The mesh function and the DTensor module alike: two functions, each built once per tp group."""
     for name in ("cold", "fresh"):
         job = tier[name]
         assert job["sums"] == [[6.0], [6.0], [14.0], [14.0]], name
         assert [metrics["precompile_fallbacks"] for metrics in job["metrics"]] == [{}] * RANKS, name
-    assert tier["cold"]["report"]["total"]["lookups"]["precompiled"]["put"] == 2
+    assert tier["cold"]["report"]["total"]["lookups"]["precompiled"]["put"] == 4
     fresh = [metrics["lookups"] for metrics in tier["fresh"]["metrics"]]
     assert [(lookups["precompiled"]["miss"], lookups["fx"]["miss"] + lookups["fx"]["hit"]) for lookups in fresh] \
         == [(0, 0)] * RANKS, fresh
     assert [row["compiles"] for row in tier["fresh"]["report"]["ranks"]] == [0] * RANKS
+
+
+def test_precompiled_tier_trains_a_dtensor_module_as_torch_does(
+    tier: dict[str, dict[str, Any]], jobs: dict[str, dict[str, Any]]
+) -> None:
+    """A module parallelised as TorchTitan does it (``parallelize_module``, DTensor parameters): its losses in the
+    tier's jobs are plain torchrun's, bit for bit, and differ between the tp groups (each dp rank draws its own
+    inputs), so a rank running another group's code would not match (were it not to hang on that group)."""
+    plain = jobs["plain"]["tp_losses"]
+    assert plain[0] == plain[1] and plain[2] == plain[3] and plain[0] != plain[2], plain
+    for name in ("cold", "fresh"):
+        assert tier[name]["tp_losses"] == plain, name
