@@ -26,6 +26,7 @@ other lane.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -178,6 +179,20 @@ def test_no_stall_compiles_graphs_with_collectives_in_a_rank(nostall: dict[str, 
     distinct = _keys(nostall, "miss", 0) | _keys(nostall, "hit", 0)
     published = nostall["report"]["total"]["lookups"]["fx"]["put"]
     assert len(distinct) == 7 and published == len(distinct), (distinct, published)
+
+
+def test_no_stall_trains_the_dtensor_modules_on_each_ranks_own_group(nostall: dict[str, Any],
+                                                                     jobs: dict[str, dict[str, Any]]) -> None:
+    """The tensor-parallel MLP as TorchTitan builds it (``parallelize_module``), under no-stall: its graphs carry the
+    tp group's collectives, so a rank of the group compiles them while the other runs them without inductor. The
+    MLP's output is all-reduced over the group, so both ranks of a group see one loss, bit for bit, whichever ran
+    what; the groups draw other inputs, so their losses differ; and they are plain torchrun's (close: eager and
+    inductor may round differently)."""
+    losses = nostall["tp_losses"]
+    assert losses[0] == losses[1] and losses[2] == losses[3] and losses[0] != losses[2], losses
+    for ours, theirs in zip(losses, jobs["plain"]["tp_losses"], strict=True):
+        assert all(math.isclose(float.fromhex(a), float.fromhex(b), rel_tol=1e-5) for a, b in zip(ours, theirs,
+                                                                                                  strict=True))
 
 
 @pytest.fixture(scope="module")
