@@ -144,7 +144,7 @@ def global_state() -> tuple[Any, ...]:
 
 
 def tensor_kind(value: torch.Tensor) -> str:
-    """The tensor's type, and for a DTensor how it is laid out over its mesh: ``DTensor(Shard(dim=0),)@cpu(2,)tp``.
+    """The tensor's type, and for a DTensor how it is laid out over its mesh: ``DTensor(Shard(dim=0),)@cpu(2,)('tp',)``.
 
     Its shape is the global one, the same for every placement; the placements and the mesh's
     shape say which local shard each rank holds, so a key does not serve another layout (torch's

@@ -46,7 +46,8 @@ from .compiled_function import Pin
 #: guards whose expected value torch takes again at load (from scopes holding modules by reference)
 _VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH"})
 #: guards that compare identity: across processes, only a value described by more than its type stands for it
-_IDENTITY_GUARDS = frozenset({"ID_MATCH", "NN_MODULE", "WEAKREF_ALIVE", "DICT_VERSION"})
+#: (``CLOSURE_MATCH`` compares a function's code, which :func:`describe` gives, and any other object's identity)
+_IDENTITY_GUARDS = frozenset({"ID_MATCH", "NN_MODULE", "WEAKREF_ALIVE", "DICT_VERSION", "CLOSURE_MATCH"})
 #: a global (``G['name']``) or a local (``L['name']``, or dynamo's bare ``name`` for a frame local)
 _ROOT = re.compile(r"([GL])\['([^'\\]+)'\]|([A-Za-z_][A-Za-z0-9_]*)")
 _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(-?\d+)\]|\['([^'\\]*)'\]")
@@ -106,7 +107,7 @@ def describe(value: Any) -> str:
     are C++ objects, which the generic description would give by type only; dynamo guards them by equality,
     as their ``repr`` says them.
     """
-    if isinstance(value, types.FunctionType) and "<locals>" in value.__qualname__:
+    if isinstance(value, types.FunctionType) and "<" in value.__qualname__:  # ``<locals>``, ``<lambda>``
         return f"{code_digest.describe(value)}@{code_digest.of_code(value.__code__).hex()[:32]}"
     placement = _placement_type()
     if placement is not None and isinstance(value, placement):

@@ -1075,8 +1075,11 @@ def test_a_dtensor_modules_hooks_and_layout_are_checked_not_left_unchecked() -> 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+    import functools
+    from types import SimpleNamespace
+
     from recipecache.torch_integration.precompiled.keys import module_state
-    from recipecache.torch_integration.precompiled.traced_values import Values, describe, parse
+    from recipecache.torch_integration.precompiled.traced_values import Recorder, Values, describe, parse
 
     hook = "self._forward_pre_hooks[list(dict.keys(self._forward_pre_hooks))[0]]"
     assert parse(hook) == ("L", "self", (("attr", "_forward_pre_hooks"), ("key_at", 0)))
@@ -1093,6 +1096,11 @@ def test_a_dtensor_modules_hooks_and_layout_are_checked_not_left_unchecked() -> 
     module.register_forward_pre_hook(_hook("replicate"))  # the other lambda: same qualified name, other code
     assert values.changed(lambda: {"self": module}, every=True).startswith(hook + " is function:")
     assert describe(Shard(0)) == describe(Shard(0)) != describe(Shard(1)) != describe(Replicate())
+    recorder = Recorder()  # a closure guard compares a function's code, any other object's identity
+    for value in (functools.partial(print), _hook("shard")):
+        recorder._record(SimpleNamespace(name=hook, guard_type="CLOSURE_MATCH", derived_guard_types=(),
+                                         is_global=False, has_value=True, value=value), kept=False)
+    assert recorder.unchecked == [hook] and [pin.source for pin in recorder.pins] == [hook]
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
