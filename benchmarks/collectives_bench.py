@@ -24,8 +24,15 @@ each job's phases in seconds after its launch: for recipecache the slowest rank'
 end, then the slowest rank's script start and first step's end, the script's end (rank 0's output
 written) and the launcher's exit.
 
+``--fresh``: how soon fresh ranks train the block (the precompiled tier with a DTensor module, issue 27).
+Per mode and repetition: plain torchrun cold, then warm on its local dirs; recipecache ``--precompile``
+cold on an empty store; then on that store, with fresh empty dirs, a fresh job with ``--precompile``
+and one without (the graph store, which the tier's builds fill). Printed: per rank the seconds from
+launch to its first step's end in plain warm, graph-store fresh and precompiled fresh, the
+fresh/warm ratios of the slowest rank, compiles, the tier's fallbacks, and whether losses equal plain's.
+
     python benchmarks/collectives_bench.py [--modes tp,fsdp_tp] [--reps 1] [--steps 2] [--rank-dirs]
-                                           [--compile-threads 1]
+                                           [--compile-threads 1] [--fresh]
 """
 
 from __future__ import annotations
@@ -89,10 +96,11 @@ def gxx_work(root: Path) -> dict[str, tuple[int, float]]:
 
 
 def run(tmp: Path, name: str, mode: str, steps: int, store: str | None, rank_dirs: bool,
-        compile_threads: str) -> dict[str, Any]:
+        compile_threads: str, *options: str, local_of: str | None = None) -> dict[str, Any]:
+    """One job; ``options`` go to recipecache-run; ``local_of``: the job whose local dirs it reuses (warm)."""
     out = tmp / f"{name}.json"
     env = _env(compile_threads)
-    local = tmp / f"{name}-local"
+    local = tmp / f"{local_of or name}-local"
     (local / "tmp").mkdir(parents=True, exist_ok=True)
     env |= {"TMPDIR": str(local / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(local / "inductor"), "OMP_NUM_THREADS": "1"}
     own_dirs: list[str] = []
@@ -102,7 +110,8 @@ def run(tmp: Path, name: str, mode: str, steps: int, store: str | None, rank_dir
     else:
         command = [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--url", store, "--namespace",
                    "collectives-bench", "--run-dir", str(tmp / name), "--quiet",
-                   *(["--rank-dirs", str(local / "ranks")] if rank_dirs else ["--node-dir", str(local / "node")])]
+                   *(["--rank-dirs", str(local / "ranks")] if rank_dirs else ["--node-dir", str(local / "node")]),
+                   *options]
     load = os.getloadavg()[0]
     launched = time.time()
     start = time.perf_counter()
@@ -117,8 +126,9 @@ def run(tmp: Path, name: str, mode: str, steps: int, store: str | None, rank_dir
                                             "gxx": gxx_work(local)}
     # the job's phases, seconds after its launch: the slowest rank's script start and first step's end, rank 0's
     # output written (the script's end), the launcher's exit
+    result["first_step"] = [s + m["step0"] - launched for s, m in zip(result["starts"], result["marks"], strict=True)]
     result["phases"] = {"script start": max(result["starts"]) - launched,
-                        "first step": max(s + m["step0"] for s, m in zip(result["starts"], result["marks"])) - launched,
+                        "first step": max(result["first_step"]),
                         "script end": out.stat().st_mtime - launched, "exit": wall}
     if store is None:
         result["compiles"] = _plain_compiles(local)
@@ -131,6 +141,8 @@ def run(tmp: Path, name: str, mode: str, steps: int, store: str | None, rank_dir
                         "enable() end": max(span["start"] + span["s"] for span in spans) - launched,
                         **result["phases"]}
     result["compiles"] = json.loads((tmp / name / "report.json").read_text())["total"]["compiles"]
+    result["fallbacks"] = [json.loads(path.read_text()).get("precompile_fallbacks", {})
+                           for path in sorted((tmp / name).glob("metrics-rank*.json"))]
     result["distinct"] = len({e["key"] for e in events if e["rank"] == 0 and e["event"] in ("hit", "miss")})
     result["per_rank"] = [{"compile_s": sum(e["duration"] for e in events if e["rank"] == r and e["event"] == "compile"),
                            "wait_s": sum(e["duration"] for e in events if e["rank"] == r and e["event"] == "wait")}
@@ -150,6 +162,31 @@ def describe(name: str, job: dict[str, Any]) -> str:
     return line
 
 
+def fresh_jobs(mode: str, rep: int, args: argparse.Namespace) -> None:
+    """``--fresh``: plain cold then warm, the tier cold, then fresh jobs with and without the tier (module doc)."""
+    with tempfile.TemporaryDirectory(prefix=f"collectives-fresh-{mode}-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        store = f"file://{tmp / 'store'}"
+        common = (mode, args.steps)
+        jobs = {"plain": run(tmp, "plain", *common, None, args.rank_dirs, args.compile_threads)}
+        jobs["plain warm"] = run(tmp, "warm", *common, None, args.rank_dirs, args.compile_threads, local_of="plain")
+        jobs["tier cold"] = run(tmp, "tiercold", *common, store, args.rank_dirs, args.compile_threads, "--precompile")
+        jobs["tier fresh"] = run(tmp, "tierfresh", *common, store, args.rank_dirs, args.compile_threads,
+                                 "--precompile")
+        jobs["graph-store fresh"] = run(tmp, "gsfresh", *common, store, args.rank_dirs, args.compile_threads)
+    print(f"mode {mode} rep {rep}:", flush=True)
+    for name, job in jobs.items():
+        print(describe(name, job), flush=True)
+    warm = max(jobs["plain warm"]["first_step"])
+    print("  seconds from launch to the first step's end, per rank:", flush=True)
+    for name in ("plain warm", "graph-store fresh", "tier fresh"):
+        job = jobs[name]
+        print(f"    {name:17} {' '.join(f'{t:6.2f}' for t in job['first_step'])}  slowest / plain warm's "
+              f"{max(job['first_step']) / warm:.2f}x; wall {job['wall_s']:.1f} s, {job.get('compiles', '-')} compiles, "
+              f"tier fallbacks {job.get('fallbacks', '-')}, losses equal plain: "
+              f"{job['losses'] == jobs['plain']['losses']}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", default="tp,fsdp_tp")
@@ -158,9 +195,15 @@ def main() -> None:
     parser.add_argument("--rank-dirs", action="store_true", help="every rank in its own dirs, as on four nodes")
     parser.add_argument("--compile-threads", default="1",
                         help="TORCHINDUCTOR_COMPILE_THREADS for every job ('' leaves torch's default: the CPU count)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="fresh jobs with and without the precompiled tier beside plain warm (module doc)")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
     for mode in args.modes.split(","):
+        if args.fresh:
+            for rep in range(args.reps):
+                fresh_jobs(mode, rep, args)
+            continue
         reps = []
         for rep in range(args.reps):
             with tempfile.TemporaryDirectory(prefix=f"collectives-{mode}-") as tmp_dir:

@@ -12,8 +12,9 @@ rank every rank compiled every graph. Six jobs, run once for the module (:func:`
 4. nostall: a no-stall job on an empty store of its own: the graphs with collectives are compiled
    by a rank of their groups, never by a worker process (which has no process groups);
 5. and 6. tier-cold, tier-fresh: the precompiled tier, cold then fresh on a store of its own, on a
-   function all-reducing over the tp mesh it is passed: the same call on every rank, whose compiled
-   code names the rank's tp group.
+   function all-reducing over the tp mesh it is passed (the same call on every rank, whose compiled
+   code names the rank's tp group), then on the tensor-parallel MLP as TorchTitan builds it
+   (``parallelize_module``: DTensor parameters, the plan's hooks), trained.
 
 No two of them can be one job: each is a different configuration (no-stall and the precompiled tier change
 which path compiles, a fresh job needs fresh processes, plain torchrun none of recipecache). They run in
@@ -25,6 +26,7 @@ other lane.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -88,9 +90,9 @@ def _plain_and_tier_lane(tmp: Path) -> dict[str, dict[str, Any]]:
     """plain torchrun; then the precompiled tier, cold and then fresh, on a store of its own."""
     plain = _run(tmp, "plain", None)
     store = f"file://{tmp / 'tier-store'}"
-    cold = _run(tmp, "tier-cold", store, "--precompile", mode="mesh")
+    cold = _run(tmp, "tier-cold", store, "--precompile", mode="tier")
     return {"plain": plain, "tier-cold": cold, "tier-fresh": _run(tmp, "tier-fresh", store, "--precompile",
-                                                                   mode="mesh")}
+                                                                   mode="tier")}
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +181,20 @@ def test_no_stall_compiles_graphs_with_collectives_in_a_rank(nostall: dict[str, 
     assert len(distinct) == 7 and published == len(distinct), (distinct, published)
 
 
+def test_no_stall_trains_the_dtensor_modules_on_each_ranks_own_group(nostall: dict[str, Any],
+                                                                     jobs: dict[str, dict[str, Any]]) -> None:
+    """The tensor-parallel MLP as TorchTitan builds it (``parallelize_module``), under no-stall: its graphs carry the
+    tp group's collectives, so a rank of the group compiles them while the other runs them without inductor. The
+    MLP's output is all-reduced over the group, so both ranks of a group see one loss, bit for bit, whichever ran
+    what; the groups draw other inputs, so their losses differ; and they are plain torchrun's (close: eager and
+    inductor may round differently)."""
+    losses = nostall["tp_losses"]
+    assert losses[0] == losses[1] and losses[2] == losses[3] and losses[0] != losses[2], losses
+    for ours, theirs in zip(losses, jobs["plain"]["tp_losses"], strict=True):
+        assert all(math.isclose(float.fromhex(a), float.fromhex(b), rel_tol=1e-5) for a, b in zip(ours, theirs,
+                                                                                                  strict=True))
+
+
 @pytest.fixture(scope="module")
 def tier(jobs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {"cold": jobs["tier-cold"], "fresh": jobs["tier-fresh"]}
@@ -187,13 +203,26 @@ def tier(jobs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def test_precompiled_tier_serves_each_rank_its_own_groups_code(tier: dict[str, dict[str, Any]]) -> None:
     """One key for every rank, but torch bakes the tp group's name into the code: built once per tp group (the
     artifact names the groups it was built for; a rank of another group looks under the key naming its own), and a
-    fresh job loads them all, compiling nothing, each rank all-reducing over its own tp group (x2: 6 and 14)."""
+    fresh job loads them all, compiling nothing, each rank all-reducing over its own tp group (x2: 6 and 14).
+    The mesh function and the DTensor module alike: two functions, each built once per tp group."""
     for name in ("cold", "fresh"):
         job = tier[name]
         assert job["sums"] == [[6.0], [6.0], [14.0], [14.0]], name
         assert [metrics["precompile_fallbacks"] for metrics in job["metrics"]] == [{}] * RANKS, name
-    assert tier["cold"]["report"]["total"]["lookups"]["precompiled"]["put"] == 2
+    assert tier["cold"]["report"]["total"]["lookups"]["precompiled"]["put"] == 4
     fresh = [metrics["lookups"] for metrics in tier["fresh"]["metrics"]]
     assert [(lookups["precompiled"]["miss"], lookups["fx"]["miss"] + lookups["fx"]["hit"]) for lookups in fresh] \
         == [(0, 0)] * RANKS, fresh
     assert [row["compiles"] for row in tier["fresh"]["report"]["ranks"]] == [0] * RANKS
+
+
+def test_precompiled_tier_trains_a_dtensor_module_as_torch_does(
+    tier: dict[str, dict[str, Any]], jobs: dict[str, dict[str, Any]]
+) -> None:
+    """A module parallelised as TorchTitan does it (``parallelize_module``, DTensor parameters): its losses in the
+    tier's jobs are plain torchrun's, bit for bit, and differ between the tp groups (each dp rank draws its own
+    inputs), so a rank running another group's code would not match (were it not to hang on that group)."""
+    plain = jobs["plain"]["tp_losses"]
+    assert plain[0] == plain[1] and plain[2] == plain[3] and plain[0] != plain[2], plain
+    for name in ("cold", "fresh"):
+        assert tier[name]["tp_losses"] == plain, name

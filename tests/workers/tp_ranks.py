@@ -1,10 +1,11 @@
 """A tiny 2-D mesh job (dp x tp) whose compiled graphs carry collectives: tensor, sequence or expert parallel.
 
-usage: tp_ranks.py OUT_JSON [--mode {all,tp,fsdp_tp,mesh}] [--steps N]
+usage: tp_ranks.py OUT_JSON [--mode {all,tp,fsdp_tp,mesh,tier}] [--steps N]
 
 Every rank of a dp x tp mesh (4 ranks: dp=2 x tp=2, gloo, CPU) trains tiny MLPs whose
 compiled graphs carry their collectives, and rank 0 writes every rank's losses (hex
-floats: compared bit for bit) and group sums to OUT_JSON. ``all`` (the default):
+floats: compared bit for bit), the tensor-parallel MLP's own losses and group sums to OUT_JSON. ``all``
+(the default):
 
 * tensor parallel: ``ColwiseParallel`` / ``RowwiseParallel`` over tp (all_reduce);
 * sequence parallel: the same with sequence-sharded input and output (all_gather / reduce_scatter);
@@ -18,6 +19,10 @@ floats: compared bit for bit) and group sums to OUT_JSON. ``all`` (the default):
 ``tp`` trains the tensor-parallel MLP alone, ``fsdp_tp`` with ``fully_shard`` over dp on top. ``mesh``
 compiles only :func:`meshsum` (no training, no losses): an all-reduce over the tp mesh passed as an argument,
 the same call on every rank (one key for the precompiled tier), whose compiled code names the tp group.
+``tier`` runs :func:`meshsum`, then trains the tensor-parallel MLP alone: a module as TorchTitan builds it
+(``parallelize_module``: DTensor parameters, the plan's hooks), whose losses are those of ``all``'s
+tensor-parallel MLP (its parameters get the same gradients there) and differ between the tp groups (each dp
+rank draws its own inputs).
 """
 from __future__ import annotations
 
@@ -75,7 +80,7 @@ def exchange(x: torch.Tensor, group: str) -> torch.Tensor:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--mode", choices=("all", "tp", "fsdp_tp", "mesh"), default="all")
+    parser.add_argument("--mode", choices=("all", "tp", "fsdp_tp", "mesh", "tier"), default="all")
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
 
@@ -88,9 +93,11 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
     tp_mesh = mesh["tp"]
     tp_group, dp_group = tp_mesh.get_group().group_name, mesh["dp"].get_group().group_name
+    mesh_sums: list[float] = []
+    if args.mode in ("mesh", "tier"):
+        mesh_sums = [float(torch.compile(meshsum)(torch.full((4,), float(rank + 1)), tp_mesh)[0])]
     if args.mode == "mesh":
-        tp_sum = torch.compile(meshsum)(torch.full((4,), float(rank + 1)), tp_mesh)
-        _write(args.out, rank, world, [], [float(tp_sum[0])])
+        _write(args.out, rank, world, [], [], mesh_sums)
         return
     torch.manual_seed(0)
     tp_model, sp_model = MLP(), SequenceMLP()
@@ -107,9 +114,11 @@ def main() -> None:
     exchange_c = torch.compile(exchange)
     dp_rank, tp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
     losses: list[str] = []
+    tp_losses: list[str] = []
     for step in range(args.steps):
         x = torch.randn(8, DIM, generator=torch.Generator().manual_seed(1000 * step + dp_rank))
         loss = compiled[0](x).pow(2).mean()
+        tp_losses.append(float(loss.detach()).hex())
         if args.mode == "all":
             routed = exchange_c(compiled[1](x.chunk(2)[tp_rank]), tp_group)
             loss = loss + routed.pow(2).mean()
@@ -117,20 +126,20 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
         losses.append(float(loss.detach()).hex())
-    sums: list[float] = []
+    sums = mesh_sums
     if args.mode == "all":
         tp_sum, dp_sum = torch.compile(groupsum)(torch.full((4,), float(rank + 1)), tp_group, dp_group)
         sums = [float(tp_sum[0]), float(dp_sum[0])]
-    _write(args.out, rank, world, losses, sums)
+    _write(args.out, rank, world, losses, tp_losses, sums)
 
 
-def _write(out: str, rank: int, world: int, losses: list[str], sums: list[float]) -> None:
-    """Rank 0 writes every rank's losses and sums to ``out``; the process group ends."""
+def _write(out: str, rank: int, world: int, losses: list[str], tp_losses: list[str], sums: list[float]) -> None:
+    """Rank 0 writes every rank's losses, tensor-parallel MLP losses and sums to ``out``; the process group ends."""
     gathered: list[dict[str, list] | None] = [None] * world
-    dist.all_gather_object(gathered, {"losses": losses, "sums": sums})
+    dist.all_gather_object(gathered, {"losses": losses, "tp_losses": tp_losses, "sums": sums})
     if rank == 0:
-        Path(out).write_text(json.dumps({"losses": [g["losses"] for g in gathered],
-                                         "sums": [g["sums"] for g in gathered]}))
+        Path(out).write_text(json.dumps({field: [g[field] for g in gathered]
+                                         for field in ("losses", "tp_losses", "sums")}))
     dist.destroy_process_group()
 
 

@@ -107,7 +107,7 @@ def _digest(
     if not namespaces and not codes:
         return MISSING
     h = hashlib.sha256()
-    for part in sorted(_code_digest(code) for code in codes.values()):
+    for part in sorted(of_code(code) for code in codes.values()):
         _feed(h, part)
     for name in sorted(set(names)):
         values = sorted(describe(namespace[name]) for namespace in namespaces if name in namespace)
@@ -155,7 +155,8 @@ def _nested(code: types.CodeType) -> Iterable[types.CodeType]:
             yield from _nested(const)
 
 
-def _code_digest(code: types.CodeType) -> bytes:
+def of_code(code: types.CodeType) -> bytes:
+    """What ``code`` runs (bytecode, constants, names, argument layout, line table; its nested code too)."""
     h = hashlib.sha256()
     layout = (
         getattr(code, "co_qualname", code.co_name),
@@ -173,7 +174,7 @@ def _code_digest(code: types.CodeType) -> bytes:
     for part in (code.co_code, code.co_linetable, getattr(code, "co_exceptiontable", b"")):
         _feed(h, part)
     for const in code.co_consts:
-        _feed(h, _code_digest(const) if isinstance(const, types.CodeType) else _value(const).encode())
+        _feed(h, of_code(const) if isinstance(const, types.CodeType) else _value(const).encode())
     return h.digest()
 
 

@@ -48,8 +48,10 @@ from ..artifact import ArtifactError, KernelFile, checked_file, decode
 #: artifacts, and the ``dynamic_shapes`` verdicts format 3 published, are retired with the key).
 #: 5: the values the trace read (``pins``); format 4 artifacts served them unchecked.
 #: 6: the process groups the code names (``groups``); format 5 had no functions with collectives (their
-#: operators were unchecked values: verdicts, which format 6 retires)
-FORMAT = "recipecache-precompiled/6"
+#: operators were unchecked values: verdicts, which format 6 retires).
+#: 7: a closure dynamo calls pinned by its code, DTensor placements by value, dicts' items by key position
+#: (format 6 left a module parallelised with ``parallelize_module`` an ``unchecked_value`` verdict: its hooks)
+FORMAT = "recipecache-precompiled/7"
 
 
 @dataclass(frozen=True)

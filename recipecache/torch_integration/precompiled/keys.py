@@ -143,11 +143,28 @@ def global_state() -> tuple[Any, ...]:
     )
 
 
+def tensor_kind(value: torch.Tensor) -> str:
+    """The tensor's type, and for a DTensor how it is laid out over its mesh: ``DTensor(Shard(dim=0),)@cpu(2,)('tp',)``.
+
+    Its shape is the global one, the same for every placement; the placements and the mesh's
+    shape say which local shard each rank holds, so a key does not serve another layout (torch's
+    guard, ``DTENSOR_SPEC_MATCH``, would only refuse it). The mesh's coordinate and groups are left
+    out: every rank of a job shares the key, and the groups the code names are checked apart
+    (``Precompiled.groups``).
+    """
+    kind = type(value).__qualname__
+    spec: Any = getattr(value, "_spec", None)
+    if getattr(spec, "mesh", None) is None:
+        return kind
+    mesh = spec.mesh
+    return f"{kind}{tuple(spec.placements)!r}@{mesh.device_type}{tuple(mesh.shape)}{mesh.mesh_dim_names or ''}"
+
+
 def _leaf(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return (
             "tensor",
-            type(value).__qualname__,
+            tensor_kind(value),
             str(value.dtype),
             str(value.device),
             str(value.layout),
@@ -215,10 +232,20 @@ def key_signature(sig: tuple[Any, ...], dynamic: bool) -> tuple[Any, ...]:
 def module_state(module: torch.nn.Module) -> list[Any]:
     """Parameters, buffers and training flags: what guards check on the module besides the inputs."""
     return [
-        [(name, str(p.dtype), str(p.device), tuple(p.shape), p.requires_grad) for name, p in module.named_parameters()],
-        [(name, str(b.dtype), str(b.device), tuple(b.shape)) for name, b in module.named_buffers()],
+        [
+            (name, str(p.dtype), str(p.device), tuple(p.shape), p.requires_grad, *_layout(p))
+            for name, p in module.named_parameters()
+        ],
+        [(name, str(b.dtype), str(b.device), tuple(b.shape), *_layout(b)) for name, b in module.named_buffers()],
         [(name, m.training) for name, m in module.named_modules()],
     ]
+
+
+def _layout(tensor: torch.Tensor) -> tuple[str, ...]:
+    """A parameter's or buffer's :func:`tensor_kind` where it is not a plain tensor, else nothing (keys of plain
+    modules as they were)."""
+    kind = tensor_kind(tensor)
+    return () if kind in ("Tensor", "Parameter") else (kind,)
 
 
 # -- traced code ---------------------------------------------------------------------------

@@ -64,13 +64,14 @@ module, as dynamo itself does (it skips DDP's frames and compiles the inner forw
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +218,35 @@ def share_shape_decisions() -> None:
         put_code_state()
     except Exception:  # torch swallows its own upload failures; so do we
         log.debug("recipecache: uploading the automatic-dynamic state failed", exc_info=True)
+
+
+class _ProducersMeshes(logging.Filter):
+    """Drops, in one thread, torch's warning that an unpickled ``DeviceMesh`` names groups this process lacks."""
+
+    MESSAGE = "It seems like pickling/unpickling of the DeviceMesh occurred before the PGs were created"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.thread == self.thread and record.getMessage().startswith(self.MESSAGE))
+
+
+@contextlib.contextmanager
+def _producers_meshes_quiet() -> Iterator[None]:
+    """While this thread loads an artifact: torch's guards of a DTensor module hold copies of the producer's device
+    meshes (the values their expected ones are read from, pickled with the artifact), which name the producer's
+    groups; unpickling one warns, five times a module, that a group is missing here. Those copies are never run
+    (the code runs on the module's own meshes; the groups its code names are checked apart), so the warning says
+    nothing about this process."""
+    logger = logging.getLogger("torch.distributed.device_mesh")
+    quiet = _ProducersMeshes()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _groups_elsewhere(found: Precompiled) -> dict[str, str] | str | None:
@@ -418,7 +448,8 @@ class Tier:
         from torch._inductor.runtime.runtime_utils import cache_dir
 
         self.metrics.kernels(installed=install(stored.files, Path(cache_dir())))
-        fn = AOTCompiledFunction.deserialize(bytes(stored.entry), target.globals)
+        with _producers_meshes_quiet():
+            fn = AOTCompiledFunction.deserialize(bytes(stored.entry), target.globals)
         fn.disable_guard_check()  # the dispatcher checks them once per call
         rebind(fn, target.function)
         return fn

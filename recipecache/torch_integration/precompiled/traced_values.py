@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import importlib
 import operator
 import re
@@ -45,13 +46,18 @@ from .compiled_function import Pin
 #: guards whose expected value torch takes again at load (from scopes holding modules by reference)
 _VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH"})
 #: guards that compare identity: across processes, only a value described by more than its type stands for it
-_IDENTITY_GUARDS = frozenset({"ID_MATCH", "NN_MODULE", "WEAKREF_ALIVE", "DICT_VERSION"})
+#: (``CLOSURE_MATCH`` compares a function's code, which :func:`describe` gives, and any other object's identity)
+_IDENTITY_GUARDS = frozenset({"ID_MATCH", "NN_MODULE", "WEAKREF_ALIVE", "DICT_VERSION", "CLOSURE_MATCH"})
 #: a global (``G['name']``) or a local (``L['name']``, or dynamo's bare ``name`` for a frame local)
 _ROOT = re.compile(r"([GL])\['([^'\\]+)'\]|([A-Za-z_][A-Za-z0-9_]*)")
 _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(-?\d+)\]|\['([^'\\]*)'\]")
 #: the calls dynamo writes into a guarded value's name, and what each step does: ``type(x)``, ``dict(x)``
 _CALLS = {"type(": "type", "dict(": "dict"}
 _ODICT_ITEM = re.compile(r", '([^'\\]*)'\)")
+#: dynamo's name for a dict's item reached by the position of its key (``ConstDictKeySource``, in torch
+#: 2.13 to 2.15): ``<dict>[list(dict.keys(<dict>))[N]]``
+_KEY_AT = "[list(dict.keys("
+_KEY_POSITION = re.compile(r"\)\)\[(\d+)\]\]")
 #: dynamo's name for the builtins of the traced function's globals (``__builtins_dict___0``), a global it
 #: installs only while it traces: a fresh process has none, and its builtins are its own
 _BUILTINS_DICT = re.compile(r"__builtins_dict___\d+")
@@ -89,9 +95,23 @@ def _unchanged(value: Any) -> bool:
 
 
 def describe(value: Any) -> str:
-    """:func:`.code_digest.describe`, with tensors by what dynamo's tensor guard checks (not by type only), and
+    """:func:`.code_digest.describe`, with tensors by what dynamo's tensor guard checks (not by type only),
     torch's operators by name (dynamo guards a function's ``funcol.torch.ops._c10d_functional.all_reduce`` by
-    identity)."""
+    identity), DTensor placements by value, and a function defined inside another (a lambda, a closure) by its
+    code too.
+
+    dynamo guards a closure it calls by its code (``CLOSURE_MATCH``), and a qualified name does not say which
+    code: ``distribute_module`` installs a lambda of each of two forms as a module's hook, both
+    ``distribute_module.<locals>.<lambda>``. The code's digest does (the file's content is covered apart: by
+    the torch build, or by the artifact's source digests). Placements (``Shard(dim=0)``, ``Replicate()``)
+    are C++ objects, which the generic description would give by type only; dynamo guards them by equality,
+    as their ``repr`` says them.
+    """
+    if isinstance(value, types.FunctionType) and "<" in value.__qualname__:  # ``<locals>``, ``<lambda>``
+        return f"{code_digest.describe(value)}@{code_digest.of_code(value.__code__).hex()[:32]}"
+    placement = _placement_type()
+    if placement is not None and isinstance(value, placement):
+        return f"placement:{type(value).__qualname__}:{value!r}"
     if isinstance(value, torch.Tensor):
         return (
             f"tensor:{type(value).__qualname__}:{value.dtype}:{value.device}:{tuple(value.shape)}:"
@@ -104,6 +124,12 @@ def describe(value: Any) -> str:
     return code_digest.describe(value)
 
 
+def _placement_type() -> type | None:
+    """DTensor's ``Placement``, if this process imported DTensor (a value of it can exist only then)."""
+    module = sys.modules.get("torch.distributed.tensor.placement_types")
+    return getattr(module, "Placement", None)
+
+
 GuardPath = tuple[str, str, tuple[tuple[str, Any], ...]]
 
 
@@ -111,14 +137,18 @@ def parse(source: str) -> GuardPath | None:
     """dynamo's name of a guarded value as (scope, name, steps), or None for a form not followed here.
 
     ``G['cfg'].SCALE``, ``self.scale``, ``sizes[1]``, ``dict(type(self).__mro__[1].__dict__)['FACTOR']``,
-    ``___odict_getitem(self._modules, 'fc1').inplace``: a global or local, then attributes, items and the
-    calls ``type``, ``dict`` and ``___odict_getitem``.
+    ``___odict_getitem(self._modules, 'fc1').inplace``,
+    ``self._modules['up']._forward_hooks[list(dict.keys(self._modules['up']._forward_hooks))[0]]``: a global or
+    local, then attributes, items, a dict's item by the position of its key (dynamo's ``ConstDictKeySource``:
+    how it reaches a module's hooks, which ``parallelize_module`` installs) and the calls ``type``, ``dict`` and
+    ``___odict_getitem``.
     """
     parsed = _expression(source, 0)
     return parsed[0] if parsed is not None and parsed[1] == len(source) else None
 
 
 def _expression(text: str, at: int) -> tuple[GuardPath, int] | None:
+    start = at
     call = next((c for c in (*_CALLS, "___odict_getitem(") if text.startswith(c, at)), None)
     if call is not None:
         inner = _expression(text, at + len(call))
@@ -138,7 +168,17 @@ def _expression(text: str, at: int) -> tuple[GuardPath, int] | None:
             return None
         scope, name = (root.group(1), root.group(2)) if root.group(1) else ("L", root.group(3))
         steps, at = (), root.end()
-    while (step := _STEP.match(text, at)) is not None:
+    while True:
+        if text.startswith(_KEY_AT, at):  # ``[list(dict.keys(<the value so far>))[N]]``: the N-th key's item
+            inner = _expression(text, at + len(_KEY_AT))
+            position = _KEY_POSITION.match(text, inner[1]) if inner is not None else None
+            if inner is None or position is None or text[at + len(_KEY_AT) : inner[1]] != text[start:at]:
+                return None
+            steps, at = (*steps, ("key_at", int(position.group(1)))), position.end()
+            continue
+        step = _STEP.match(text, at)
+        if step is None:
+            break
         attr, index, key = step.groups()
         steps = (
             *steps,
@@ -155,11 +195,18 @@ def reader(steps: tuple[tuple[str, Any], ...]) -> tuple[Callable[[Any], Any], ..
         if kind == "attr"
         else operator.itemgetter(arg)
         if kind == "item"
+        else functools.partial(_item_at, arg)
+        if kind == "key_at"
         else type
         if kind == "type"
         else dict
         for kind, arg in steps
     )
+
+
+def _item_at(position: int, mapping: Any) -> Any:
+    """The item of ``mapping``'s key at ``position``, as dynamo reads it (``dict.keys``: insertion order)."""
+    return mapping[list(dict.keys(mapping))[position]]
 
 
 class Recorder:

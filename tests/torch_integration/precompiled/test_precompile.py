@@ -1055,6 +1055,68 @@ def test_a_torch_config_entry_the_trace_guards_is_pinned_by_its_value(monkeypatc
     assert recorder.unchecked == ["L['cfg']._config['x'].user_override"], "only a module's entry is pinned"
 
 
+def _hook(form: str) -> Any:
+    """One of two lambdas with one qualified name, as ``distribute_module`` installs its hooks."""
+    import torch
+
+    placements = (torch.distributed.tensor.Shard(0) if form == "shard" else torch.distributed.tensor.Replicate(),)
+    if form == "shard":
+        return lambda mod, inputs: (placements, inputs)
+    return lambda mod, inputs: (placements, inputs, mod)
+
+
+def test_a_dtensor_modules_hooks_and_layout_are_checked_not_left_unchecked() -> None:
+    """Issue 27: a module parallelised with ``parallelize_module`` was an ``unchecked_value`` verdict, its hooks read
+    in a form the tier did not follow (``d[list(dict.keys(d))[0]]``). Now they are pinned: a hook by its code, as
+    dynamo guards a closure (two lambdas of one qualified name differ), a placement by value (a C++ object,
+    otherwise described by type alone); and a DTensor parameter's placements and mesh shape are in the key."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import functools
+    from types import SimpleNamespace
+
+    from recipecache.torch_integration.precompiled.keys import module_state
+    from recipecache.torch_integration.precompiled.traced_values import Recorder, Values, describe, parse
+
+    hook = "self._forward_pre_hooks[list(dict.keys(self._forward_pre_hooks))[0]]"
+    assert parse(hook) == ("L", "self", (("attr", "_forward_pre_hooks"), ("key_at", 0)))
+    assert parse("self._forward_hooks[list(dict.keys(self._forward_pre_hooks))[0]]") is None, "another dict's key"
+    module = torch.nn.Linear(2, 2)
+    handle = module.register_forward_pre_hook(_hook("shard"))
+    pins = tuple(Pin(source, describe(value), per_call=True) for source, value in (
+        (hook, module._forward_pre_hooks[handle.id]),
+        (f"{hook}.__closure__[0].cell_contents[0]", Shard(0))))
+    assert pins[0].value.startswith("function:") and "<lambda>@" in pins[0].value
+    values = Values(pins, {}, {})
+    assert values.changed(lambda: {"self": module}, every=True) is None
+    handle.remove()
+    module.register_forward_pre_hook(_hook("replicate"))  # the other lambda: same qualified name, other code
+    assert values.changed(lambda: {"self": module}, every=True).startswith(hook + " is function:")
+    assert describe(Shard(0)) == describe(Shard(0)) != describe(Shard(1)) != describe(Replicate())
+    recorder = Recorder()  # a closure guard compares a function's code, any other object's identity
+    for value in (functools.partial(print), _hook("shard")):
+        recorder._record(SimpleNamespace(name=hook, guard_type="CLOSURE_MATCH", derived_guard_types=(),
+                                         is_global=False, has_value=True, value=value), kept=False)
+    assert recorder.unchecked == [hook] and [pin.source for pin in recorder.pins] == [hook]
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        layouts = []
+        for placement in (Shard(0), Replicate()):
+            parallel = torch.nn.Linear(2, 2)
+            parallel.weight = torch.nn.Parameter(distribute_tensor(parallel.weight, mesh, [placement]))
+            layouts.append(module_state(parallel)[0][0])
+        assert layouts[0] != layouts[1] and layouts[0][:5] == layouts[1][:5], layouts
+        assert "Shard(dim=0)" in layouts[0][5] and "('tp',)" in layouts[0][5]
+    finally:
+        dist.destroy_process_group()
+    assert module_state(torch.nn.Linear(2, 2))[0][0] == ("weight", "torch.float32", "cpu", (2, 2), True)
+
+
 def _cold_bench() -> Any:
     """benchmarks/cold_bench.py as a module (the benchmarks are no package)."""
     import importlib.util
