@@ -22,21 +22,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from tp_ranks import DIM, MLP  # the same tiny MLP the collectives tests parallelise
 
-DIM = 16
 #: how long a rank waits for the other's event before it goes on without it (a bound against a hang, not a timing)
 GIVE_UP_S = 240.0
-
-
-class MLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(DIM, 2 * DIM)
-        self.down = nn.Linear(2 * DIM, DIM)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(x)))
 
 
 def _wait_for(path: Path) -> bool:
