@@ -1,6 +1,8 @@
 """The example's DDP job (``examples/train.py``: its model, batches and bucket schedule), run for a
-number of steps (``--steps``) or, with ``--until-switched MAX``, until every rank runs every graph
-it met compiled (at most MAX steps; no-stall's switch, agreed through an all-reduce each step).
+number of steps (``--steps``) or, with ``--until-switched SECONDS``, until every rank runs every graph
+it met compiled (no-stall's switch, agreed through an all-reduce each step). SECONDS bounds the job
+against a hang, not the compile's pace: a step count would be a guess at how fast the worker compiles,
+and a busy machine can run hundreds of eager steps before it is done.
 
 Rank 0 writes ``--out``: per step every rank's loss, and the steps the job ran. Steps pause
 ``--pause`` seconds, as a data loader would, so a compile behind them gets the cores too. With
@@ -54,7 +56,7 @@ def set_globals() -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--until-switched", type=int, default=0, metavar="MAX")
+    p.add_argument("--until-switched", type=float, default=0.0, metavar="SECONDS")
     p.add_argument("--buckets", default="16,32")
     p.add_argument("--pause", type=float, default=0.2)
     p.add_argument("--kill-worker", action="store_true", help="rank 0 kills its worker after its first step")
@@ -72,8 +74,9 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     losses: list[float] = []
     step_s: list[float] = []
-    limit = args.until_switched or args.steps
-    for step in range(limit):
+    give_up = time.monotonic() + args.until_switched
+    step = 0
+    while step < args.steps or args.until_switched:
         tokens, targets = make_batch(step, rank, 4, bucket_length(step, rank, buckets), 0)
         start = time.perf_counter()
         loss = compiled(tokens, targets)
@@ -85,8 +88,9 @@ def main() -> None:
         if args.kill_worker and rank == 0 and step == 0:
             kill_worker(time.monotonic() + 120)
         time.sleep(args.pause)
-        if args.until_switched and step + 1 >= 2 * len(buckets):
-            done = torch.tensor([1 if all_switched() else 0])
+        step += 1
+        if args.until_switched and step >= 2 * len(buckets):
+            done = torch.tensor([1 if all_switched() or time.monotonic() > give_up else 0])
             dist.all_reduce(done, op=dist.ReduceOp.MIN)
             if done.item():
                 break

@@ -41,6 +41,9 @@ from support.paths import REPO, WORKERS
 ROOT = REPO
 TRAIN = WORKERS / "no_stall_train.py"
 RANKS = 2
+#: a no-stall job's bound against a hang while it waits for every graph to switch (it stops at the switch, the event
+#: it waits for); under :func:`_launch`'s 900 s, which covers the ranks' start and exit too
+UNTIL_SWITCHED_S = 720
 #: the largest loss difference allowed between a step run eagerly and the same step under torch.compile
 LOSS_TOLERANCE = 2e-3
 
@@ -142,7 +145,7 @@ def _plain(tmp: Path, steps: int) -> dict[str, Any]:
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
     tmp = tmp_path_factory.mktemp("nostall")
     store = f"file://{tmp / 'store'}"
-    cold = _launch(tmp, "cold", store, "--until-switched", "600", "--set-globals")
+    cold = _launch(tmp, "cold", store, "--until-switched", str(UNTIL_SWITCHED_S), "--set-globals")
     fresh = _launch(tmp, "fresh", store, "--steps", "4", "--set-globals")
     yield {"cold": cold, "fresh": fresh, "plain": _plain(tmp, cold["steps"])}
 
@@ -179,7 +182,7 @@ def test_ranks_run_eager_while_a_worker_compiles_then_switch(jobs: dict[str, dic
 @pytest.mark.multirank
 @pytest.mark.timeout(1800)
 def test_a_graph_whose_worker_died_is_taken_over_by_another_rank(tmp_path: Path) -> None:
-    job = _launch(tmp_path, "takeover", f"file://{tmp_path / 'store'}", "--until-switched", "600", "--kill-worker")
+    job = _launch(tmp_path, "takeover", f"file://{tmp_path / 'store'}", "--until-switched", str(UNTIL_SWITCHED_S), "--kill-worker")
     zero, one = (job["metrics"][rank]["no_stall"] for rank in range(RANKS))
     failed = {key for key, graph in zero["graphs"].items() if graph.get("failed")}
     assert failed and zero["failed"] == len(failed) and one["failed"] == 0
