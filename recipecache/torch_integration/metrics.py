@@ -36,8 +36,9 @@ from ..store import Store
 log = logging.getLogger(__name__)
 
 #: artifact kinds looked up and published (the store's ``kind``); ``precompiled`` is a whole function (the
-#: precompiled tier)
-LOOKUP_KINDS = ("fx", "aot", "pgo", "isa", "autotune", "precompiled")
+#: precompiled tier), ``strides`` a forward's output strides (overlap: what a rank needs to compile the backward
+#: of a forward another rank compiles)
+LOOKUP_KINDS = ("fx", "aot", "pgo", "isa", "autotune", "precompiled", "strides")
 #: the kinds of ``cache`` TotalHit/TotalMiss: lookups that stand for a compile (FX graphs, precompiled functions)
 GRAPH_KINDS = ("fx", "precompiled")
 
