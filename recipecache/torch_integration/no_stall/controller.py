@@ -393,8 +393,6 @@ class _Worker:
 class NoStall:
     """This process's background compiles and switching graphs (one per enabled integration)."""
 
-    deferred_of = staticmethod(deferred_of)
-
     def __init__(self, store: Store, metrics: Metrics, exit_grace: float, compile_timeout: float) -> None:
         self.store = store
         self.metrics = metrics
@@ -435,13 +433,11 @@ class NoStall:
             return None
         self._row(flight.key, what)
         self._warm_cpu_probe(args[1])
-        config = inductor_config.save_config_portable()
-        context = torch._guards.TracingContext.try_get()
         job = None
         if flight.role is Role.LEADER:
             lead = self._lead(flight)
             if lead is None:
-                return Deferred(flight.key, what, None, config, context)  # left to the others: we wait for the artifact
+                return Deferred.here(flight.key, what)  # left to the others: we wait for the artifact
             if lead == "inline":
                 self.store.events.record("compile_start", flight.key)
                 return None
@@ -457,7 +453,7 @@ class NoStall:
                 self.store.events.record("compile_start", flight.key)
                 return None
             job = self._submit(flight, *sent)
-        return Deferred(flight.key, what, job, config, context)
+        return Deferred.here(flight.key, what, job)
 
     def _lead(self, flight: Flight) -> str | None:
         """How this process leads the graph whose lease it took: ``worker``, ``inline`` (a worker could not give
