@@ -742,9 +742,10 @@ def pid_alive(pid: int) -> bool:
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
 def test_ranks_stop_with_the_launcher(tmp_path: Path, sig: signal.Signals) -> None:
-    """SIGINT/SIGTERM are forwarded to torchrun; a SIGKILLed launcher takes torchrun down with it (Linux)."""
+    """SIGINT/SIGTERM/SIGHUP (the launcher's terminal closed) are forwarded to torchrun; a SIGKILLed launcher
+    takes torchrun down with it (Linux)."""
     sleeper = tmp_path / "sleeper.py"
     sleeper.write_text(
         "import os, sys, time\n"
