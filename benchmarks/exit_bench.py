@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from redis_server import free_port
+from support.redis_server import free_port
 
 RANKS = 2
 #: What the bootstrap did before the fix.

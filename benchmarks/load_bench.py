@@ -63,8 +63,8 @@ from recipecache.sim import Costs, simulate
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from redis_cluster import RedisCluster  # noqa: E402
-from redis_server import RedisServer  # noqa: E402
+from support.redis_cluster import RedisCluster  # noqa: E402
+from support.redis_server import RedisServer  # noqa: E402
 
 WORKER = HERE / "load_worker.py"
 MB = 1024 * 1024

@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from redis_server import RedisServer
+from support.redis_server import RedisServer
 
 EXAMPLE = ROOT / "examples" / "train.py"
 

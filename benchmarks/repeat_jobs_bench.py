@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from redis_server import free_port  # noqa: E402
+from support.redis_server import free_port  # noqa: E402
 
 from recipecache.sizes import parse_size  # noqa: E402
 

@@ -46,7 +46,7 @@ from recipecache.eventlog import EventLog
 from recipecache.sizes import format_size, parse_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from redis_server import RedisServer  # noqa: E402
+from support.redis_server import RedisServer  # noqa: E402
 
 TARGET = 1.3
 TARGET_SIZES = (8_000_000, 64_000_000)

@@ -40,7 +40,7 @@ from recipecache.keys import storage_key
 from recipecache.lease import HeldLease, new_token
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from redis_server import RedisServer  # noqa: E402
+from support.redis_server import RedisServer  # noqa: E402
 
 WAITER = r"""
 import json, os, sys, time
