@@ -2,7 +2,7 @@
 first compile behind answers a key mismatch). The mismatch must be counted, and the graph compiled again
 inline, from inside its switching callable at a later step, then run compiled.
 
-Argument: a JSON file to write: this process's no-stall metrics once every graph switched (or 300 s passed).
+Argument: a JSON file to write: this process's no-stall metrics once every graph switched.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.hang_guard import WORKER_HANG_GUARD_S
 
 import recipecache
 from recipecache.torch_integration.no_stall import controller
@@ -44,8 +47,8 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     compiled = torch.compile(model)
     x, y = torch.randn(4, 8), torch.randn(4, 1)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + WORKER_HANG_GUARD_S
+    while True:
         loss = torch.nn.functional.mse_loss(compiled(x), y)
         loss.backward()
         opt.step()
@@ -53,6 +56,7 @@ def main() -> None:
         graphs = recipecache.torch_integration.metrics()["no_stall"]["graphs"]
         if len(graphs) >= 2 and all(g["switched_at"] is not None for g in graphs.values()):
             break
+        assert time.monotonic() < deadline, f"not every graph switched within {WORKER_HANG_GUARD_S:g} s: {graphs}"
         time.sleep(0.1)
     Path(sys.argv[1]).write_text(json.dumps(recipecache.torch_integration.metrics()))
 

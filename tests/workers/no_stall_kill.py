@@ -18,6 +18,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.hang_guard import WORKER_HANG_GUARD_S
+
 import recipecache
 
 
@@ -65,19 +68,23 @@ def main() -> None:
         losses.append(loss.item())
 
     step()
-    deadline = time.monotonic() + 300
-    kill_worker(deadline)
+    kill_worker(time.monotonic() + WORKER_HANG_GUARD_S)
+    deadline = time.monotonic() + WORKER_HANG_GUARD_S
     no_stall = recipecache.torch_integration.metrics()["no_stall"]
-    while no_stall["failed"] == 0 and time.monotonic() < deadline:
+    while no_stall["failed"] == 0:
+        assert time.monotonic() < deadline, "the killed worker's compile was never counted failed"
         step()
         time.sleep(0.1)
         no_stall = recipecache.torch_integration.metrics()["no_stall"]
     failed = [key for key, g in no_stall["graphs"].items() if g.get("failed")]
     # the failed job frees the lease as it ends; no graph is called meanwhile, so nothing here takes it again
+    deadline = time.monotonic() + WORKER_HANG_GUARD_S
     while any(store.compiling(key) for key in failed) and time.monotonic() < deadline:
         time.sleep(0.05)
-    lease_freed = [not store.compiling(key) for key in failed]
-    while not all(no_stall["graphs"][key]["switched_at"] for key in failed) and time.monotonic() < deadline:
+    lease_freed = [not store.compiling(key) for key in failed]  # the test asserts them
+    deadline = time.monotonic() + WORKER_HANG_GUARD_S
+    while not all(no_stall["graphs"][key]["switched_at"] for key in failed):
+        assert time.monotonic() < deadline, f"the failed graphs never switched: {no_stall['graphs']}"
         step()  # eager, until this process compiles the graph again and switches
         time.sleep(0.1)
         no_stall = recipecache.torch_integration.metrics()["no_stall"]

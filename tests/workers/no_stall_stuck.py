@@ -21,9 +21,12 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.hang_guard import WORKER_HANG_GUARD_S
+
 import recipecache
 
-from no_stall_kill import worker_pid  # noqa: E402 - this directory is the script's
+from no_stall_kill import worker_pid
 
 
 def stop_worker(deadline: float) -> int:
@@ -42,7 +45,7 @@ def main() -> None:
     compiled = torch.compile(lambda x: torch.relu(x) * 2)
     x = torch.randn(8)
     compiled(x)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + WORKER_HANG_GUARD_S
     pid = stop_worker(deadline)
     key = next(iter(recipecache.torch_integration.metrics()["no_stall"]["graphs"]))
     if mode == "exit":

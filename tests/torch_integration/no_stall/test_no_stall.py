@@ -36,6 +36,7 @@ from recipecache.reasons import Role
 from recipecache.runs.events import read_events
 from recipecache.settings import StoreSettings
 from recipecache.store import Store
+from support.hang_guard import SCRIPT_TIMEOUT_S, TEST_TIMEOUT_S
 from support.paths import REPO, WORKERS
 
 ROOT = REPO
@@ -89,7 +90,7 @@ def test_bad_no_stall_timeout_is_one_line_and_status_2(tmp_path: Path) -> None:
 
 @pytest.mark.torch
 @pytest.mark.internals
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_killed_worker_leaves_the_graph_eager_counted_then_retried(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     # the metrics file rewritten at every change, as a user may ask: a flush reads no-stall's rows while
@@ -99,7 +100,7 @@ def test_killed_worker_leaves_the_graph_eager_counted_then_retried(tmp_path: Pat
                                         "RECIPECACHE_METRICS_FILE": str(tmp_path / "metrics.json"),
                                         "RECIPECACHE_METRICS_FLUSH": "1"}
     proc = subprocess.run([sys.executable, str(WORKERS / "no_stall_kill.py"), str(out)], capture_output=True,
-                          text=True, env=env, timeout=540, check=False)
+                          text=True, env=env, timeout=SCRIPT_TIMEOUT_S, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     no_stall = result["metrics"]["no_stall"]
@@ -280,7 +281,7 @@ def test_switching_callable_stays_eager_when_its_compile_failed_or_its_load_fail
 
 # -- guards, deadlines, exit, the job's input -------------------------------------------------
 def _run_script(tmp_path: Path, script: str, *args: str, extra_env: dict[str, str] | None = None,
-                timeout: float = 540) -> subprocess.CompletedProcess[str]:
+                timeout: float = SCRIPT_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     env = _env_without_recipecache() | {"RECIPECACHE_DIR": str(tmp_path / "store"),
                                         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **(extra_env or {})}
     return subprocess.run([sys.executable, str(WORKERS / script), *args], capture_output=True, text=True, env=env,
@@ -289,7 +290,7 @@ def _run_script(tmp_path: Path, script: str, *args: str, extra_env: dict[str, st
 
 @pytest.mark.torch
 @pytest.mark.internals
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_the_switched_graph_runs_only_for_inputs_inductors_guards_accept(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     proc = _run_script(tmp_path, "no_stall_guards.py", str(out))
@@ -302,7 +303,7 @@ def test_the_switched_graph_runs_only_for_inputs_inductors_guards_accept(tmp_pat
 
 
 @pytest.mark.torch
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_a_stuck_compile_behind_is_ended_at_its_deadline(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     proc = _run_script(tmp_path, "no_stall_stuck.py", "deadline", str(out), extra_env={"RECIPECACHE_NO_STALL_TIMEOUT": "2"})
@@ -314,11 +315,11 @@ def test_a_stuck_compile_behind_is_ended_at_its_deadline(tmp_path: Path) -> None
 
 
 @pytest.mark.torch
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_the_exit_grace_ends_a_stuck_compile_behind(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     try:  # the grace is 1 s: past the bound, the exit hung on the stuck worker
-        proc = _run_script(tmp_path, "no_stall_stuck.py", "exit", str(out), timeout=300)
+        proc = _run_script(tmp_path, "no_stall_stuck.py", "exit", str(out))
     except subprocess.TimeoutExpired:
         pytest.fail("the process did not exit: a stuck compile behind held it past the exit grace")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -384,7 +385,7 @@ def test_a_compile_behind_writes_nothing_to_the_temporary_directory(tmp_path: Pa
 
 @pytest.mark.torch
 @pytest.mark.redis
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_a_store_outage_during_a_compile_behind_still_switches_the_leader(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     (tmp_path / "redis").mkdir()

@@ -29,6 +29,7 @@ import pytest
 from recipecache.reasons import Role
 from recipecache.settings import StoreSettings
 from recipecache.store import Store
+from support.hang_guard import SCRIPT_TIMEOUT_S, TEST_TIMEOUT_S
 from support.paths import WORKERS
 
 pytestmark = pytest.mark.internals
@@ -216,12 +217,12 @@ def test_a_graph_whose_compile_failed_switches_once_another_process_publishes_it
 
 
 @pytest.mark.torch
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_a_key_mismatch_is_counted_and_the_graph_compiled_inline_then_switched(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     env = _env() | {"RECIPECACHE_DIR": str(tmp_path / "store"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     proc = subprocess.run([sys.executable, str(WORKERS / "no_stall_inline.py"), str(out)], capture_output=True,
-                          text=True, env=env, timeout=540, check=False)
+                          text=True, env=env, timeout=SCRIPT_TIMEOUT_S, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     no_stall = json.loads(out.read_text())["no_stall"]
     assert no_stall["key_mismatches"] == 1 and no_stall["failed"] == 1 and no_stall["retries"] == 1
