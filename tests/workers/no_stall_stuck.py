@@ -26,7 +26,7 @@ from support.hang_guard import WORKER_HANG_GUARD_S
 
 import recipecache
 
-from no_stall_kill import worker_pid
+from no_stall_kill import worker_pid  # this directory is the script's (sys.path[0])
 
 
 def stop_worker(deadline: float) -> int:
