@@ -87,7 +87,7 @@ from ...store import Flight, Store
 from .. import describe, rank_binding
 from ..artifact import ArtifactError, collect, install
 from ..metrics import Metrics
-from . import code_digest
+from . import code_digest, guard_state
 from .compiled_function import Precompiled, grouped_key, versioned_key
 from .keys import (
     CompileSettings,
@@ -480,6 +480,7 @@ class Tier:
         why = ""
         backend = inductor_backend(target.settings)
         recorder = Recorder()
+        guard_state.install()
         with traced_code(target.code) as codes, self.kernels_loaded() as kernels:
             try:
                 fn = aot_compile_fullgraph(

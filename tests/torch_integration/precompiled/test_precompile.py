@@ -1196,3 +1196,30 @@ def test_cold_bench_settles_a_later_iteration_only_when_the_interval_of_its_medi
     for rank in run.ranks:
         rank.update(iter_cpu_s=[1.0, 0.05, 0.05, 0.05], iter_machine_busy_s=[2.0, 0.1, 0.15, 0.15])
     assert run.others_share(2) == pytest.approx((0.3 - 0.2) / (0.2 * 2)), "the machine's busy time less the ranks'"
+
+
+GRADS_WORKER = WORKERS / "precompile_grads.py"
+
+
+@pytest.mark.internals
+@pytest.mark.timeout(900)
+def test_a_shape_first_met_while_parameters_hold_gradients_loads_in_a_fresh_process(tmp_path: Path) -> None:
+    """Issue 43: torch's guard-state pickler wrote a parameter's gradient that no guard reads as its ``_Missing``
+    placeholder, which its unpickler then assigned to ``.grad``: an artifact traced after a backward (Lightning's
+    and HF Trainer's second shape) failed to load everywhere (``load_failed``, "assigned grad expected to be a
+    Tensor or None but got grad of type _Missing"). A fresh process now loads both shapes' artifacts and compiles
+    nothing, with the cold process's losses."""
+    runs = {}
+    for name in ("cold", "fresh"):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
+        env.update(RECIPECACHE_URL=f"file://{tmp_path / 'store'}", RECIPECACHE_NAMESPACE=NAMESPACE,
+                   TORCHINDUCTOR_CACHE_DIR=str(tmp_path / name / "inductor"), OMP_NUM_THREADS="1")
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([sys.executable, str(GRADS_WORKER), str(out)], env=env, capture_output=True, text=True,
+                              timeout=800, check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[name] = json.loads(out.read_text())
+    fresh = runs["fresh"]["metrics"]
+    assert fresh["precompile_fallbacks"] == {}, fresh.get("precompile_fallback_details")
+    assert fresh["lookups"]["precompiled"]["hit"] == 2 and fresh["graph_compilation"]["TotalNumber"] == 0, fresh
+    assert runs["fresh"]["losses"] == runs["cold"]["losses"]
