@@ -300,6 +300,7 @@ def no_stall_graphs(metrics: Mapping[int, Mapping[str, Any] | Unreadable]) -> li
                 "eager_s": float(row["eager_s"]) if is_seconds(row.get("eager_s")) else 0.0,
                 "switched_at": row.get("switched_at"),
                 **({"failed": str(row["failed"])} if row.get("failed") else {}),
+                **({"unfinished": str(row["unfinished"])} if row.get("unfinished") else {}),
             }
     return list(out.values())
 
@@ -411,20 +412,36 @@ def format_no_stall(report: Mapping[str, Any]) -> list[str]:
         return []
     lines = ["ran without inductor while compiling behind the steps (no-stall):"]
     for graph in graphs:
-        by = ", ".join(map(str, graph["compiled_by"])) or "another job"
         ranks = "; ".join(
             f"rank {rank}: {row['eager_calls']} eager call(s), "
             + (
                 f"switched at {time.strftime('%H:%M:%S', time.localtime(row['switched_at']))}"
                 if row["switched_at"] is not None
-                else f"never switched{' (' + row['failed'] + ')' if 'failed' in row else ''}"
+                else f"never switched{' (' + (row.get('failed') or row['unfinished']) + ')' if row.keys() & {'failed', 'unfinished'} else ''}"
             )
             for rank, row in graph["ranks"].items()
         )
-        lines.append(
-            f"  {graph['name']} {graph['shapes']}: compiled behind by rank {by} in {graph['compile_s']:.1f} s; {ranks}"
-        )
+        lines.append(f"  {graph['name']} {graph['shapes']}: {no_stall_outcome(graph)}; {ranks}")
     return lines
+
+
+def no_stall_outcome(graph: Mapping[str, Any]) -> str:
+    """What became of a graph no-stall compiled behind the steps, in the words a user needs: who published it, or
+    why nothing was published and what the next job does about it."""
+    rows = graph["ranks"].values()
+    if graph["compiled_by"]:
+        by = ", ".join(map(str, graph["compiled_by"]))
+        return f"compiled behind by rank {by} in {graph['compile_s']:.1f} s and published"
+    if any(row["switched_at"] is not None for row in rows):
+        return "compiled by another process (an earlier job, or a rank of another node) and loaded from the store"
+    if any("unfinished" in row for row in rows):
+        return (
+            "NOT published: still compiling when the job ended, past the exit grace (--exit-grace); the compile was "
+            "ended and the next job compiles it"
+        )
+    if any("failed" in row for row in rows):
+        return "NOT published: the compile behind failed; the next job compiles it"
+    return "NOT published: no rank of this job compiled it; the next job compiles it"
 
 
 def write_report(report: Mapping[str, Any], path: Path) -> None:

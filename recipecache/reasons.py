@@ -79,6 +79,10 @@ class Reason(StrEnum):
     #: no-stall: a compile behind the steps ran past its deadline (``RECIPECACHE_NO_STALL_TIMEOUT``); its
     #: worker was ended and its lease released, and the graph stays without inductor in this process
     NO_STALL_TIMEOUT = "no_stall_timeout"
+    #: no-stall: a compile behind the steps was still queued or running when the process exited, past the exit
+    #: grace (``RECIPECACHE_EXIT_GRACE``): it was ended and its lease released, nothing was published, and the
+    #: next process that meets the graph compiles it
+    NO_STALL_UNFINISHED = "no_stall_unfinished"
 
 
 class PrecompileDetail(StrEnum):

@@ -106,8 +106,9 @@ class Metrics:
         self._precompile_shapes: Counter[str] = Counter()
         self._stale_sources = 0
         #: no-stall (:mod:`.no_stall.controller`): calls run without inductor and their seconds, switches to the
-        #: compiled graph, compiles run behind the steps and their seconds, those that failed, and calls
-        #: after a switch whose inputs the compiled graph's guards rejected (run without inductor)
+        #: compiled graph, compiles run behind the steps and their seconds, those that failed, those ended
+        #: unfinished at exit (past the exit grace), and calls after a switch whose inputs the compiled graph's
+        #: guards rejected (run without inductor)
         self._no_stall: dict[str, float] = dict.fromkeys(
             (
                 "eager_calls",
@@ -116,6 +117,7 @@ class Metrics:
                 "compiles",
                 "compile_s",
                 "failed",
+                "unfinished",
                 "workers",
                 "retries",
                 "key_mismatches",
@@ -217,6 +219,7 @@ class Metrics:
 
     def no_stall(self, **counts: float) -> None:
         """No-stall figures to add (``eager_calls``, ``eager_s``, ``switches``, ``compiles``, ``compile_s``, ``failed``,
+        ``unfinished`` (ended at exit),
         ``workers`` started, ``retries`` of a failed compile, ``key_mismatches`` (a worker computed another key),
         ``guard_rejected`` calls).
 

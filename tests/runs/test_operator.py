@@ -417,3 +417,30 @@ def test_a_run_dir_written_before_no_stall_was_named_so_still_reports_its_graphs
     assert no_stall_graphs(old) == no_stall_graphs(new) and no_stall_graphs(new)[0]["compiled_by"] == [0]
     graphs = no_stall_graphs(new)
     assert format_no_stall({"behind": graphs}) == format_no_stall({"no_stall": graphs}) != []
+
+
+def test_the_report_says_in_plain_words_what_became_of_each_graph_compiled_behind() -> None:
+    """Published by a rank, loaded from another process's compile, or not published (ended at exit past the grace,
+    or failed): each says so, and the last two say that the next job compiles it (issue 43: a short job's compiles
+    ended at exit were reported as "compiled behind by rank another job in 0.0 s")."""
+    from launcher.report import format_no_stall, no_stall_graphs
+
+    def row(**extra: Any) -> dict[str, Any]:
+        return {"name": "forward", "shapes": "f32[4]", "eager_calls": 3, "eager_s": 0.5, "compile_s": 0.0,
+                "switched_at": None, **extra}
+
+    ended = "still compiling 96 s after the script ended (the exit grace); nothing published"
+    cases = {
+        "published": ({0: row(compile_s=2.0, switched_at=1.0)}, "compiled behind by rank 0 in 2.0 s and published"),
+        "loaded": ({0: row(switched_at=1.0)}, "compiled by another process"),
+        "unfinished": ({0: row(unfinished=ended), 1: row()}, "NOT published: still compiling when the job ended"),
+        "failed": ({0: row(failed="worker exited with status 1")}, "NOT published: the compile behind failed"),
+    }
+    for name, (ranks, words) in cases.items():
+        graphs = no_stall_graphs({rank: {"no_stall": {"graphs": {"K": r}}} for rank, r in ranks.items()})
+        text = "\n".join(format_no_stall({"no_stall": graphs}))
+        assert words in text, (name, text)
+        assert "another job in" not in text, (name, text)
+    unfinished = no_stall_graphs({0: {"no_stall": {"graphs": {"K": row(unfinished=ended)}}}})
+    assert unfinished[0]["ranks"]["0"]["unfinished"] == ended
+    assert ended in "\n".join(format_no_stall({"no_stall": unfinished}))

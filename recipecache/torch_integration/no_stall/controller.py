@@ -191,6 +191,8 @@ class _Graph:
     #: seconds this process's background compile of the graph took
     compile_s: float = 0.0
     failed: str | None = None
+    #: why this process's compile behind was ended unfinished at exit (past the exit grace): nothing published
+    unfinished: str | None = None
     #: calls after the switch whose inputs the compiled graph's guards rejected (run without inductor)
     guard_rejected: int = 0
 
@@ -204,6 +206,7 @@ class _Graph:
             "switch_s": round(self.switch_s, 6),
             "compile_s": round(self.compile_s, 6),
             **({"failed": self.failed} if self.failed else {}),
+            **({"unfinished": self.unfinished} if self.unfinished else {}),
             **({"guard_rejected": self.guard_rejected} if self.guard_rejected else {}),
         }
 
@@ -414,6 +417,8 @@ class NoStall:
         self._retry_at: dict[str, float] = {}
         self._inline: set[str] = set()
         self._closed = False
+        #: the seconds :meth:`finish` gave the compiles in flight (for the report of those it ended)
+        self._finish_s = exit_grace
         self._probe_warmed = False
         metrics.follow_no_stall(self.snapshot)
 
@@ -566,6 +571,9 @@ class NoStall:
         try:
             seconds = self._work(job)
         except Exception as exc:
+            if job.cancelled:  # ended by finish(), past the exit grace: not a failure of the compile
+                self._unfinished(job, "it was still compiling")
+                raise
             self._compile_failed(job.key, exc)
             reason = Reason.NO_STALL_TIMEOUT if isinstance(exc, CompileTimeout) else Reason.NO_STALL_FAILED
             self._failed(job.key, (graph.name, graph.shapes), f"the compile behind failed ({exc})", reason)
@@ -648,6 +656,18 @@ class NoStall:
         )
         self.metrics.fallback(reason, f"{what[0]} {what[1]} ({key}): {why}; {outcome}")
 
+    def _unfinished(self, job: _Job, state: str) -> None:
+        """Count and say that ``job`` was ended at exit, past the exit grace (``state``: queued or compiling):
+        nothing is published, so the next process that meets the graph compiles it."""
+        graph = self.graphs[job.key]
+        why = f"{state} {self._finish_s:g} s after the script ended (the exit grace); nothing published"
+        graph.unfinished = why
+        self.metrics.no_stall(unfinished=1)
+        self.metrics.fallback(
+            Reason.NO_STALL_UNFINISHED,
+            f"{graph.name} {graph.shapes} ({job.key}): {why}; the next job that meets it compiles it",
+        )
+
     # -- exit ----------------------------------------------------------------------
     def finish(self, timeout: float) -> None:
         """Let the compiles in flight finish and publish, for at most ``timeout`` seconds; then end them.
@@ -658,6 +678,7 @@ class NoStall:
         """
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._lock:
+            self._finish_s = timeout
             self._closed = True
             futures = list(self._futures)
             pending = [f for f in futures if not f.done()]
@@ -680,6 +701,7 @@ class NoStall:
             )
         for job in jobs:
             if job.future is not None and job.future.cancel():
+                self._unfinished(job, "it was still queued")
                 self._drop(job)
         if jobs and worker is not None:
             worker.kill()

@@ -354,6 +354,13 @@ def test_finish_frees_the_lease_of_a_compile_still_queued(tmp_path: Path) -> Non
     no_stall, store = _no_stall_with_jobs(tmp_path, ["first", "queued"])
     no_stall.finish(0.0)
     assert not store.compiling("first") and not store.compiling("queued")
+    # what was ended is counted and said as ended at exit (nothing published), not as a failed compile
+    rows = no_stall.snapshot()
+    unfinished = [key for key, row in rows.items() if "unfinished" in row]
+    assert unfinished and all("failed" in row for key, row in rows.items() if key not in unfinished), rows
+    assert all("failed" not in rows[key] and "nothing published" in rows[key]["unfinished"] for key in unfinished)
+    fallbacks = no_stall.metrics.snapshot()["fallbacks"]
+    assert fallbacks.get("no_stall_unfinished") == len(unfinished), fallbacks
 
 
 @pytest.mark.torch
