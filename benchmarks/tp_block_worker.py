@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 START = time.time()
 if "--own-dirs" in sys.argv:  # before torch reads them: this rank's own TMPDIR and inductor dir, as on its own node
@@ -33,6 +34,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 DIM, HEADS, HIDDEN, SEQ, BATCH = 64, 4, 128, 16, 2
 
@@ -72,24 +76,13 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out")
-    parser.add_argument("--mode", choices=("tp", "fsdp_tp"), default="tp")
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--own-dirs", help="each rank in its own empty dirs under this one (read before torch)")
-    args = parser.parse_args()
-    marks = {"imported": time.time() - START}
-
-    from torch.distributed.device_mesh import init_device_mesh
+def parallel_block(mesh: "DeviceMesh", mode: str) -> Block:
+    """The block (seeded), parallelised over ``mesh``'s ``tp`` dimension as TorchTitan does, and for ``fsdp_tp``
+    sharded over its ``dp`` dimension with FSDP2 (the corpus's ``fsdp_tp`` program trains this one too)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
-    marks["mesh"] = time.time() - START
     torch.manual_seed(0)
     block = Block()
     gathered_input = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
@@ -103,10 +96,29 @@ def main() -> None:
         "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
     })
-    if args.mode == "fsdp_tp":
+    if mode == "fsdp_tp":
         from torch.distributed.fsdp import fully_shard
 
         fully_shard(block, mesh=mesh["dp"])
+    return block
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--mode", choices=("tp", "fsdp_tp"), default="tp")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--own-dirs", help="each rank in its own empty dirs under this one (read before torch)")
+    args = parser.parse_args()
+    marks = {"imported": time.time() - START}
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    marks["mesh"] = time.time() - START
+    block = parallel_block(mesh, args.mode)
     compiled = torch.compile(block)
     opt = torch.optim.SGD(block.parameters(), lr=0.1)
     dp_rank, tp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")

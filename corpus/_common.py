@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -43,12 +44,33 @@ def generator(step: int, salt: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(1_000_003 * salt + 1009 * step + rank())
 
 
-def write_losses(out: Path | None, losses: list[float]) -> None:
-    """This rank's losses (as floats: bitwise comparable through JSON's repr of a double) to ``out``."""
-    if out is None:
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"losses-rank{rank()}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"rank": rank(), "losses": [float(x) for x in losses]}))
-    tmp.replace(path)
+class Record:
+    """This rank's losses and when each step ended, written to ``--out`` for the benchmark and the tests.
+
+    Times are seconds since :meth:`start` (called where the program begins to train: the
+    framework's setup before it, its first step after), so a benchmark can compare how long
+    iterations 0 and 1 took with and without the cache. Losses are written as JSON floats
+    (Python's repr of a double round-trips), so runs compare bit for bit.
+    """
+
+    def __init__(self, out: Path | None) -> None:
+        self.out = out
+        self.losses: list[float] = []
+        self.step_end_s: list[float] = []
+        self._start = time.perf_counter()
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+
+    def step(self, loss: float) -> None:
+        self.losses.append(float(loss))
+        self.step_end_s.append(time.perf_counter() - self._start)
+
+    def write(self) -> None:
+        if self.out is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"losses-rank{rank()}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rank": rank(), "losses": self.losses, "step_end_s": self.step_end_s}))
+        tmp.replace(path)

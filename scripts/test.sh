@@ -3,7 +3,9 @@
 # launcher (scripts/lint.sh: ruff and mypy, configured in pyproject.toml), then run the tests on the
 # three supported torch releases, the newest (the one users move to) first:
 #   1. the whole suite on torch 2.15.0, in an environment of its own ($RECIPECACHE_TEST_VENV_2_15,
-#      default ~/.cache/recipecache/venv-torch2.15; a CUDA build of ~5.3 GB, which runs on CPU). Its
+#      default ~/.cache/recipecache/venv-torch2.15; a CUDA build of ~5.3 GB, which runs on CPU), with the
+#      frameworks the corpus of others' programs uses (the `corpus` extra: Lightning, Accelerate,
+#      Transformers, diffusers, torch_geometric, torchvision; tests/corpus). Its
 #      one pip call (torch and this checkout together) reads no pip configuration
 #      (PIP_CONFIG_FILE=/dev/null): a machine's configuration may cap torch below 2.15 (these
 #      machines cap it at 2.14.1, the releases kept as local files), and a later call under the cap
@@ -38,7 +40,7 @@ if ! command -v redis-server >/dev/null 2>&1; then
   apt-get install -y -q redis-server
 fi
 make_venv "$venv_2_15"
-PIP_CONFIG_FILE=/dev/null "$venv_2_15/bin/python" -m pip install -q torch==2.15.0 -e '.[test]'
+PIP_CONFIG_FILE=/dev/null "$venv_2_15/bin/python" -m pip install -q torch==2.15.0 -e '.[test,corpus]'
 make_venv "$venv_2_14"
 "$venv_2_14/bin/python" -m pip install -q torch==2.14.1 -e '.[test]'
 

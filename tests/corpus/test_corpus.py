@@ -1,0 +1,76 @@
+"""Others' training programs (``corpus/``) through recipecache: each one's smallest configuration, 2 ranks on gloo.
+
+Each program was written against a framework's own API (Lightning, Accelerate, HF's Trainer and
+``generate``, torchvision, torch_geometric, diffusers, FSDP2 + TP), not for this repository: the
+defects our own benchmarks missed showed up there. Per program, four jobs on one filesystem store,
+every job's ranks on new empty torch caches (as on new nodes):
+
+1. ``store-cold``: the graph store on an empty store: it compiles, and the ranks share compiles;
+2. ``store-fresh``: the graph store again: it must compile nothing;
+3. ``precompile-cold``: ``--precompile`` on that store: the tier builds its artifacts (the graphs
+   themselves come from the store);
+4. ``precompile-fresh``: ``--precompile`` again: it must compile nothing, and no artifact may fail
+   to load (``load_failed``: Lightning's artifacts did, the parameters' gradients in their guards).
+
+Every job's losses must equal the first job's bit for bit (same kernels, same data). What the tier
+cannot serve may fall back to the normal path, counted with a named detail, never a failed load.
+Plain torchrun's losses, timings and the other modes are the benchmark's (``benchmarks/corpus_bench.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.paths import REPO
+
+sys.path.insert(0, str(REPO / "corpus"))
+from jobs import PROGRAMS, Job, run_job  # noqa: E402
+
+pytestmark = [pytest.mark.multirank, pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(3000)]
+
+#: the jobs, in order: (tag, mode)
+JOBS = (
+    ("store-cold", "store"),
+    ("store-fresh", "store"),
+    ("precompile-cold", "precompile"),
+    ("precompile-fresh", "precompile"),
+)
+#: fallback details that mean the tier broke, not that torch cannot serve a function
+BROKEN = {"load_failed", "precompile_failed", "bad_artifact"}
+#: programs whose fresh graph-store job compiles, and why (the tier's fresh job must still compile nothing)
+FRESH_COMPILES = {
+    "torchvision_resnet": (
+        "torch's automatic-dynamic state, shared across jobs as torch's remote PGO cache shares it, makes a fresh job "
+        "trace its first image size dynamic: at 32 px layer4's output is 1x1, and torch specializes size-1 dimensions, "
+        "so that graph is not the dynamic graph the cold job traced at 48 px (2x2); docs/design.md"
+    ),
+}
+
+
+def run_all(name: str, tmp_path: Path) -> dict[str, Job]:
+    program = PROGRAMS[name]
+    jobs: dict[str, Job] = {}
+    for tag, mode in JOBS:
+        job = run_job(program, mode, work=tmp_path, dirs=tmp_path / f"{tag}-dirs", store=tmp_path / "store", tag=tag)
+        assert job.exit_code == 0, job.describe()
+        assert len(job.ranks) == program.nproc, f"{tag}: ranks wrote {len(job.ranks)} records\n{job.output}"
+        jobs[tag] = job
+    return jobs
+
+
+@pytest.mark.parametrize("name", [n for n in PROGRAMS if PROGRAMS[n].nproc == 2])
+def test_a_program_cold_then_fresh_on_the_graph_store_and_the_tier(name: str, tmp_path: Path) -> None:
+    jobs = run_all(name, tmp_path)
+    cold = jobs["store-cold"]
+    assert cold.compiles, f"the cold job compiled nothing: {cold.report}"
+    assert all(losses for losses in cold.losses), cold.losses
+    for tag in ("store-fresh", "precompile-fresh") if name not in FRESH_COMPILES else ("precompile-fresh",):
+        assert jobs[tag].compiles == 0, f"{tag} compiled {jobs[tag].compiles}: {jobs[tag].report}"
+    for tag in ("precompile-cold", "precompile-fresh"):
+        broken = {d: n for d, n in jobs[tag].precompile_fallbacks.items() if d in BROKEN}
+        assert not broken, f"{tag}: {broken}\n" + "\n".join(jobs[tag].fallback_details)
+    for tag, job in jobs.items():
+        assert job.losses == cold.losses, f"{tag}'s losses differ from store-cold's"
