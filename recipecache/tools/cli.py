@@ -113,7 +113,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    limit = parse_size(args.max_size)
+    try:
+        limit = parse_size(args.max_size)
+    except ConfigError as exc:
+        raise ConfigError(f"--max-size: {exc}") from None
     freed = admin.prune(_store(args), limit)
     _emit(args, {"freed_bytes": freed, "max_size": limit}, f"freed {format_size(freed)} (cap {format_size(limit)})")
     return 0
