@@ -22,7 +22,7 @@ from pathlib import Path
 from recipecache import env, quantities
 from recipecache.backends import StoreURL, backend_class, open_backend
 from recipecache.errors import BackendError, ConfigError, echo
-from recipecache.fsutil import check_output_file, private_directory
+from recipecache.fsutil import check_directory_to_be, check_output_file, private_directory
 from recipecache.hpu.recipe_cache_config import MOST_SIZE_MB as MOST_HPU_SIZE_MB
 from recipecache.node_tier import default_node_dir
 from recipecache.settings import check_rank_environment, read_secret, read_secret_file, resolve_namespace, resolve_url
@@ -204,7 +204,9 @@ class LaunchConfig:
             )
         namespace = resolve_namespace(args.namespace, default=namespace_for(script))
         run_dir = Path(args.run_dir or Path("recipecache-runs") / time.strftime("%Y%m%d-%H%M%S"))
-        run_dir = run_dir.absolute()
+        # named by what the user gave: the run directory's option or variable, else the default's own words
+        run_dir_named = given_as(args, "run_dir") if args.run_dir else "the default run directory"
+        run_dir = check_directory_to_be(run_dir.absolute(), run_dir_named)
         options = tuple(
             (opt.name, check_value(opt, getattr(args, opt.dest)) if opt.takes_value else None)
             for opt in pass_through()
@@ -218,9 +220,9 @@ class LaunchConfig:
             url=url,
             namespace=namespace,
             run_dir=run_dir,
-            report_path=check_output_file(
-                Path(args.report).absolute() if args.report else run_dir / "report.json", given_as(args, "report")
-            ),
+            report_path=check_output_file(Path(args.report).absolute(), given_as(args, "report"))
+            if args.report
+            else check_output_file(run_dir / "report.json", f"the report in {run_dir_named}"),
             enable=not args.no_enable,
             threads=_threads(args, nproc),
             # from $RECIPECACHE_SECRET_FILE the ranks read it themselves, after $RECIPECACHE_SECRET
