@@ -303,3 +303,40 @@ def test_a_rank_whose_forward_another_compiles_compiles_the_backward_meanwhile(t
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((out / "losses.json").read_text()) == json.loads((plain / "losses.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def plain_overlap_losses(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
+    """Both ranks' losses of the overlap worker under plain torchrun (no recipecache)."""
+    plain = tmp_path_factory.mktemp("plain")
+    (plain / "tmp").mkdir()
+    env = _env_without_recipecache() | {"TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(OVERLAP_WORKER), str(plain)],
+        check=False, capture_output=True, text=True, timeout=900,
+        env=env | {"TMPDIR": str(plain / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(plain / "inductor")},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((plain / "losses.json").read_text())
+
+
+@pytest.mark.parametrize("forge", ["zeros", "short"])
+def test_a_forged_output_strides_record_is_a_counted_fallback_and_the_losses_stand(
+        tmp_path: Path, forge: str, plain_overlap_losses: list[list[str]]) -> None:
+    """Issue 44: the record a waiting rank hands to AOTAutograd was checked for its type only. Rank 0 leads the
+    forward and replaces the strides it published in the unsigned store with every stride "0" (the step then
+    stopped on torch's stride assertion) or one output short; rank 1 refuses the record (one counted fallback),
+    waits for the forward in its compile, and the job's losses are plain torchrun's bit for bit."""
+    env = _env_without_recipecache() | {"TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher.main", "--nproc", "2", "--url", f"file://{tmp_path / 'store'}",
+         "--namespace", "overlap", "--run-dir", str(run_dir), "--rank-dirs", str(tmp_path / "dirs"),
+         str(OVERLAP_WORKER), str(out), "--sync", "--forge", forge],
+        check=False, capture_output=True, text=True, env=env, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    metrics = [json.loads((run_dir / f"metrics-rank{rank}.json").read_text()) for rank in range(2)]
+    assert metrics[1]["fallbacks"] == {"bad_artifact": 1}, metrics[1]["fallbacks"]
+    assert json.loads((out / "losses.json").read_text()) == plain_overlap_losses
