@@ -25,7 +25,7 @@ from collections.abc import MutableMapping, Sequence
 from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
-from recipecache import env
+from recipecache import env, quantities
 from recipecache.errors import ConfigError
 from recipecache.parent_death import die_with_parent, parent_of
 from recipecache.torch_integration import write_metrics
@@ -45,8 +45,8 @@ def end_with_agent(environ: MutableMapping[str, str]) -> None:
     ``recipecache-run``).
     """
     agent = os.getppid()
-    launcher = environ.get(env.LAUNCHER_PID, "")
-    if die_with_parent(signal.SIGKILL, agent) and launcher.isdigit() and parent_of(agent) != int(launcher):
+    launcher = quantities.whole(environ.get(env.LAUNCHER_PID, ""), 1, 2**31 - 1)
+    if die_with_parent(signal.SIGKILL, agent) and launcher is not None and parent_of(agent) != launcher:
         os._exit(1)
 
 

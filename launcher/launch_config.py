@@ -19,16 +19,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipecache import env
+from recipecache import env, quantities
 from recipecache.backends import StoreURL, backend_class, open_backend
 from recipecache.errors import BackendError, ConfigError, echo
-from recipecache.fsutil import check_output_file, private_directory
+from recipecache.fsutil import check_directory_to_be, check_output_file, private_directory
+from recipecache.hpu.recipe_cache_config import MOST_SIZE_MB as MOST_HPU_SIZE_MB
 from recipecache.node_tier import default_node_dir
 from recipecache.settings import check_rank_environment, read_secret, read_secret_file, resolve_namespace, resolve_url
 
 from . import hpu_metrics
 from .option_env import given_as
-from .torchrun_options import NPROC_PER_NODE, check_value, pass_through
+from .torchrun_options import NPROC_PER_NODE, check_value, environment_name, pass_through
 
 #: ``--nproc`` words torchrun resolves itself (anything else must be a positive count).
 NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
@@ -38,8 +39,6 @@ PROBE_TIMEOUT_S = 3.0
 METRICS_NAME = "metrics-rank{rank}.json"
 #: ``--hpu-max-size-mb`` unless given: the node's recipe directory cap
 DEFAULT_HPU_MAX_SIZE_MB = 1024
-#: ``--hpu-max-size-mb`` accepted: a petabyte, past any node's disk (the bridge reads it as a whole number)
-MOST_HPU_SIZE_MB = 1 << 30
 #: ``--exit-grace`` accepted, in seconds: a rank's share of it becomes timeouts in every rank, and a grace
 #: over a day would hold a hung job that long
 EXIT_GRACE_RANGE_S = (1.0, 86400.0)
@@ -87,7 +86,7 @@ class LaunchConfig:
     @property
     def local_world_size(self) -> int | None:
         """Ranks this node starts; None when torchrun resolves it (``auto``, ``gpu``, ...)."""
-        return int(self.nproc) if self.nproc.isdigit() else None
+        return quantities.whole(self.nproc, 1, MOST_PER_NODE)
 
     @property
     def local_ranks(self) -> tuple[int, ...] | None:
@@ -192,7 +191,11 @@ class LaunchConfig:
             raise ConfigError(f"script {echo(args.script)}: {exc.strerror}") from None
         if not found:
             raise ConfigError(f"script {echo(args.script)} not found")
-        nproc = _nproc(args.nproc or os.environ.get("PET_NPROC_PER_NODE") or "1")
+        nproc = (
+            _nproc("--nproc", args.nproc)
+            if args.nproc is not None
+            else _nproc(environment_name(NPROC_PER_NODE), os.environ.get(environment_name(NPROC_PER_NODE)) or "1")
+        )
         url = resolve_url(args.url)
         parsed = StoreURL.parse(url)
         if not backend_class(parsed).SHARED:
@@ -201,12 +204,15 @@ class LaunchConfig:
             )
         namespace = resolve_namespace(args.namespace, default=namespace_for(script))
         run_dir = Path(args.run_dir or Path("recipecache-runs") / time.strftime("%Y%m%d-%H%M%S"))
-        run_dir = run_dir.absolute()
+        # named by what the user gave: the run directory's option or variable, else the default's own words
+        run_dir_named = given_as(args, "run_dir") if args.run_dir else "the default run directory"
+        run_dir = check_directory_to_be(run_dir.absolute(), run_dir_named)
         options = tuple(
             (opt.name, check_value(opt, getattr(args, opt.dest)) if opt.takes_value else None)
             for opt in pass_through()
             if getattr(args, opt.dest) not in (None, False)
         )
+        _check_torchrun_environment(args)
         config = cls(
             script=script.absolute(),
             script_args=tuple(args.script_args),
@@ -214,9 +220,9 @@ class LaunchConfig:
             url=url,
             namespace=namespace,
             run_dir=run_dir,
-            report_path=check_output_file(
-                Path(args.report).absolute() if args.report else run_dir / "report.json", given_as(args, "report")
-            ),
+            report_path=check_output_file(Path(args.report).absolute(), given_as(args, "report"))
+            if args.report
+            else check_output_file(run_dir / "report.json", f"the report in {run_dir_named}"),
             enable=not args.no_enable,
             threads=_threads(args, nproc),
             # from $RECIPECACHE_SECRET_FILE the ranks read it themselves, after $RECIPECACHE_SECRET
@@ -235,7 +241,9 @@ class LaunchConfig:
             hpu_max_size_mb=(
                 DEFAULT_HPU_MAX_SIZE_MB
                 if args.hpu_max_size_mb is None
-                else _whole_number(given_as(args, "hpu_max_size_mb"), args.hpu_max_size_mb, MOST_HPU_SIZE_MB)
+                else quantities.whole_number(
+                    given_as(args, "hpu_max_size_mb"), args.hpu_max_size_mb, 1, MOST_HPU_SIZE_MB
+                )
             ),
             hpu_clear=args.hpu_clear,
             quiet=args.quiet,
@@ -252,15 +260,27 @@ class LaunchConfig:
 MOST_PER_NODE = 4096
 
 
-def _nproc(text: str) -> str:
+def _check_torchrun_environment(args: argparse.Namespace) -> None:
+    """The ``PET_*`` variables torchrun reads for its options the command line lacks, checked as those options are:
+    torchrun reads them only once it runs (``PET_MAX_RESTARTS=²``: its traceback, after the job started)."""
+    for opt in pass_through():
+        value = os.environ.get(environment_name(opt)) if opt.takes_value and getattr(args, opt.dest) is None else None
+        if value:
+            check_value(opt, value, environment_name(opt))
+
+
+def _nproc(name: str, text: str) -> str:
+    """The process count ``text`` came by ``name`` (``--nproc`` or torchrun's variable): a count or a word torchrun
+    resolves."""
     if text in NPROC_WORDS:
         return text
-    if not text.isdigit() or not 1 <= int(text) <= MOST_PER_NODE:
+    count = quantities.whole(text, 1, MOST_PER_NODE)
+    if count is None:
         raise ConfigError(
-            f"--nproc must be a number of processes from 1 to {MOST_PER_NODE} or one of "
-            f"{', '.join(NPROC_WORDS)}, got {text[:64]!r}"
+            f"{name} must be a number of processes from 1 to {MOST_PER_NODE} or one of "
+            f"{', '.join(NPROC_WORDS)}, got {echo(text)}"
         )
-    return str(int(text))
+    return str(count)
 
 
 def _threads(args: argparse.Namespace, nproc: str) -> int | None:
@@ -271,19 +291,11 @@ def _threads(args: argparse.Namespace, nproc: str) -> int | None:
     can differ between nodes, so heterogeneous multi-node jobs should pass ``--threads``.
     """
     if args.threads is not None:
-        return _whole_number(given_as(args, "threads"), args.threads, MOST_PER_NODE)
+        return quantities.whole_number(given_as(args, "threads"), args.threads, 1, MOST_PER_NODE)
     text = os.environ.get("OMP_NUM_THREADS")
     if text:
-        return _whole_number("OMP_NUM_THREADS", text, MOST_PER_NODE)
+        return quantities.whole_number("OMP_NUM_THREADS", text, 1, MOST_PER_NODE)
     return None if nproc == "1" else 1
-
-
-def _whole_number(name: str, text: str, most: int) -> int:
-    """``text`` as a whole number from 1 to ``most``; the one error for a bad count, named by the option or
-    variable it came by (a huge one echoed cut short: issue 28's --threads 10**400 reached every rank)."""
-    if not text.strip().isdigit() or not 1 <= int(text) <= most:
-        raise ConfigError(f"{name}={text[:64]!r} must be a whole number from 1 to {most}")
-    return int(text)
 
 
 def _rank_dirs(args: argparse.Namespace) -> Path | None:

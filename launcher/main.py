@@ -41,7 +41,7 @@ from recipecache.parent_death import die_with_parent
 from . import hpu_metrics
 from .exit_watch import ExitWatch, FinishedRank, job_status, running_child, status_after_exit
 from .launch_config import DEFAULT_HPU_MAX_SIZE_MB, NO_STALL_SHARE_OF_GRACE, LaunchConfig, probe_store
-from .option_env import FallbackParser
+from .option_env import FallbackParser, given_as
 from .progress import Progress
 from .report import build_report, format_report, load_graphs, load_metrics, write_report
 from .torchrun_options import NPROC_PER_NODE, pass_through, refused
@@ -78,27 +78,6 @@ class _Refuse(argparse.Action):
         parser.error(f"{option_string} is not supported: {PROG} {self.reason}")
 
 
-class _DeprecatedSpelling(argparse.Action):
-    """An old spelling of an option: stores like it, and leaves a deprecation line for :func:`main` to print."""
-
-    def __init__(self, *args: Any, instead: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.instead = instead
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        setattr(namespace, self.dest, values)
-        namespace.deprecations = [
-            *getattr(namespace, "deprecations", []),
-            f"{option_string} is deprecated; use {self.instead}",
-        ]
-
-
 def build_parser(environ: Mapping[str, str] | None = None) -> FallbackParser:
     """The command line; each recipecache option not given falls back to its ``RECIPECACHE_*`` variable
     (:mod:`launcher.option_env`), read from ``environ`` (default ``os.environ``) when parsing."""
@@ -130,7 +109,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> FallbackParser:
         "$RECIPECACHE_DIR or ~/.cache/recipecache); a password in it is visible to every user of "
         "the machine (ps), so pass such a URL in $RECIPECACHE_URL, never here",
     )
-    ours.add_argument("--cache", dest="url", action=_DeprecatedSpelling, instead="--url", help=argparse.SUPPRESS)
+    parser.add_old_spelling(ours, "--cache", "--url")
     parser.add_own(
         ours,
         "--namespace",
@@ -432,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     for line in getattr(args, "deprecations", []):
         print(f"{PROG}: warning: {line}", file=sys.stderr)
-    warning = command_line_password_warning(args.url, "--url") if args.given_as["url"] != env.URL else None
+    url_given_as = given_as(args, "url")
+    warning = command_line_password_warning(args.url, url_given_as) if url_given_as.startswith("-") else None
     if warning:
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     try:

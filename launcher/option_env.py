@@ -20,6 +20,7 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from recipecache import env
 from recipecache.argparsing import OneLineArgumentParser
@@ -29,6 +30,37 @@ from recipecache.errors import ConfigError
 def environment_name(option: str) -> str:
     """``--exit-grace`` -> ``RECIPECACHE_EXIT_GRACE``."""
     return env.PREFIX + option.lstrip("-").replace("-", "_").upper()
+
+
+@dataclass(frozen=True)
+class OldSpelling:
+    """An earlier name of an option, still read as it (with a deprecation line)."""
+
+    option: str
+    dest: str
+    instead: str
+    instead_dest: str
+
+
+class _OldSpellingAction(argparse.Action):
+    """Stores the value under the old spelling's own dest, for :meth:`FallbackParser.parse_args` to merge."""
+
+    def __init__(self, *args: Any, instead: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.instead = instead
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.deprecations = [
+            *getattr(namespace, "deprecations", []),
+            f"{option_string} is deprecated; use {self.instead}",
+        ]
 
 
 @dataclass(frozen=True)
@@ -55,6 +87,7 @@ class FallbackParser(OneLineArgumentParser):
     def __init__(self, *args: object, environ: Mapping[str, str] | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]  # ArgumentParser's keywords, passed on
         self.fallbacks: list[Fallback] = []
+        self.old_spellings: list[OldSpelling] = []
         self.environ = environ
 
     def add_own(  # ``help`` is named as argparse names it
@@ -70,14 +103,33 @@ class FallbackParser(OneLineArgumentParser):
             )
         self.fallbacks.append(Fallback(option, action.dest, switch))
 
+    def add_old_spelling(self, group: argparse._ActionsContainer, old: str, instead: str) -> None:
+        """``old``, an earlier name of option ``instead`` (added before), read as it with a deprecation line; hidden
+        from --help. Both given is bad input: which of two values the user meant is a guess (issue 44: ``--url A
+        --cache B`` used B, silently)."""
+        target = next(action for action in self._actions if instead in action.option_strings)
+        action = group.add_argument(old, action=_OldSpellingAction, instead=instead, help=argparse.SUPPRESS)
+        self.old_spellings.append(OldSpelling(old, action.dest, instead, target.dest))
+
     def parse_args(  # type: ignore[override]  # the one of argparse's overloads the launcher uses
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
         parsed = super().parse_args(args, namespace)
+        merged = {}
+        for old in self.old_spellings:
+            value = getattr(parsed, old.dest)
+            delattr(parsed, old.dest)
+            if value is None:
+                continue
+            if getattr(parsed, old.instead_dest) is not None:
+                self.error(f"{old.option} and {old.instead} both given: use {old.instead} only")
+            setattr(parsed, old.instead_dest, value)
+            merged[old.instead_dest] = old.option
         try:
             apply_fallbacks(parsed, self.fallbacks, self.environ)
         except ConfigError as exc:
             self.error(str(exc))
+        parsed.given_as.update(merged)
         return parsed
 
 
@@ -92,14 +144,16 @@ def apply_fallbacks(
         if value not in (None, False):
             given_as[fallback.dest] = fallback.option
             continue
-        given_as[fallback.dest] = fallback.variable
         if fallback.switch:
             setattr(args, fallback.dest, env.switch(fallback.variable, environ))
         else:
             setattr(args, fallback.dest, environ.get(fallback.variable) or None)
+        if getattr(args, fallback.dest) not in (None, False):  # else nobody gave it: errors name the option
+            given_as[fallback.dest] = fallback.variable
     args.given_as = given_as
 
 
 def given_as(args: argparse.Namespace, dest: str) -> str:
-    """The name the value of ``dest`` came by (``--threads`` or ``RECIPECACHE_THREADS``), for one-line errors."""
+    """The name the value of ``dest`` came by (``--threads`` or ``RECIPECACHE_THREADS``), for one-line errors; the
+    option when nobody gave it (a variable nobody set is never blamed)."""
     return str(getattr(args, "given_as", {}).get(dest, "--" + dest.replace("_", "-")))

@@ -27,7 +27,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipecache.errors import ConfigError
+from recipecache import quantities
+from recipecache.errors import ConfigError, echo
 from recipecache.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
@@ -183,35 +184,44 @@ def refused() -> tuple[tuple[TorchrunOption, str], ...]:
 MOST_WHOLE = 2**31 - 1
 #: bounds tighter than a value kind's, by torchrun's dest (a monitor interval of 0 would spin a core)
 BOUNDS: dict[str, tuple[float, float]] = {"master_port": (0, 65535), "monitor_interval": (1e-3, 3600.0)}
-_STD = re.compile(r"([0-3]|\d{1,7}:[0-3](,\d{1,7}:[0-3])*)\Z")
+_STD = re.compile(r"([0-3]|[0-9]{1,7}:[0-3](,[0-9]{1,7}:[0-3])*)\Z")
+#: the most nodes ``--nnodes`` may name
+MOST_NODES = 10**7 - 1
+_NNODES_FORM = f"N or MIN:MAX, whole numbers from 1 to {MOST_NODES}"
 #: string values whose form torchrun checks only once it runs (a traceback), by dest: the pattern and its words
 SYNTAX: dict[str, tuple[re.Pattern[str], str]] = {
-    "nnodes": (re.compile(r"[1-9]\d{0,6}(:[1-9]\d{0,6})?\Z"), "N or MIN:MAX, whole numbers from 1"),
+    "nnodes": (re.compile(r"[0-9]+(:[0-9]+)?\Z"), _NNODES_FORM),
     "redirects": (_STD, "0, 1, 2 or 3, or LOCAL_RANK:0-3 pairs separated by commas"),
     "tee": (_STD, "0, 1, 2 or 3, or LOCAL_RANK:0-3 pairs separated by commas"),
     "rdzv_conf": (re.compile(r"([^=,]+=[^,]*(,[^=,]+=[^,]*)*)?\Z"), "KEY=VALUE pairs separated by commas"),
 }
 
 
-def check_value(option: TorchrunOption, value: str) -> str:
+def environment_name(option: TorchrunOption) -> str:
+    """The variable torchrun reads ``option`` from when the command line lacks it (``PET_MAX_RESTARTS``)."""
+    return f"PET_{option.dest.upper()}"
+
+
+def check_value(option: TorchrunOption, value: str, given_as: str | None = None) -> str:
     """``value``, or ConfigError (one line) unless torchrun will take it for ``option``: what it would reject only
-    after starting, under a traceback (a bad ``--nnodes``), or take and then fail on (a huge ``--max-restarts``)."""
+    after starting, under a traceback (a bad ``--nnodes``), or take and then fail on (a huge ``--max-restarts``).
+    ``given_as`` names where the value came from when not the option (its ``PET_*`` variable)."""
     low, high = BOUNDS.get(option.dest, (0, MOST_WHOLE) if option.kind == "int" else (0.0, math.inf))
-    shown = f"{option.name}={value[:64]!r}"
+    shown = f"{given_as or option.name}={echo(value)}"
     if option.choices is not None and value not in option.choices:
         raise ConfigError(f"{shown} must be one of {', '.join(option.choices)}")
-    if option.kind == "int" and not (value.isdigit() and low <= int(value) <= high):
+    if option.kind == "int" and quantities.whole(value, int(low), int(high)) is None:
         raise ConfigError(f"{shown} must be a whole number from {low:g} to {high:g}")
-    if option.kind == "float":
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not (math.isfinite(number) and number > 0 and low <= number <= high):
-            raise ConfigError(f"{shown} must be a number of seconds from {low:g} to {high:g}")
+    if option.kind == "float" and not (quantities.decimal(value, low, high) or 0) > 0:
+        raise ConfigError(f"{shown} must be a number of seconds from {low:g} to {high:g}")
     form = SYNTAX.get(option.dest)
     if form is not None and not form[0].match(value):
         raise ConfigError(f"{shown} must be {form[1]}")
-    if option.dest == "nnodes" and ":" in value and int(value.split(":")[0]) > int(value.split(":")[1]):
-        raise ConfigError(f"{shown}: MIN must not be above MAX")
+    if option.dest == "nnodes":
+        first, _, last = value.partition(":")
+        fewest, most = quantities.whole(first, 1, MOST_NODES), quantities.whole(last or first, 1, MOST_NODES)
+        if fewest is None or most is None:
+            raise ConfigError(f"{shown} must be {_NNODES_FORM}")
+        if fewest > most:
+            raise ConfigError(f"{shown}: MIN must not be above MAX")
     return value

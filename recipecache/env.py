@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 
 from .errors import ConfigError, echo
+from .quantities import decimal
 
 logger = logging.getLogger(__name__)
 
@@ -120,22 +121,25 @@ def cpu_fingerprint_override(environ: Mapping[str, str] | None = None) -> str | 
     return text or None
 
 
-def positive_seconds(what: str, text: str, bounds: tuple[float, float] | None = None) -> float:
+def positive_seconds(what: str, text: str | float, bounds: tuple[float, float] | None = None) -> float:
     """``text`` as a finite number of seconds > 0, and within ``bounds`` (both included) if given;
     ConfigError naming ``what``, the value and the range otherwise.
 
-    nan and inf are refused: a nan timeout never expires a comparison, so a waiter would
-    poll forever, and an infinite lease would never be taken over from a dead holder.
+    Text (what a person typed) is read by the rule of :mod:`recipecache.quantities`; a number
+    (a program's argument) is taken as it is. Either way nan and inf are refused: a nan
+    timeout never expires a comparison, so a waiter would poll forever, and an infinite lease
+    would never be taken over from a dead holder.
     ``bounds`` are for values a service takes in its own units (Redis: whole milliseconds,
     at least 1 and below 2**63), which a float the parser accepts can fall outside.
     """
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value) or value <= 0 or (bounds is not None and not bounds[0] <= value <= bounds[1]):
+    low, high = bounds or (0.0, math.inf)
+    if isinstance(text, str):
+        value = decimal(text, low, high)
+    else:
+        value = float(text) if math.isfinite(text) and low <= text <= high else None
+    if value is None or value <= 0:
         allowed = f" from {bounds[0]:.15g} to {bounds[1]:.15g}" if bounds else ""
-        raise ConfigError(f"{what}={echo(text)} must be a positive, finite number of seconds{allowed}")
+        raise ConfigError(f"{what}={echo(str(text))} must be a positive, finite number of seconds{allowed}")
     return value
 
 

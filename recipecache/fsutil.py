@@ -300,6 +300,29 @@ def _file_type(mode: int) -> str:
     return "something else"
 
 
+def check_directory_to_be(path: Path, what: str) -> Path:
+    """``path`` if it is a directory, or one could be made there: its nearest existing ancestor is a directory this
+    process may create entries in. Anything else is a ConfigError naming ``what``, said before the work starts
+    rather than a traceback from the ``mkdir`` once it has (``--run-dir /dev/null``); nothing is created here, so
+    bad input leaves nothing behind.
+    """
+    for place in (path, *path.parents):
+        try:
+            mode = os.stat(place).st_mode
+        except (FileNotFoundError, NotADirectoryError):  # not there, or under a file: the ancestor says which
+            continue
+        except OSError as exc:
+            raise ConfigError(f"{what} {path}: {exc.strerror}") from None
+        if not stat.S_ISDIR(mode):
+            shown = "it" if place == path else str(place)
+            kind = "a regular file" if stat.S_ISREG(mode) else _file_type(mode)
+            raise ConfigError(f"{what} {path}: {shown} is {kind}, not a directory")
+        if place != path and not os.access(place, os.W_OK | os.X_OK):
+            raise ConfigError(f"{what} {path}: cannot create it in {place} (permission denied)")
+        return path
+    return path
+
+
 def check_output_file(path: Path, what: str) -> Path:
     """``path`` if a file may be published there by a rename: a new name, or a regular file (not a symlink to one).
 

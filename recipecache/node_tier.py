@@ -26,11 +26,18 @@ the same layout, atomic publishing and directory checks as the filesystem store.
 
 A failing directory (full, unwritable) never fails a lookup: the store reads the remote
 store directly, and the failure is logged once and counted (``node_errors``).
+
+The directory is shared by every job of the user on the node, whatever store each uses, so
+a copy is filed under the identity of the store it came from (``Backend.identity``: its
+location without credentials) as well as its key: a job on store B is never served what
+only store A holds, and the operator tools on store B (``ls``, ``verify``, ``clear``) see
+B's copies (:meth:`NodeTier.copies`) and no others.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import tempfile
@@ -38,6 +45,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from .backends.base import EntryInfo
 from .backends.filesystem import FilesystemBackend
 from .buffers import Buffer
 from .errors import BackendError, VerificationError
@@ -55,6 +63,8 @@ A = TypeVar("A")
 #: a local stat, so waits end within milliseconds of the fetcher's publish.
 POLL_INITIAL_S = 0.005
 POLL_MAX_S = 0.05
+#: hex digits of the store's identity digest a copy's key ends with (128 bits: no two stores share one)
+STORE_TAG_HEX = 32
 
 
 def default_node_dir() -> Path:
@@ -69,8 +79,17 @@ def default_node_dir() -> Path:
 
 class NodeTier:
     def __init__(
-        self, directory: str | os.PathLike[str], *, max_size: int, lease_ttl: float, wait_timeout: float, stats: Stats
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        store: str,
+        max_size: int,
+        lease_ttl: float,
+        wait_timeout: float,
+        stats: Stats,
     ) -> None:
+        """``store`` is the identity of the store in front of which this tier sits (``Backend.identity``)."""
+        self._tag = hashlib.sha256(store.encode()).hexdigest()[:STORE_TAG_HEX]
         self.backend = FilesystemBackend(directory, max_size=max_size, what="node directory")
         self.directory = self.backend.root
         self._flight = SingleFlight(
@@ -97,6 +116,7 @@ class NodeTier:
         ``remote`` returns the store's answer and the verified entry to copy in (None when
         there is none); ``hit`` turns a payload read here into the store's answer.
         """
+        name = self.copy_key(name)
         try:
             local = self._local(name, verify)
             if local is not None:
@@ -126,8 +146,11 @@ class NodeTier:
     def publish(self, name: str, entry: Buffer, *more: Buffer) -> None:
         """Copy a verified entry (the concatenation of ``entry`` and ``more``) into the directory
         (also what this process itself put)."""
+        self._publish(self.copy_key(name), entry, *more)
+
+    def _publish(self, copy: str, entry: Buffer, *more: Buffer) -> None:
         try:
-            self.backend.put(name, entry, *more)
+            self.backend.put(copy, entry, *more)
         except BackendError as exc:
             self._failed(exc)
 
@@ -139,7 +162,7 @@ class NodeTier:
         the value being replaced. Best effort: a fetch already under way, or a failing
         directory, does not hold up the write.
         """
-        token = new_token()
+        token, name = new_token(), self.copy_key(name)
         try:
             held = self.backend.lease_add(name, token, self._flight.ttl)
         except BackendError as exc:
@@ -154,15 +177,26 @@ class NodeTier:
                 except BackendError as exc:
                     self._failed(exc)
 
+    def copy_key(self, name: str) -> str:
+        """The directory's key of the copy of the store's entry ``name``: the entry's key with the store's tag after it
+        (the directory's fan-out stays the entry's own)."""
+        return name + self._tag
+
+    def copies(self, namespace: str | None) -> Iterator[EntryInfo]:
+        """This store's copies in the directory (of ``namespace``, or of all), each under the store's key of it."""
+        for info in self.backend.scan(namespace):
+            if info.key.endswith(self._tag):
+                yield EntryInfo(info.key.removesuffix(self._tag), info.size, info.atime)
+
     def close(self) -> None:
         self.backend.close()
 
-    def _fetch(self, name: str, remote: Callable[[], tuple[A, Buffer | None]]) -> A:
+    def _fetch(self, copy: str, remote: Callable[[], tuple[A, Buffer | None]]) -> A:
         self._stats.count("node_fetches")
         answer, entry = remote()
         if entry is not None:
             self._stats.count("node_fetched_bytes", memoryview(entry).nbytes)
-            self.publish(name, entry)
+            self._publish(copy, entry)
         return answer
 
     def _local(self, name: str, verify: Callable[[Buffer], P]) -> P | None:

@@ -125,8 +125,8 @@ class StoreSettings:
         if self.secret is not None:
             check_secret(self.secret, "the secret")
         check_namespace(self.namespace)
-        env.positive_seconds("wait_timeout", str(self.wait_timeout))
-        env.positive_seconds("lease_ttl", str(self.lease_ttl), LEASE_TTL_RANGE)
+        env.positive_seconds("wait_timeout", self.wait_timeout)
+        env.positive_seconds("lease_ttl", self.lease_ttl, LEASE_TTL_RANGE)
 
     @classmethod
     def resolve(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from .errors import ConfigError, echo
+from .quantities import DECIMAL, exact
 
 _UNITS = {
     "": 1,
@@ -22,19 +23,25 @@ _UNITS = {
     "tb": 1000**4,
     "tib": 1024**4,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*\Z")
+#: a number by the rule of :mod:`recipecache.quantities`, then (after at most one space) a unit
+_SIZE = re.compile(f"({DECIMAL})(?: ?([a-zA-Z]+))?\\Z")
 
 
 def parse_size(text: str) -> int:
-    """Bytes in ``text``, a whole number; raises ConfigError with the accepted forms on anything else."""
+    """Bytes in ``text``, a whole number; raises ConfigError with the accepted forms on anything else.
+
+    Computed exactly (``0.1KB`` is 100 bytes), and a number too long for any size is refused
+    before it is converted (:mod:`recipecache.quantities`; a float of 400 nines is infinite).
+    """
     m = _SIZE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _UNITS:
+    unit = (m.group(2) or "").lower() if m else None
+    number = exact(m.group(1)) if m else None
+    if m is None or unit not in _UNITS or number is None:
         raise ConfigError(
             f"bad size {echo(str(text))}: use a number with an optional unit such as 512MB, 10GiB or 1000000"
         )
-    value = float(m.group(1)) * _UNITS[unit]
-    if value != int(value):
+    value = number * _UNITS[unit]
+    if value.denominator != 1:
         raise ConfigError(f"bad size {echo(str(text))}: not a whole number of bytes")
     return int(value)
 

@@ -252,6 +252,7 @@ class Store:
             if settings.node_dir is None
             else NodeTier(
                 settings.node_dir,
+                store=backend.identity,
                 max_size=settings.node_max_size,
                 lease_ttl=settings.lease_ttl,
                 wait_timeout=settings.wait_timeout,
@@ -691,39 +692,55 @@ class Store:
 
     # -- admin: whole-store operations on raw entries (recipecache.tools.admin builds on these) --
     # They talk to the backend directly, outside the circuit breaker: an operator wants
-    # the backend's error (BackendError), not a silent fallback.
-    def scan(self, *, all_namespaces: bool = False) -> list[EntryInfo]:
-        """Entries of this store's namespace (or of every namespace) as the backend lists them."""
-        return list(self.backend.scan(None if all_namespaces else self.namespace))
+    # the backend's error (BackendError), not a silent fallback. ``node=True`` does the same
+    # on the node directory's copies of this store's entries (none without a node tier), each
+    # named by the store's key of it: what a job of this store may be served on this node.
+    def _raw(self, storage_key: str, node: bool) -> tuple[Backend, str]:
+        """The backend an admin operation on ``storage_key`` goes to, and its key there."""
+        if not node:
+            return self.backend, storage_key
+        assert self.node is not None, "node copies are listed by scan(node=True), which has none without a node tier"
+        return self.node.backend, self.node.copy_key(storage_key)
 
-    def read_raw(self, storage_key: str) -> Buffer | None:
+    def scan(self, *, all_namespaces: bool = False, node: bool = False) -> list[EntryInfo]:
+        """Entries of this store's namespace (or of every namespace) as the backend lists them (``node``: the node
+        directory's copies of them)."""
+        namespace = None if all_namespaces else self.namespace
+        if node:
+            return [] if self.node is None else list(self.node.copies(namespace))
+        return list(self.backend.scan(namespace))
+
+    def read_raw(self, storage_key: str, *, node: bool = False) -> Buffer | None:
         """The raw envelope filed under a backend key from :meth:`scan` (unverified: admin tools verify).
 
         Raises VerificationError where the backend's own framing of the entry is damaged.
         """
-        return self.backend.get(storage_key)
+        backend, name = self._raw(storage_key, node)
+        return backend.get(name)
 
     def write_raw(self, storage_key: str, blob: Buffer) -> None:
         """File a raw envelope under a backend key (import writes what it verified)."""
         self.backend.put(storage_key, blob)
 
-    def delete_raw(self, storage_key: str) -> None:
-        self.backend.delete(storage_key)
+    def delete_raw(self, storage_key: str, *, node: bool = False) -> None:
+        backend, name = self._raw(storage_key, node)
+        backend.delete(name)
 
-    def delete_raw_if(self, storage_key: str, blob: Buffer | None) -> bool:
+    def delete_raw_if(self, storage_key: str, blob: Buffer | None, *, node: bool = False) -> bool:
         """Delete the entry under ``storage_key`` only if it still is ``blob`` (what the caller read and found
         damaged); False, nothing deleted, if it was rewritten or removed meanwhile.
 
         ``blob`` None: the backend's own framing of the entry was damaged, so there are no bytes
         to compare; it is deleted only if it reads as damaged still, just before.
         """
+        backend, name = self._raw(storage_key, node)
         if blob is not None:
-            return self.backend.delete_if(storage_key, blob)
+            return backend.delete_if(name, blob)
         try:
-            self.backend.get(storage_key)
+            backend.get(name)
         except VerificationError as exc:
             if exc.reason is Reason.CORRUPT:
-                self.backend.delete(storage_key)
+                backend.delete(name)
                 return True
         return False
 

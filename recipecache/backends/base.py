@@ -41,6 +41,7 @@ too. A backend must
 from __future__ import annotations
 
 import re
+import urllib.parse
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -202,6 +203,19 @@ class Backend(ABC):
         """Raise ConfigError if the URL names no usable service at all: a cluster none of whose seed
         nodes answers, sentinels that know no primary for the service. A URL that names one
         server does nothing here: that server being down is a backend failure, not bad input."""
+
+    @property
+    def identity(self) -> str:
+        """Where this backend's entries live: the same for every URL that names the same data, another for other data.
+
+        The node tier files its copies under it: one node directory serves every job of a
+        user on the node, and a job must never be served what only another store holds. The
+        URL without its credentials (users of one service share its data) and options (they
+        say how to talk to it, not what it holds); a backend that knows its data better
+        (a directory's real path) says so.
+        """
+        parts = urllib.parse.urlsplit(self.url)
+        return f"{parts.scheme.lower()}://{parts.netloc.rpartition('@')[2].lower()}{parts.path}"
 
     def ping(self) -> None:  # noqa: B027 - optional: a local backend always answers
         """Raise BackendError unless the service answers; a local backend always does."""

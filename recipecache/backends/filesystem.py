@@ -110,6 +110,11 @@ def _reason(exc: OSError) -> Reason:
 class FilesystemBackend(Backend):
     URL_OPTIONS = frozenset({"max_size"})
 
+    @property
+    def identity(self) -> str:
+        """The directory's real path: ``file:///a/../b``, a symlink to it and the directory itself are one store."""
+        return f"file://{os.path.realpath(self.root)}"
+
     @classmethod
     def from_url(cls, url: StoreURL) -> FilesystemBackend:
         """``file:///absolute/path[?max_size=10GiB]``."""

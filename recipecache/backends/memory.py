@@ -19,6 +19,11 @@ from .url import StoreURL
 class MemoryBackend(Backend):
     SHARED = False
 
+    @property
+    def identity(self) -> str:
+        """This instance: every memory store holds data of its own."""
+        return f"memory://{id(self):x}"
+
     @classmethod
     def from_url(cls, url: StoreURL) -> MemoryBackend:
         """``memory://``: nothing to configure."""

@@ -86,7 +86,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from ..buffers import Buffer
-from ..errors import BackendError, BackendKeyError, VerificationError, echo
+from ..errors import BackendError, BackendKeyError, VerificationError
 from ..health import FAIL, PASS, WARN, HealthCheck
 from ..reasons import Reason
 from .base import Backend, EntryInfo, LeaseState, check_key, is_key, value_matches
@@ -519,9 +519,7 @@ class RedisBackend(Backend):
         if not url.parts.hostname:
             raise url.error("use redis://[user:password@]host:port/db")
         url.check_host(url.parts.hostname)
-        db = url.parts.path.lstrip("/")
-        if db and not db.isdigit():
-            raise url.error(f"bad database {echo(db)}: use a number such as /0")
+        url.database(url.parts.path.lstrip("/"), "/0")
         plain_url = urllib.parse.urlunsplit(url.parts._replace(query=urllib.parse.urlencode(tls_options(url))))
         return cls(plain_url, **settings)
 

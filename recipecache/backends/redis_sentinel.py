@@ -31,8 +31,7 @@ class RedisSentinelBackend(RedisBackend):
         service, _, db = url.parts.path.strip("/").partition("/")
         if not service:
             raise url.error(f"name the service: {url.scheme}://host:port[,host:port...]/service")
-        if db and not db.isdigit():
-            raise url.error(f"bad database {echo(db)}: use a number such as /SERVICE/0")
+        database = url.database(db, "/SERVICE/0")
         credentials = client_credentials(url)
         timeout = settings["timeout"]
         # every sentinel gets its share of the timeout: a call that asks them one after another
@@ -42,7 +41,7 @@ class RedisSentinelBackend(RedisBackend):
 
         def connect(socket_timeout: float) -> redis.Redis:
             return sentinel.master_for(
-                service, db=int(db or 0), socket_timeout=socket_timeout, **client_options(timeout), **credentials
+                service, db=database, socket_timeout=socket_timeout, **client_options(timeout), **credentials
             )
 
         return cls(url.raw, sentinel=sentinel, service=service, connect=connect, **settings)

@@ -12,6 +12,7 @@ import urllib.parse
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from .. import quantities
 from ..env import positive_seconds
 from ..errors import ConfigError, URLError, echo
 from ..sizes import format_size, parse_size
@@ -50,6 +51,10 @@ def command_line_password_warning(url: str | None, option: str) -> str | None:
         f"the password in {option} {redact(url)} is visible to every user of this machine (ps); "
         "set RECIPECACHE_URL instead"
     )
+
+
+#: the highest database number a URL may name (Redis's SELECT takes a signed 32-bit index)
+MOST_DATABASE = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -120,10 +125,23 @@ class StoreURL:
                 port = rest.removeprefix(":") if rest.startswith(":") or not rest else "x"
             else:
                 host, _, port = item.partition(":")
-            if not host or not ((port.isdigit() and 0 < int(port) < 65536) or not port):
+            number = quantities.whole(port, 1, 65535) if port else default_port
+            if not host or number is None:
                 raise self.error(f"bad host {echo(item)}: use host:port")
-            out.append((self.check_host(host), int(port) if port else default_port))
+            out.append((self.check_host(host), number))
         return out
+
+    def database(self, text: str, form: str) -> int:
+        """The database number the URL's path names (``text``, 0 when empty), by the rule of
+        :mod:`recipecache.quantities`; ``form`` shows where it goes (``/0``).
+
+        Checked here because redis-py reads a path ``int()`` refuses (``/²``) as database 0,
+        silently, and one it takes (``/٣``) as another number than the one every other reader sees.
+        """
+        number = quantities.whole(text, 0, MOST_DATABASE) if text else 0
+        if number is None:
+            raise self.error(f"bad database {echo(text)}: use a number from 0 to {MOST_DATABASE} such as {form}")
+        return number
 
     # -- typed options -------------------------------------------------------------
     def size(self, name: str, default: int | None, bounds: tuple[int, int] | None = None) -> int | None:

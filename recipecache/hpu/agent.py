@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import env as envvars
+from .. import quantities
 from ..argparsing import OneLineArgumentParser
 from ..errors import ConfigError
 from ..reasons import Reason
@@ -339,7 +340,9 @@ def _parser() -> argparse.ArgumentParser:
         "--dir", help=f"node recipe directory (default: the path in ${ENV_VAR}, else a private temp directory)"
     )
     p.add_argument(
-        "--max-size-mb", type=int, help=f"directory cap in MB (default: from ${ENV_VAR}, else {DEFAULT_MAX_SIZE_MB})"
+        "--max-size-mb",
+        type=quantities.argument_type("--max-size-mb"),
+        help=f"directory cap in MB (default: from ${ENV_VAR}, else {DEFAULT_MAX_SIZE_MB})",
     )
     p.add_argument(
         "--url",
@@ -348,12 +351,21 @@ def _parser() -> argparse.ArgumentParser:
         "$RECIPECACHE_URL instead",
     )
     p.add_argument("--namespace", help="namespace (default: $RECIPECACHE_NAMESPACE or 'default')")
-    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between passes")
+    p.add_argument(
+        "--interval",
+        type=quantities.argument_type("--interval", fraction=True),
+        default=DEFAULT_INTERVAL_S,
+        help="seconds between passes",
+    )
     p.add_argument("--once", action="store_true", help="one pass, then exit")
     p.add_argument("--clear", action="store_true", help="empty the directory before the first pass")
     p.add_argument("--bridge-version", help="Gaudi PyTorch bridge version (default: installed habana-torch-plugin)")
     p.add_argument("--driver-version", help="habanalabs driver version (default: from sysfs)")
-    p.add_argument("--parent-pid", type=int, help="stop when this process is no longer the parent")
+    p.add_argument(
+        "--parent-pid",
+        type=quantities.argument_type("--parent-pid"),
+        help="stop when this process is no longer the parent",
+    )
     p.add_argument("--json", action="store_true", help="print the final stats as JSON")
     return p
 

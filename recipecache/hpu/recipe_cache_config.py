@@ -21,12 +21,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import quantities
 from ..errors import ConfigError
 from ..fsutil import private_directory
 from ..keys import check_namespace
 
 ENV_VAR = "PT_HPU_RECIPE_CACHE_CONFIG"
 DEFAULT_MAX_SIZE_MB = 1024
+#: the largest cap in MB taken: a petabyte, past any node's disk (the bridge reads it as a whole number)
+MOST_SIZE_MB = 1 << 30
 MIB = 1024 * 1024
 
 
@@ -64,10 +67,13 @@ def parse_config(text: str) -> RecipeCacheConfig:
         raise ConfigError(f"{ENV_VAR}={text!r}: the path is empty (the recipe disk cache is off)")
     delete = _bool("delete", fields[1]) if len(fields) > 1 else False
     size_text = fields[2].strip() if len(fields) > 2 else str(DEFAULT_MAX_SIZE_MB)
-    if not size_text.isdigit() or int(size_text) <= 0:
-        raise ConfigError(f"{ENV_VAR}: max size must be a positive whole number of MB, got {size_text!r}")
+    size = quantities.whole(size_text, 1, MOST_SIZE_MB)
+    if size is None:
+        raise ConfigError(
+            f"{ENV_VAR}: max size must be a whole number of MB from 1 to {MOST_SIZE_MB}, got {size_text!r}"
+        )
     on_nfs = _bool("on_nfs", fields[3]) if len(fields) > 3 else None
-    return RecipeCacheConfig(path, delete, int(size_text), on_nfs)
+    return RecipeCacheConfig(path, delete, size, on_nfs)
 
 
 def format_config(config: RecipeCacheConfig) -> str:

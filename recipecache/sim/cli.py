@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, echo
+from .. import quantities
 from .api import compare, simulate
 from .model import DEFAULT_RANKS_PER_NODE, DISTRIBUTIONS, POLICIES, SCHEDULES, Costs, Report, Scenario
 
@@ -38,6 +38,25 @@ RENAMED_POLICIES = {"behind": "no_stall"}
 _RATIOS = ("stall_s", "compile_delays", "compile_events", "wall_s")
 
 
+#: the options that take a number, by dest: read by the rule of :mod:`recipecache.quantities` (whole numbers, and
+#: numbers with a point allowed); the model checks their bounds
+_WHOLE_OPTIONS = ("ranks", "shapes", "steps", "seed", "ranks_per_node")
+_NUMBER_OPTIONS = (
+    "zipf_exponent",
+    "compile_s",
+    "compile_spread",
+    "compute_s",
+    "fetch_latency_s",
+    "bandwidth",
+    "store_bandwidth",
+    "local_bandwidth",
+    "artifact_mb",
+    "trace_s",
+    "eager_slowdown",
+    "no_stall_cpu_share",
+)
+
+
 def add_parser(subparsers: Any) -> None:
     """Register ``sim`` on an argparse subparsers object."""
     p = subparsers.add_parser(
@@ -46,63 +65,55 @@ def add_parser(subparsers: Any) -> None:
         description="Simulate how much time N lockstep ranks lose to compiles, with and without "
         "a shared single-flight cache.",
     )
-    p.add_argument("--ranks", type=int, help="data-parallel ranks N (default 8, or the trace's)")
-    p.add_argument("--shapes", type=int, help="distinct shapes S (default 16)")
-    p.add_argument("--steps", type=int, help="training steps (default: iid 1000, adversarial 1+N*(S-1), trace: all)")
+    p.add_argument("--ranks", help="data-parallel ranks N (default 8, or the trace's)")
+    p.add_argument("--shapes", help="distinct shapes S (default 16)")
+    p.add_argument("--steps", help="training steps (default: iid 1000, adversarial 1+N*(S-1), trace: all)")
     p.add_argument("--policy", default="singleflight", choices=(*POLICIES, *RENAMED_POLICIES))
     p.add_argument("--schedule", default="iid", choices=SCHEDULES)
     p.add_argument("--trace", help="event-log directory to replay (RECIPECACHE_EVENT_LOG of a run)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", default=0)
     p.add_argument("--distribution", default="zipf", choices=DISTRIBUTIONS, help="iid shape distribution")
-    p.add_argument("--zipf-exponent", type=float, default=1.0)
+    p.add_argument("--zipf-exponent", default=1.0)
     p.add_argument("--weights", help="iid shape weights, comma-separated (fixes S)")
-    p.add_argument("--compile-s", type=float, default=_COSTS.compile_s, help="median compile seconds per shape")
+    p.add_argument("--compile-s", default=_COSTS.compile_s, help="median compile seconds per shape")
     p.add_argument(
         "--compile-spread",
-        type=float,
         default=_COSTS.compile_spread,
         help="lognormal sigma of compile times (0: all equal)",
     )
-    p.add_argument("--compute-s", type=float, default=_COSTS.compute_s, help="compute seconds per step")
-    p.add_argument("--fetch-latency-s", type=float, default=_COSTS.fetch_latency_s)
+    p.add_argument("--compute-s", default=_COSTS.compute_s, help="compute seconds per step")
+    p.add_argument("--fetch-latency-s", default=_COSTS.fetch_latency_s)
     p.add_argument(
         "--bandwidth",
-        type=float,
         default=_COSTS.bandwidth_mb_s,
         help="one fetch's top rate (what one client takes in and verifies), MB/s",
     )
     p.add_argument(
         "--store-bandwidth",
-        type=float,
         default=_COSTS.store_mb_s,
         help="the store's bandwidth, shared by every fetch in flight, MB/s",
     )
-    p.add_argument(
-        "--local-bandwidth", type=float, default=_COSTS.local_mb_s, help="reading a node directory's copy, MB/s"
-    )
-    p.add_argument("--artifact-mb", type=float, default=_COSTS.artifact_mb, help="artifact size, MB")
+    p.add_argument("--local-bandwidth", default=_COSTS.local_mb_s, help="reading a node directory's copy, MB/s")
+    p.add_argument("--artifact-mb", default=_COSTS.artifact_mb, help="artifact size, MB")
     p.add_argument(
         "--trace-s",
-        type=float,
         default=_COSTS.trace_s,
         help="no_stall: seconds of each compile that are dynamo's trace, paid synchronously by every "
         "rank meeting a shape not yet in the store",
     )
     p.add_argument(
         "--eager-slowdown",
-        type=float,
         default=_COSTS.eager_slowdown,
         help="no_stall: how many times longer a step runs without inductor (>= 1)",
     )
     p.add_argument(
         "--no-stall-cpu-share",
         "--behind-cpu-share",  # its name before the policy was named after the feature
-        type=float,
         default=_COSTS.no_stall_cpu_share,
         help="no_stall: share of the steps' CPU a background compile takes while it runs "
         "(0 to below 1; 0: a GPU node, where it runs on cores the steps leave idle)",
     )
-    p.add_argument("--ranks-per-node", type=int, default=DEFAULT_RANKS_PER_NODE, help="ranks sharing a node")
+    p.add_argument("--ranks-per-node", default=DEFAULT_RANKS_PER_NODE, help="ranks sharing a node")
     p.add_argument(
         "--node-tier",
         action="store_true",
@@ -128,13 +139,23 @@ def add_parser(subparsers: Any) -> None:
 def _weights(text: str | None) -> tuple[float, ...] | None:
     if text is None:
         return None
-    try:
-        return tuple(float(w) for w in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--weights must be comma-separated numbers, not {echo(text)}") from None
+    weights = []
+    for i, part in enumerate(text.split(","), 1):
+        weights.append(quantities.number(f"--weights: weight {i}", part, fraction=True))
+    return tuple(weights)
+
+
+def _read_numbers(args: argparse.Namespace) -> None:
+    """Each number option given on the command line (a string; a default is a number already), read by the rule."""
+    for dest in (*_WHOLE_OPTIONS, *_NUMBER_OPTIONS):
+        text = getattr(args, dest)
+        if isinstance(text, str):
+            name = "--" + dest.replace("_", "-")
+            setattr(args, dest, quantities.number(name, text, fraction=dest in _NUMBER_OPTIONS))
 
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    _read_numbers(args)
     costs = Costs(
         compile_s=args.compile_s,
         compile_spread=args.compile_spread,

@@ -51,6 +51,8 @@ class EntryReport:
     #: why the entry was refused: only ``corrupt`` is damage; the other refusals are entries this
     #: process cannot accept (another secret, none, an older format) that other jobs may
     reason: Reason | None = None
+    #: a copy in this node's directory (the node tier's) of the store's entry ``storage_key``, not the entry itself
+    node: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -59,6 +61,7 @@ class EntryReport:
             "problem": self.problem,
             "reason": self.reason,
             "last_used": self.last_used,
+            "node": self.node,
         }
         if self.header is not None:
             out.update(self.header.to_dict())
@@ -89,28 +92,40 @@ def check_entry(store: Store, skey: str, blob: Buffer) -> tuple[envelope.Header 
 
 
 def _report(
-    info_key: str, size: int, header: envelope.Header | None, refusal: VerificationError | None, last_used: float | None
+    info_key: str,
+    size: int,
+    header: envelope.Header | None,
+    refusal: VerificationError | None,
+    last_used: float | None,
+    node: bool,
 ) -> EntryReport:
     problem = None if refusal is None else f"{refusal.reason}: {refusal}"
-    return EntryReport(info_key, size, header, problem, last_used, None if refusal is None else refusal.reason)
+    return EntryReport(info_key, size, header, problem, last_used, None if refusal is None else refusal.reason, node)
 
 
-def _read_entries(store: Store) -> Iterator[tuple[EntryReport, Buffer | None]]:
-    """Each entry of the store's namespace, read once and verified, with its raw bytes (None: unreadable)."""
-    for info in store.scan():
-        try:
-            blob = store.read_raw(info.key)
-        except VerificationError as exc:  # the backend's own framing of it is damaged
-            yield _report(info.key, info.size, None, exc, info.atime or None), None
-            continue
-        if blob is None:
-            continue  # evicted or deleted while we listed
-        header, refusal = check_entry(store, info.key, blob)
-        yield _report(info.key, len(blob), header, refusal, info.atime or None), blob
+#: where ``ls``/``verify``/``clear`` look: the store, then this node's copies of its entries (what its jobs here are
+#: served: a damaged or misfiled copy there is as bad as one in the store)
+EVERYWHERE = (False, True)
+
+
+def _read_entries(store: Store, places: tuple[bool, ...] = EVERYWHERE) -> Iterator[tuple[EntryReport, Buffer | None]]:
+    """Each entry of the store's namespace (in each of ``places``: the store, its node copies), read once and
+    verified by :func:`check_entry`, with its raw bytes (None: unreadable)."""
+    for node in places:
+        for info in store.scan(node=node):
+            try:
+                blob = store.read_raw(info.key, node=node)
+            except VerificationError as exc:  # the backend's own framing of it is damaged
+                yield _report(info.key, info.size, None, exc, info.atime or None, node), None
+                continue
+            if blob is None:
+                continue  # evicted or deleted while we listed
+            header, refusal = check_entry(store, info.key, blob)
+            yield _report(info.key, len(blob), header, refusal, info.atime or None, node), blob
 
 
 def inspect_entries(store: Store) -> Iterator[EntryReport]:
-    """Read and verify every entry of the store's namespace."""
+    """Read and verify every entry of the store's namespace, and this node's copies of them."""
     for report, _blob in _read_entries(store):
         yield report
 
@@ -149,7 +164,7 @@ def verify(store: Store, *, fix: bool) -> VerifyResult:
     changed: list[EntryReport] = []
     for report, blob in bad if fix else []:
         if report.reason is Reason.CORRUPT:
-            (removed if store.delete_raw_if(report.storage_key, blob) else changed).append(report)
+            (removed if store.delete_raw_if(report.storage_key, blob, node=report.node) else changed).append(report)
     return VerifyResult(checked, [report for report, _blob in bad], removed, changed)
 
 
@@ -161,11 +176,13 @@ def prune(store: Store, max_bytes: int) -> int:
 
 
 def clear(store: Store, *, all_namespaces: bool = False) -> int:
-    """Remove every entry of the store's namespace (or of all) and its leftovers; returns how many entries."""
+    """Remove every entry of the store's namespace (or of all), this node's copies of them, and the store's leftovers;
+    returns how many entries (copies not counted): a copy left would go on serving this node's jobs what was cleared."""
     removed = 0
-    for info in store.scan(all_namespaces=all_namespaces):
-        store.delete_raw(info.key)
-        removed += 1
+    for node in EVERYWHERE:
+        for info in store.scan(all_namespaces=all_namespaces, node=node):
+            store.delete_raw(info.key, node=node)
+            removed += not node
     store.vacuum(all_namespaces=all_namespaces)
     return removed
 
@@ -190,7 +207,7 @@ def export_namespace(store: Store, path: Path) -> int:
             out.write(packer.pack({"format": EXPORT_FORMAT, "namespace": store.namespace}))
             count_at = out.tell()
             out.write(packer.pack(_COUNT.pack(0)))
-            for report, blob in _read_entries(store):
+            for report, blob in _read_entries(store, places=(False,)):  # the entries, not node copies of them
                 if report.problem is None and blob is not None:
                     out.write(packer.pack(blob))
                     count += 1

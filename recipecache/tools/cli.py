@@ -70,7 +70,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         lines.append(
             f"{str(meta.get('kind', '-'))[:10]:<10} {what[:52]:<52} {compile_s:>9} {format_size(r.size):>10}  "
             f"{_when(r.header.created if r.header else None):<16}  {producer[:18]:<18} {_when(r.last_used):<16}  "
-            f"{r.problem or ('signed' if r.header and r.header.signed else 'ok')}"
+            f"{r.problem or ('signed' if r.header and r.header.signed else 'ok')}{' (node copy)' if r.node else ''}"
         )
     _emit(args, [r.to_dict() for r in reports], "\n".join(lines))
     return 0
@@ -79,10 +79,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     store = _store(args)
     result = admin.verify(store, fix=args.fix)
-    removed = {r.storage_key for r in result.removed}
-    changed = {r.storage_key for r in result.changed}
-    left = Counter(str(r.reason) for r in result.bad if r.storage_key not in removed | changed)
-    lines = [f"bad {r.storage_key}: {r.problem}" for r in result.bad]
+    removed = {(r.storage_key, r.node) for r in result.removed}  # an entry and its node copy are two
+    changed = {(r.storage_key, r.node) for r in result.changed}
+    left = Counter(str(r.reason) for r in result.bad if (r.storage_key, r.node) not in removed | changed)
+    lines = [f"bad {r.storage_key}{' (node copy)' if r.node else ''}: {r.problem}" for r in result.bad]
     if args.fix:
         lines.append(f"{len(removed)} corrupt entries removed from namespace {store.namespace}")
         if changed:
@@ -104,8 +104,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "checked": result.checked,
             "bad": [r.to_dict() for r in result.bad],
             "fixed": args.fix,
-            "removed": sorted(removed),
-            "changed": sorted(changed),
+            "removed": sorted(key for key, _node in removed),
+            "changed": sorted(key for key, _node in changed),
         },
         "\n".join(lines),
     )
@@ -113,7 +113,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    limit = parse_size(args.max_size)
+    try:
+        limit = parse_size(args.max_size)
+    except ConfigError as exc:
+        raise ConfigError(f"--max-size: {exc}") from None
     freed = admin.prune(_store(args), limit)
     _emit(args, {"freed_bytes": freed, "max_size": limit}, f"freed {format_size(freed)} (cap {format_size(limit)})")
     return 0

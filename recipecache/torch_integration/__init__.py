@@ -103,7 +103,7 @@ def enable(
         grace = (
             env.seconds(env.EXIT_GRACE, env.DEFAULT_EXIT_GRACE_S)
             if exit_grace is None
-            else env.positive_seconds("exit_grace", str(exit_grace))
+            else env.positive_seconds("exit_grace", exit_grace)
         )
         no_stall_timeout = env.seconds(env.NO_STALL_TIMEOUT, DEFAULT_NO_STALL_TIMEOUT_S)
         try:

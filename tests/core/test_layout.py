@@ -40,7 +40,7 @@ def test_the_folders_show_core_tools_and_run_analysis() -> None:
     assert {p.stem for p in (top / "runs").glob("*.py")} == {"__init__", "events", "keyinfo", "explain", "timeline"}
     assert {p.stem for p in top.glob("*.py")} == {
         "__init__", "_lazy", "argparsing", "buffers", "env", "envelope", "errors", "eventlog", "fsutil", "health", "keylog", "keys", "lease",
-        "node_tier", "parent_death", "reasons", "settings", "sizes", "stats", "store"}
+        "node_tier", "parent_death", "reasons", "settings", "quantities", "sizes", "stats", "store"}
 
 
 def test_the_core_writes_its_records_and_imports_no_reader() -> None:

@@ -50,9 +50,11 @@ def node_store(remote: MemoryBackend, node_dir: Path, *, secret: bytes | None = 
     return Store(remote, settings, events=EventLog(None))
 
 
-def node_copy(node_dir: Path, namespace: str, key: str) -> Path:
-    digest = storage_key(namespace, key).split("/")[1]
-    return node_dir / "objects" / namespace / digest[:2] / digest
+def node_copy(node_dir: Path, store: Store, key: str) -> Path:
+    """Where ``store``'s node tier keeps its copy of ``key`` in ``node_dir`` (filed under the store's identity too)."""
+    assert store.node is not None
+    digest = store.node.copy_key(storage_key(store.namespace, key)).split("/")[1]
+    return node_dir / "objects" / store.namespace / digest[:2] / digest
 
 
 def test_a_nodes_other_processes_read_the_node_directory(tmp_path: Path) -> None:
@@ -76,7 +78,7 @@ def test_entries_rewritten_in_place_never_come_from_a_stale_node_copy(tmp_path: 
     remote = CountingMemory()
     node_a, node_b = node_store(remote, tmp_path / "a"), node_store(remote, tmp_path / "b")
     node_a.update("state", lambda current: b"one")
-    assert not node_copy(tmp_path / "a", node_a.namespace, "state").exists(), "node=False: no node copy"
+    assert not node_copy(tmp_path / "a", node_a, "state").exists(), "node=False: no node copy"
     node_b.update("state", lambda current: bytes(current or b"") + b"+two")
     assert node_a.get("state", node=False) == b"one+two"
 
@@ -121,7 +123,7 @@ def test_a_bad_copy_in_the_node_directory_is_a_miss_and_is_fetched_again(tmp_pat
     node = tmp_path / "node"
     first = node_store(remote, node, secret=secret)
     first.put("k", b"artifact" * 100)
-    damage(node_copy(node, first.namespace, "k"))
+    damage(node_copy(node, first, "k"))
 
     reader = node_store(remote, node, secret=secret)
     assert reader.get("k") == b"artifact" * 100, "refetched from the remote store"
@@ -150,7 +152,7 @@ def test_a_copy_this_job_cannot_accept_is_left_for_the_jobs_that_can(tmp_path: P
     a copy one of them refuses is not damaged, so it stays for the job it belongs to."""
     node = tmp_path / "node"
     reader = node_store(CountingMemory(), node, secret=b"the-jobs-secret-16b")
-    copy = node_copy(node, reader.namespace, "k")
+    copy = node_copy(node, reader, "k")
     copy.parent.mkdir(parents=True)
     other_jobs_copy(copy)
     kept = copy.read_bytes()
@@ -166,7 +168,7 @@ def test_a_damaged_copy_replaced_meanwhile_is_not_deleted(tmp_path: Path) -> Non
     node = tmp_path / "node"
     store = node_store(remote, node)
     assert store.put("k", b"artifact")
-    copy = node_copy(node, store.namespace, "k")
+    copy = node_copy(node, store, "k")
     good = copy.read_bytes()
     _flip_last_byte(copy)
     assert store.node is not None
@@ -197,7 +199,7 @@ def test_a_node_directory_replaced_mid_job_is_not_served(tmp_path: Path, owner: 
     store = node_store(remote, node)
     assert store.put("k", b"genuine artifact")
     shutil.rmtree(node)
-    planted = node_copy(node, store.namespace, "k")
+    planted = node_copy(node, store, "k")
     planted.parent.mkdir(parents=True)
     planted.write_bytes(envelope.seal("k", b"planted code", namespace=store.namespace))
     for path in (node, *node.rglob("*")):
@@ -205,7 +207,7 @@ def test_a_node_directory_replaced_mid_job_is_not_served(tmp_path: Path, owner: 
     node.chmod(mode)
     assert store.get("k") == b"genuine artifact", "read from the remote store, not the planted node copy"
     assert store.stats()["node_errors"] >= 1
-    assert store.put("k2", b"another artifact") and not node_copy(node, store.namespace, "k2").exists(), \
+    assert store.put("k2", b"another artifact") and not node_copy(node, store, "k2").exists(), \
         "nothing is written there either"
     assert planted.read_bytes().endswith(b"planted code")
 
@@ -326,7 +328,7 @@ def test_a_node_directory_swapped_between_its_check_and_its_use_is_never_used(
     node, other = tmp_path / "node", tmp_path / "other"
     store = node_store(remote, node)
     assert store.put("k", b"genuine artifact")
-    planted = node_copy(other, store.namespace, "k")
+    planted = node_copy(other, store, "k")
     planted.parent.mkdir(parents=True)
     other.chmod(0o777)
     planted.write_bytes(envelope.seal("k", b"planted code", namespace=store.namespace))
@@ -356,3 +358,64 @@ def test_a_node_directory_swapped_between_its_check_and_its_use_is_never_used(
     files = sorted(p.relative_to(swapped_in) for p in swapped_in.rglob("*") if p.is_file())
     assert files == [planted.relative_to(other)], "nothing was written into the swapped-in directory"
     assert (swapped_in / planted.relative_to(other)).read_bytes().endswith(b"planted code")
+
+
+# -- one node directory, several stores (issue 44 item 2) ---------------------------------------------------------
+def two_stores(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, str]:
+    """URLs of two stores holding different data: two directories, or two databases of a real redis-server."""
+    if kind == "filesystem":
+        return f"file://{tmp_path / 'store-a'}", f"file://{tmp_path / 'store-b'}"
+    url = str(request.getfixturevalue("redis_url"))
+    return url, url.rpartition("/")[0] + "/1"
+
+
+@pytest.mark.parametrize("kind", ["filesystem", pytest.param("redis", marks=pytest.mark.redis)])
+def test_a_store_is_never_served_what_only_another_store_holds(kind: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               request: pytest.FixtureRequest) -> None:
+    """Every job of a user on a node shares the default node directory: before, an entry put into store A was the
+    answer of a lookup on store B (the directory was keyed by namespace and key only)."""
+    url_a, url_b = two_stores(kind, tmp_path, request)
+    namespace = "ns" + secrets.token_hex(4)
+    monkeypatch.setenv("RECIPECACHE_NODE_DIR", str(tmp_path / "node"))
+    a = recipecache.open_store(url_a, namespace=namespace)
+    assert a.put("k", b"only in store A")
+    assert recipecache.open_store(url_a, namespace=namespace).get("k") == b"only in store A", "A's node copy"
+
+    b = recipecache.open_store(url_b, namespace=namespace)
+    assert b.get("k") is None
+    assert b.stats().get("node_hits", 0) == 0
+    assert b.put("k", b"store B's own")
+    assert recipecache.open_store(url_b, namespace=namespace).get("k") == b"store B's own"
+    again = recipecache.open_store(url_a, namespace=namespace)
+    assert again.get("k") == b"only in store A" and again.stats()["node_hits"] == 1
+
+
+@pytest.mark.parametrize("kind", ["filesystem", pytest.param("redis", marks=pytest.mark.redis)])
+def test_the_operator_tools_of_a_store_see_its_node_copies_and_no_others(kind: str, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         request: pytest.FixtureRequest) -> None:
+    """ls shows store B's node copies (a damaged one as bad), verify --fix removes a damaged one, clear removes
+    them; store A's copies in the same directory are none of B's tools' business."""
+    from recipecache.tools import admin
+
+    url_a, url_b = two_stores(kind, tmp_path, request)
+    namespace = "ns" + secrets.token_hex(4)
+    node = tmp_path / "node"
+    monkeypatch.setenv("RECIPECACHE_NODE_DIR", str(node))
+    a, b = recipecache.open_store(url_a, namespace=namespace), recipecache.open_store(url_b, namespace=namespace)
+    assert a.put("a-only", b"A" * 100) and b.put("k", b"B" * 100)
+    _flip_last_byte(node_copy(node, b, "k"))
+
+    listed = [(r.storage_key, r.node, r.reason) for r in admin.inspect_entries(b)]
+    assert sorted(listed, key=str) == sorted([(b.storage_key("k"), False, None),
+                                              (b.storage_key("k"), True, "corrupt")], key=str)
+    result = admin.verify(b, fix=True)
+    assert [(r.storage_key, r.node) for r in result.removed] == [(b.storage_key("k"), True)]
+    assert not node_copy(node, b, "k").exists() and b.get("k") == b"B" * 100, "fetched and copied again"
+    assert node_copy(node, b, "k").exists()
+
+    assert admin.clear(b) == 1
+    assert not node_copy(node, b, "k").exists(), "cleared with the store's entry"
+    assert node_copy(node, a, "a-only").exists()
+    assert [r.node for r in admin.inspect_entries(a)] == [False, True]

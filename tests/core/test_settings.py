@@ -87,6 +87,9 @@ def test_a_key_file_through_a_symlink_is_read(tmp_path: Path, monkeypatch: pytes
     ("url", "message"),
     [
         ("redis://h:6379/0?chunk_size=0", "positive whole number of bytes"),
+        # issue 44: redis-py read a database int() refuses as database 0, silently
+        ("redis://h:6379/²", "bad database '²': use a number from 0 to 2147483647 such as /0"),
+        ("redis+sentinel://h:26379/svc/²", "bad database '²'"),
         ("redis://h:6379/0?chunk_size=0.5", "not a whole number of bytes"),
         ("redis://h:6379/0?chunk_size=lots", "bad size"),
         ("redis://h:6379/0?ttl=nan", "positive, finite"),

@@ -1037,6 +1037,37 @@ def test_the_old_spelling_of_the_url_option_still_works_and_says_so(script: Path
     assert lines[1].startswith("recipecache-run: error: ")
 
 
+@pytest.mark.parametrize("argv", [["--url", "file:///x/a", "--cache", "file:///x/b"],
+                                  ["--cache", "file:///x/b", "--url", "file:///x/a"]])
+def test_the_url_and_its_old_spelling_both_given_is_bad_input(argv: list[str], script: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44: ``--url A --cache B`` used B, silently; which one the user meant is a guess."""
+    assert main([*argv, str(script)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "recipecache-run: error: --cache and --url both given: use --url only (see --help)"]
+
+
+@pytest.mark.parametrize(("argv", "environ", "named"), [
+    (["--run-dir", "/dev/null"], {}, "--run-dir /dev/null: it is a device, not a directory"),
+    # the report's own path is fine: the launcher's mkdir of the run directory was a traceback, after the checks
+    (["--run-dir", "/dev/null", "--report", "{tmp}/r.json"], {}, "--run-dir /dev/null: it is a device"),
+    (["--run-dir", "{tmp}/train.py/runs"], {}, "--run-dir {tmp}/train.py/runs: {tmp}/train.py is a regular file"),
+    ([], {"RECIPECACHE_RUN_DIR": "/dev/null"}, "RECIPECACHE_RUN_DIR /dev/null: it is a device"),
+])
+def test_a_run_dir_that_cannot_be_one_is_named_as_the_user_gave_it(argv: list[str], environ: dict[str, str],
+                                                                   named: str, script: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44: ``--run-dir /dev/null`` blamed RECIPECACHE_REPORT, a variable nobody set."""
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("RECIPECACHE_REPORT", raising=False)
+    assert main([arg.format(tmp=tmp_path) for arg in argv] + [str(script)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"recipecache-run: error: {named.format(tmp=tmp_path)}"), lines
+    assert "RECIPECACHE_REPORT" not in lines[0]
+
+
 def test_torchruns_options_with_values_it_takes_pass_the_check(script: Path) -> None:
     argv = ["--nnodes", "1:2", "--max-restarts", "3", "--monitor-interval", "0.5", "-t", "3", "--redirects", "0:1,1:2",
             "--rdzv-conf", "timeout=30,is_host=1", "--master-port", "29500", "--start-method", "fork", str(script)]

@@ -703,15 +703,28 @@ def _overlapping(integration: Any) -> tuple[Any, Any]:
     return leader, waiter
 
 
-def _defer_busy_forward(waiter: Any, meanwhile: Callable[[], object] = lambda: None) -> tuple[Any, Any, bool]:
-    """The waiter's compile of the forward (on this thread): its lookup finds it busy without waiting, then
-    (after ``meanwhile``) torch's compile is deferred. The Deferred, the output strides reported to AOTAutograd,
-    and whether AOTAutograd's backward stage then compiles the backward at once (asked twice: once only)."""
+def _forward_graph(*outputs: Callable[[Any], Any]) -> tuple[Any, list[Any]]:
+    """A forward as AOTAutograd hands it to inductor: an FX graph (each output's value in its meta) of one input of
+    shape (4, 3) returning ``outputs`` of it, and its example inputs."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(4, 3)
+    return make_fx(lambda t: tuple(out(t) for out in outputs), tracing_mode="fake")(x), [x]
+
+
+def _defer_busy_forward(waiter: Any, meanwhile: Callable[[], object] = lambda: None,
+                        forward: tuple[Any, list[Any]] | None = None) -> tuple[Any, Any, bool]:
+    """The waiter's compile of ``forward`` (default: a graph of one output) on this thread: its lookup finds it busy
+    without waiting, then (after ``meanwhile``) torch's compile is deferred. The Deferred, the output strides
+    reported to AOTAutograd, and whether AOTAutograd's backward stage then compiles the backward at once (asked
+    twice: once only)."""
+    gm, example_inputs = forward or _forward_graph(lambda t: t * 2)
     with _compiling_a_forward() as context, waiter.may_defer({}):
         assert _lookup(waiter, lambda graph: True) is None
         assert waiter.attempt.flight.role == "busy", "the waiter did not wait in its lookup"
         meanwhile()
-        deferred = waiter.defer((None, []), {})
+        deferred = waiter.defer((gm, example_inputs), {})
         ahead = waiter.backward_now()
         assert not waiter.backward_now()
         return deferred, list(context.output_strides), ahead
@@ -762,6 +775,46 @@ def test_overlap_a_forward_whose_leader_is_gone_before_lowering_it_is_waited_for
     loads: list[str] = []
     assert waiter.waiting_graph(deferred, _reload_counting(waiter, loads))([0]) == ("compiled", 1)
     assert loads == ["leader"], "waited for in the compile: taken over there"
+
+
+def _forge_strides(leader: Any, strides: list[Any]) -> None:
+    """What anybody may write into an unsigned store: a record of the forward's output strides, in the right form,
+    under the right key, published before the leader's own."""
+    from recipecache.torch_integration.graphs import output_strides
+
+    name = leader.attempt.strides_flight.key
+    leader.store.put(name, output_strides.record(name.removesuffix(":output-strides"), strides))
+
+
+@pytest.mark.parametrize("strides", [
+    [["0", "0"], ["0", "0"]],  # plausible, and the layout of neither output: two elements on one address
+    [["3", "1"]],  # one output short
+    [["3", "1"], ["__import__('os').getpid()", "3"]],  # code, which torch's evaluator would run
+    [["3", "1"], ["1", "s9"]],  # a symbol that is not the graph's
+    [["3", "1"], ["1", "1_0"]],  # no number by the one rule
+], ids=["zeros", "short", "code", "foreign-symbol", "underscore"])
+def test_overlap_a_forged_strides_record_is_a_counted_fallback_never_handed_to_torch(integration: Any,
+                                                                                   strides: list[Any]) -> None:
+    """Issue 44: the record was checked for its type only; an all-"0" one compiled the backward for a layout the
+    forward's outputs do not have (the step then stopped on torch's stride assertion), and torch evaluates its
+    strings. Refused, the waiter waits for the graph in its compile (as without overlap), and says so once."""
+    leader, waiter = _overlapping(integration)
+    _forge_strides(leader, strides)
+    forward = _forward_graph(lambda t: t * 2, lambda t: t.t())
+    deferred, reported, ahead = _defer_busy_forward(waiter, forward=forward)
+    assert deferred.later is False and reported == [] and not ahead, "the forged strides reached AOTAutograd"
+    assert waiter.metrics.snapshot()["fallbacks"] == {"bad_artifact": 1}
+    assert waiter.store.stats()["by_kind"]["strides"] == {"hit": 0, "miss": 1, "put": 0}
+    leader.end_attempt()
+
+
+def test_overlap_strides_that_fit_the_graph_reach_aotautograd(integration: Any) -> None:
+    leader, waiter = _overlapping(integration)
+    _forge_strides(leader, [["3", "1"], ["1", "3"]])  # the layouts the two outputs have (a transpose's too)
+    deferred, reported, _ahead = _defer_busy_forward(waiter, forward=_forward_graph(lambda t: t * 2, lambda t: t.t()))
+    assert deferred.later is True and reported == [(3, 1), (1, 3)]
+    assert "fallbacks" not in waiter.metrics.snapshot() or not waiter.metrics.snapshot()["fallbacks"]
+    leader.end_attempt()
 
 
 def test_overlap_a_busy_backward_is_waited_for_at_its_first_call_and_loads_the_leaders_graph(integration: Any) -> None:

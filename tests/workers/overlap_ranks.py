@@ -1,6 +1,6 @@
 """Two tensor-parallel ranks whose cold compiles must overlap: rank 0 leads the forward, rank 1 the backward.
 
-usage: overlap_ranks.py OUT_DIR [--steps N] [--sync]
+usage: overlap_ranks.py OUT_DIR [--steps N] [--sync [--forge zeros|short]]
 
 2 ranks, gloo, a tp=2 mesh, a tiny MLP parallelised colwise/rowwise (its compiled graphs carry
 all_reduce), ``torch.compile``, SGD. Rank 0 writes both ranks' losses (hex floats: compared bit
@@ -11,6 +11,12 @@ rank 1 starts only once rank 0 has lowered the forward (so rank 0 holds the forw
 rank 1 finds it busy), and rank 0's forward compile then goes on only once rank 1 has lowered
 the backward: with overlap rank 1 leads the backward meanwhile; without it rank 1 waits for
 the forward, so rank 0 waits in vain until :data:`GIVE_UP_S` and writes ``overlapped`` false.
+
+``--forge`` (with ``--sync``): once rank 0 has published the forward's output strides, it replaces
+them in the (unsigned) store with a plausible wrong record, as anybody who may write the store
+could: every stride ``0`` (``zeros``), or one output short (``short``). Rank 1 must refuse it (a
+counted fallback: it waits for the forward in its compile), so rank 0 does not wait for rank 1's
+backward.
 """
 
 from __future__ import annotations
@@ -37,7 +43,24 @@ def _wait_for(path: Path) -> bool:
     return True
 
 
-def _order_compiles(out: Path, rank: int) -> None:
+def _forge_strides(how: str) -> None:
+    """Replace the output strides record this rank published with a forged one of the same form."""
+    from recipecache.torch_integration import _session
+    from recipecache.tools import admin
+
+    store = _session.store
+    assert store is not None
+    (entry,) = [r for r in admin.inspect_entries(store)
+                if r.header and r.header.meta.get("kind") == "output_strides" and not r.node]  # the entry, not a copy
+    assert entry.header is not None
+    name = entry.header.key
+    record = json.loads(bytes(store.get(name, trace=False) or b"{}"))
+    strides = record["strides"]
+    forged = [None if s is None else ["0"] * len(s) for s in strides] if how == "zeros" else strides[:-1]
+    store.put(name, json.dumps({**record, "strides": forged}).encode(), trace=False, meta={"kind": "output_strides"})
+
+
+def _order_compiles(out: Path, rank: int, forge: str | None) -> None:
     """Wrap the point where inductor has lowered a graph (after recipecache's own hook there)."""
     from torch._inductor import compile_fx
 
@@ -48,6 +71,10 @@ def _order_compiles(out: Path, rank: int) -> None:
         context = torch._guards.TracingContext.try_get()
         forward = context is not None and context.output_strides is not None
         if rank == 0 and forward:
+            if forge:
+                _forge_strides(forge)
+                (out / "leader-lowered").touch()
+                return  # rank 1 refuses the record and waits for this forward: nothing to wait for here
             (out / "leader-lowered").touch()
             overlapped = _wait_for(out / "backward-lowered")
             (out / "overlapped.json").write_text(json.dumps(overlapped))
@@ -62,6 +89,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--sync", action="store_true")
+    parser.add_argument("--forge", choices=("zeros", "short"))
     args = parser.parse_args()
     out = Path(args.out)
 
@@ -77,7 +105,7 @@ def main() -> None:
     compiled = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if args.sync:
-        _order_compiles(out, rank)
+        _order_compiles(out, rank, args.forge)
         if rank == 1 and not _wait_for(out / "leader-lowered"):
             raise SystemExit("rank 0 never lowered the forward")
     losses: list[str] = []

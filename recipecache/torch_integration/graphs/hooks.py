@@ -48,7 +48,6 @@ the patch table that installs them, and the backend classes torch builds, are :m
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import pickle
@@ -69,7 +68,7 @@ from ...store import Flight, Store
 from .. import deferral, describe, host_cpu, rank_binding
 from ..artifact import Artifact, ArtifactError, Entry, collect, install, torch_pickle
 from ..metrics import Metrics
-from . import pgo
+from . import output_strides, pgo
 from .isa_probes import IsaProbes
 
 if TYPE_CHECKING:
@@ -437,7 +436,7 @@ class Integration:
         if self.no_stall is not None:
             deferred = self.no_stall.intercept(flight, attempt.what, args, kwargs)
         elif flight is not None and flight.role is Role.BUSY:
-            deferred = self._overlap(flight, args[1])
+            deferred = self._overlap(flight, args[0], args[1])
         else:
             return None
         if deferred is not None and flight is not None:
@@ -446,21 +445,22 @@ class Integration:
             attempt.flight = None
         return deferred
 
-    def _overlap(self, flight: Flight, example_inputs: list[Any]) -> deferral.Deferred:
+    def _overlap(self, flight: Flight, gm: Any, example_inputs: list[Any]) -> deferral.Deferred:
         """Another process compiles this graph: wait for it at the graph's first call (:class:`WaitingGraph`).
 
         A forward's compile reports its output strides to AOTAutograd, which compiles the backward
         for saved activations of those strides (inductor may lay them out otherwise than eager):
         the backward's code and key depend on them. So for a forward this waits for the strides
         its leader publishes once inductor lowered the graph (seconds, before its kernels are
-        built: :meth:`lowered`) and reports them as torch's own load would. Without them (the
-        leader died or gave up before, the record was unreadable) the Deferred says to wait now:
+        built: :meth:`lowered`) and reports them as torch's own load would, once they passed
+        :func:`.output_strides.check` (torch evaluates them: they are code). Without them (the
+        leader died or gave up before, the record was refused) the Deferred says to wait now:
         the compile waits for the graph itself, as without overlap.
         """
         deferred = deferral.Deferred.here(flight.key, self.attempt.what)
         if not _output_strides_wanted():
             return deferred
-        strides = self._leader_strides(flight.key)
+        strides = self._leader_strides(flight.key, gm, example_inputs)
         if strides is None:
             deferred.later = False
             return deferred
@@ -493,23 +493,22 @@ class Integration:
         else:  # published already (an earlier job, the same graph), or another process leads it: nothing to do
             flight.release()
 
-    def _leader_strides(self, key: str) -> list[list[str] | None] | None:
-        """The output strides of forward ``key`` as its leader published them (torch's strings), or None (counted
-        where the store counts it: its wait timed out or failed; or we became its leader: the forward's leader has
-        not taken it, which this process does not wait for)."""
+    def _leader_strides(self, key: str, gm: Any, example_inputs: list[Any]) -> output_strides.Strides | None:
+        """The output strides of forward ``key`` (FX graph ``gm`` on ``example_inputs``) as its leader published them
+        (torch's strings), or None: counted where the store counts it (its wait timed out or failed; or we became its
+        leader: the forward's leader has not taken it, which this process does not wait for), or as a fallback here
+        (a record that does not fit this graph, a hit the store counted turned into a miss)."""
         flight = self.store.begin(_strides_key(key), wait_timeout=self.wait_timeout, trace=False, kind="strides")
         data = flight.data
         flight.release()
         if data is None:
             return None
-        try:
-            strides = json.loads(bytes(data))
-        except ValueError:
-            strides = None
-        if not isinstance(strides, list) or not all(
-            s is None or (isinstance(s, list) and all(isinstance(e, str) for e in s)) for s in strides
-        ):
-            self.metrics.fallback(Reason.BAD_ARTIFACT, f"{key}: unreadable output strides; waiting for the graph")
+        strides = output_strides.check(bytes(data), key, output_strides.graph_outputs(gm), example_inputs)
+        if isinstance(strides, str):
+            self.store.record_unused_hit(_strides_key(key), Reason.BAD_ARTIFACT, kind="strides", trace=False)
+            self.metrics.fallback(
+                Reason.BAD_ARTIFACT, f"{key}: output strides refused ({strides}); waiting for the graph"
+            )
             return None
         return strides
 
@@ -533,7 +532,8 @@ class Integration:
         attempt.strides_flight = None
         with self._lock:
             self._flights.pop(id(flight), None)
-        flight.publish(json.dumps(strides).encode(), meta={"kind": KIND_NAMES["strides"]})
+        forward = flight.key.removesuffix(STRIDES_SUFFIX)
+        flight.publish(output_strides.record(forward, strides), meta={"kind": KIND_NAMES["strides"]})
 
     @contextmanager
     def may_defer(self, graph_kwargs: dict[str, Any]) -> Iterator[None]:
@@ -942,9 +942,13 @@ def _output_strides_wanted() -> bool:
     return context is not None and context.output_strides is not None
 
 
+#: what the store key of a forward's output strides adds to the forward's
+STRIDES_SUFFIX = ":output-strides"
+
+
 def _strides_key(key: str) -> str:
     """Store key of the output strides of the forward stored under ``key``."""
-    return f"{key}:output-strides"
+    return key + STRIDES_SUFFIX
 
 
 def _lower_this_threads_priority() -> None:

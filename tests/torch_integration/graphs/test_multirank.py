@@ -265,23 +265,47 @@ def test_ranks_writing_pgo_decisions_at_once_lose_none_and_decide_alike(tmp_path
 
 
 OVERLAP_WORKER = WORKERS / "overlap_ranks.py"
+#: the overlap jobs' environment: one compile thread, one OMP thread (2 ranks on a busy 2-core machine)
+OVERLAP_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
-def test_a_rank_whose_forward_another_compiles_compiles_the_backward_meanwhile(tmp_path: Path) -> None:
-    """Overlap: rank 1 finds the forward's lease held by rank 0, leaves that graph for its first call and leads the
-    backward while rank 0 still compiles the forward (the worker holds rank 0's forward compile until rank 1 has
-    lowered the backward: without overlap rank 1 waits for the forward instead, and rank 0 gives up waiting).
-    Each graph is compiled once, by a different rank; losses equal plain torchrun's bit for bit."""
-    env = _env_without_recipecache() | {"TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+def _overlap_job(tmp_path: Path, *worker_args: str) -> tuple[Path, Path]:
+    """The overlap worker under recipecache-run (2 ranks, a fresh file store) with ``worker_args``; its run
+    directory and output directory, once it succeeded."""
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "launcher.main", "--nproc", "2", "--url", f"file://{tmp_path / 'store'}",
          "--namespace", "overlap", "--run-dir", str(run_dir), "--rank-dirs", str(tmp_path / "dirs"),
-         str(OVERLAP_WORKER), str(out), "--sync"],
-        check=False, capture_output=True, text=True, env=env, timeout=900,
+         str(OVERLAP_WORKER), str(out), *worker_args],
+        check=False, capture_output=True, text=True, env=_env_without_recipecache() | OVERLAP_ENV, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run_dir, out
+
+
+@pytest.fixture(scope="module")
+def plain_overlap_losses(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
+    """Both ranks' losses of the overlap worker under plain torchrun (no recipecache)."""
+    plain = tmp_path_factory.mktemp("plain")
+    (plain / "tmp").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(OVERLAP_WORKER), str(plain)],
+        check=False, capture_output=True, text=True, timeout=900,
+        env=_env_without_recipecache() | OVERLAP_ENV | {"TMPDIR": str(plain / "tmp"),
+                                                         "TORCHINDUCTOR_CACHE_DIR": str(plain / "inductor")},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((plain / "losses.json").read_text())
+
+
+def test_a_rank_whose_forward_another_compiles_compiles_the_backward_meanwhile(
+        tmp_path: Path, plain_overlap_losses: list[list[str]]) -> None:
+    """Overlap: rank 1 finds the forward's lease held by rank 0, leaves that graph for its first call and leads the
+    backward while rank 0 still compiles the forward (the worker holds rank 0's forward compile until rank 1 has
+    lowered the backward: without overlap rank 1 waits for the forward instead, and rank 0 gives up waiting).
+    Each graph is compiled once, by a different rank; losses equal plain torchrun's bit for bit."""
+    run_dir, out = _overlap_job(tmp_path, "--sync")
     assert json.loads((out / "overlapped.json").read_text()) is True, "rank 1 did not lead the backward meanwhile"
     events = list(read_events(run_dir / "events"))
     compiles = {e["rank"]: e for e in events if e["event"] == "compile"}
@@ -293,13 +317,17 @@ def test_a_rank_whose_forward_another_compiles_compiles_the_backward_meanwhile(t
     # each rank saved its AOTAutograd entry once the graph it waited for was loaded (a fresh rank skips the trace)
     metrics = [json.loads((run_dir / f"metrics-rank{rank}.json").read_text()) for rank in range(2)]
     assert [m["store"]["by_kind"]["aot"]["put"] for m in metrics] == [1, 1], [m["store"]["by_kind"] for m in metrics]
+    assert json.loads((out / "losses.json").read_text()) == plain_overlap_losses
 
-    plain = tmp_path / "plain"
-    (plain / "tmp").mkdir(parents=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(OVERLAP_WORKER), str(plain)],
-        check=False, capture_output=True, text=True, timeout=900,
-        env=env | {"TMPDIR": str(plain / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(plain / "inductor")},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads((out / "losses.json").read_text()) == json.loads((plain / "losses.json").read_text())
+
+@pytest.mark.parametrize("forge", ["zeros", "short"])
+def test_a_forged_output_strides_record_is_a_counted_fallback_and_the_losses_stand(
+        tmp_path: Path, forge: str, plain_overlap_losses: list[list[str]]) -> None:
+    """Issue 44: the record a waiting rank hands to AOTAutograd was checked for its type only. Rank 0 leads the
+    forward and replaces the strides it published in the unsigned store with every stride "0" (the step then
+    stopped on torch's stride assertion) or one output short; rank 1 refuses the record (one counted fallback),
+    waits for the forward in its compile, and the job's losses are plain torchrun's bit for bit."""
+    run_dir, out = _overlap_job(tmp_path, "--sync", "--forge", forge)
+    metrics = [json.loads((run_dir / f"metrics-rank{rank}.json").read_text()) for rank in range(2)]
+    assert metrics[1]["fallbacks"] == {"bad_artifact": 1}, metrics[1]["fallbacks"]
+    assert json.loads((out / "losses.json").read_text()) == plain_overlap_losses
