@@ -74,3 +74,22 @@ def test_a_program_cold_then_fresh_on_the_graph_store_and_the_tier(name: str, tm
         assert not broken, f"{tag}: {broken}\n" + "\n".join(jobs[tag].fallback_details)
     for tag, job in jobs.items():
         assert job.losses == cold.losses, f"{tag}'s losses differ from store-cold's"
+
+
+def test_precompile_and_no_stall_together_build_the_tier_for_the_next_job(tmp_path: Path) -> None:
+    """``--precompile --no-stall`` (the benchmark's ``both``): the tier's builds compiled their graphs through
+    no-stall, whose stand-in torch's ``aot_compile`` cannot bundle, so every function failed to precompile
+    (``precompile_failed``, "expected OutputCode") and no fresh job ever loaded a precompiled artifact. A build
+    compiles its graphs itself now; the next job loads the tier's artifacts and compiles nothing."""
+    program = PROGRAMS["accelerate_lm"]
+    jobs = {}
+    for tag in ("both-cold", "both-fresh"):
+        job = run_job(program, "both", work=tmp_path, dirs=tmp_path / f"{tag}-dirs", store=tmp_path / "store", tag=tag)
+        assert job.exit_code == 0, job.describe()
+        jobs[tag] = job
+    for tag, job in jobs.items():
+        broken = {d: n for d, n in job.precompile_fallbacks.items() if d in BROKEN}
+        assert not broken, f"{tag}: {broken}\n" + "\n".join(job.fallback_details)
+    fresh = jobs["both-fresh"]
+    assert fresh.compiles == 0 and not fresh.report["no_stall"], fresh.report
+    assert all(m["lookups"]["precompiled"]["hit"] > 0 for m in fresh.metrics), [m["lookups"] for m in fresh.metrics]

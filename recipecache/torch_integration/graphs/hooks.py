@@ -430,9 +430,14 @@ class Integration:
         :meth:`..no_stall.controller.NoStall.intercept`; overlap: another process holds the lease (:meth:`_overlap`).
 
         A no-stall leader's lease goes with its background compile (released when that ends), not with this attempt.
+        A precompiled tier's build (``attempt.build_kernels`` set) is never deferred, as overlap leaves it:
+        torch's ``aot_compile`` bundles the compiled graph itself into the artifact, and a stand-in fails its build
+        (``precompile_failed`` on every function with ``--precompile --no-stall``, issue 43's corpus).
         """
         attempt = self.attempt
         flight = attempt.flight if attempt.key is not None else None
+        if attempt.build_kernels is not None:
+            return None
         if self.no_stall is not None:
             deferred = self.no_stall.intercept(flight, attempt.what, args, kwargs)
         elif flight is not None and flight.role is Role.BUSY:
