@@ -43,7 +43,7 @@ from .exit_watch import ExitWatch, FinishedRank, job_status, running_child, stat
 from .launch_config import DEFAULT_HPU_MAX_SIZE_MB, NO_STALL_SHARE_OF_GRACE, LaunchConfig, probe_store
 from .option_env import FallbackParser
 from .progress import Progress
-from .report import build_report, format_report, load_graphs, load_metrics, write_report
+from recipecache.runs.report import build_report, format_report, load_graphs, load_metrics, write_report
 from .torchrun_options import NPROC_PER_NODE, pass_through, refused
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from launcher import main as launcher_main
 from launcher.exit_watch import ExitWatch, FinishedRank, mark_finished, read_finished, running_child
 from launcher.launch_config import LaunchConfig, namespace_for
 from launcher.main import build_parser, main
-from launcher.report import build_report, format_report, load_metrics, write_report
+from recipecache.runs.report import build_report, format_report, load_metrics, write_report
 from launcher import torchrun_options
 from launcher.torchrun_options import REFUSED_REASONS
 from support.paths import REPO

@@ -1,5 +1,9 @@
 """One report for a whole job, aggregated from the per-rank metrics files.
 
+``recipecache-run`` prints it when its job ends, and ``recipecache report RUN_DIR`` prints it for a run
+directory that ranks of any launcher wrote (:mod:`recipecache.torch_integration.autoenable`), so it lives with the run analysis
+both can import.
+
 Pure functions over the metrics format of ``docs/DEVELOPING.md`` so they can be tested
 on synthetic files. A rank whose file is missing (it crashed, or was killed before it
 could write) or unreadable is listed as such, never silently dropped: a report that
@@ -43,10 +47,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from recipecache.fsutil import write_output_file
-from recipecache.reasons import Reason
-from recipecache.runs.events import Skipped, is_seconds, open_regular
-from recipecache.runs.explain import analyse_run
+from ..fsutil import write_output_file
+from ..reasons import Reason
+from .events import Skipped, is_seconds, open_regular
+from .explain import analyse_run
 
 log = logging.getLogger(__name__)
 
