@@ -24,7 +24,9 @@ from recipecache.errors import ConfigError
 from launcher import bootstrap
 from launcher import main as launcher_main
 from launcher.exit_watch import ExitWatch, FinishedRank, mark_finished, read_finished, running_child
-from launcher.launch_config import LaunchConfig, namespace_for
+from launcher.launch_config import LaunchConfig
+from recipecache.autoenable import use_rank_dirs
+from recipecache.settings import namespace_for
 from launcher.main import build_parser, main
 from recipecache.runs.report import build_report, format_report, load_metrics, write_report
 from launcher import torchrun_options
@@ -662,12 +664,12 @@ def test_exit_watch_waits_for_every_local_rank_then_the_grace(tmp_path: Path) ->
 
 def test_use_rank_dirs_gives_each_rank_its_own_dirs(tmp_path: Path) -> None:
     env = {"RECIPECACHE_RANK_DIRS": str(tmp_path), "RANK": "3"}
-    bootstrap.use_rank_dirs(env)
+    use_rank_dirs(env)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "rank3" / "inductor")
     assert env["TMPDIR"] == str(tmp_path / "rank3" / "tmp")
     assert Path(env["TMPDIR"]).is_dir()
     untouched = {"RANK": "0"}
-    bootstrap.use_rank_dirs(untouched)
+    use_rank_dirs(untouched)
     assert untouched == {"RANK": "0"}
 
 

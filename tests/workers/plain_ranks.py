@@ -1,0 +1,51 @@
+"""A training rank that knows nothing of recipecache: plain torch, as a user's script is before any change.
+
+It joins a gloo group the way any launcher's rank does (``init_process_group`` from the environment: RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT), compiles one tiny forward (one graph, one C++ kernel: seconds of
+compile, not minutes), runs it, and writes what torch itself counted to ``OUT/rank<R>.json``: the graph
+compiles its inductor ran (0 when the graph came from a cache) and whether the start-up hook enabled
+recipecache in it (``recipecache.torch_integration`` imported by then: the script never imports it).
+
+usage: plain_ranks.py OUT [--no-group]   (``--no-group``: compile without joining a group)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    grouped = "--no-group" not in sys.argv[2:]
+    if grouped:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if grouped else 0
+
+    @torch.compile(dynamic=False)
+    def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ w + 1.0).sum(dim=1)
+
+    torch.manual_seed(0)
+    result = step(torch.randn(4, 8), torch.randn(8, 8))
+    from torch._dynamo.utils import counters
+
+    report = {
+        "rank": rank,
+        "result": result.tolist(),
+        "inductor_compiles": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "enabled": "recipecache.torch_integration" in sys.modules,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+    if grouped:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
