@@ -5,7 +5,9 @@ with no change to the training script.
 How a process gets here: the package installs ``recipecache-autoenable.pth`` into site-packages (``setup.py``
 puts it at the root of the wheel, and of the editable wheel ``pip install -e`` builds). Python runs its one line
 in every process at start-up; the line compares one environment variable and imports nothing unless it is set,
-so a process without it pays nothing measurable (``benchmarks/startup_bench.py``).
+so a process without it pays nothing measurable (``benchmarks/startup_bench.py``). With it set, the line imports
+this module once (site may process site-packages twice: CPython 3.11 in a virtual environment does) and turns an
+import that fails into one warning line rather than site's traceback.
 
 With it set, :func:`start` only gives a rank its own torch cache directories when ``RECIPECACHE_RANK_DIRS`` asks
 (that must happen before torch is imported) and waits for torch: once torch is imported,
@@ -25,9 +27,7 @@ one warning, never an exception: the cache must not break a process.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
-import importlib.util
 import logging
 import os
 import re
@@ -39,8 +39,6 @@ from pathlib import Path
 
 from . import env
 from .errors import ConfigError
-from .node_tier import default_node_dir
-from .settings import default_threads, namespace_for
 
 log = logging.getLogger(__name__)
 # The hook's warnings reach stderr whether or not the process set up logging: the package's NullHandler would
@@ -147,6 +145,9 @@ def rank_environment(
     namespace (the script's name), the thread count (torchrun's choice, which enters torch's keys) and the node
     directory (recipecache-run's default; an empty ``RECIPECACHE_NODE_DIR`` keeps the node tier off).
     """
+    from .node_tier import default_node_dir  # the store's modules: only in a rank that enables
+    from .settings import default_threads, namespace_for
+
     directory = run_dir(environ, job)
     wanted = {
         "RANK": str(rank),
@@ -192,10 +193,12 @@ def warn(problem: object) -> None:
     log.warning("recipecache: warning: %s%s; this process runs without recipecache", where, problem)
 
 
-class _TorchWatch(importlib.abc.MetaPathFinder):
+class _TorchWatch:
     """Waits for ``import torch``, then has :mod:`recipecache.torch_integration.autoenable` wrap torch's entry
     points once torch's own import has finished. It finds nothing itself: it asks the finders after it for torch's
-    spec and only hooks the end of that loader's ``exec_module``, so torch is imported exactly as without it."""
+    spec and only hooks the end of that loader's ``exec_module``, so torch is imported exactly as without it.
+    (A meta path finder is any object with ``find_spec``: ``importlib.abc`` would cost every process the hook
+    runs in an import of ``importlib.resources``.)"""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
@@ -203,7 +206,10 @@ class _TorchWatch(importlib.abc.MetaPathFinder):
         if fullname != "torch":
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        spec = next(
+            filter(None, (f.find_spec(fullname, path, target) for f in sys.meta_path if hasattr(f, "find_spec"))),
+            None,
+        )
         loader = spec.loader if spec is not None else None
         if loader is None or not hasattr(loader, "exec_module"):
             return spec

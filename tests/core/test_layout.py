@@ -39,7 +39,7 @@ def test_the_folders_show_core_tools_and_run_analysis() -> None:
     assert {p.stem for p in (top / "tools").glob("*.py")} == {"__init__", "cli", "admin", "doctor"}
     assert {p.stem for p in (top / "runs").glob("*.py")} == {"__init__", "events", "keyinfo", "explain", "timeline", "report"}
     assert {p.stem for p in top.glob("*.py")} == {
-        "__init__", "_lazy", "argparsing", "buffers", "env", "envelope", "errors", "eventlog", "fsutil", "health", "keylog", "keys", "lease",
+        "__init__", "_lazy", "argparsing", "autoenable", "buffers", "env", "envelope", "errors", "eventlog", "fsutil", "health", "keylog", "keys", "lease",
         "node_tier", "parent_death", "reasons", "settings", "sizes", "stats", "store"}
 
 

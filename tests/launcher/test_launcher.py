@@ -253,6 +253,12 @@ def test_default_cache_and_run_dir(script: Path, tmp_path: Path, monkeypatch: py
     assert config_for(str(script)).url == "redis://cache:6379/0"
 
 
+def test_recipecache_run_enables_its_ranks_itself_not_the_start_up_hook(script: Path) -> None:
+    """An exported RECIPECACHE_ENABLE=1 would enable the ranks past --no-enable: recipecache-run decides."""
+    for argv in ([str(script)], ["--no-enable", str(script)]):
+        assert "RECIPECACHE_ENABLE" not in config_for(*argv).rank_env({"RECIPECACHE_ENABLE": "1"})
+
+
 def test_no_enable_drops_auto_enable(script: Path) -> None:
     env = config_for("--no-enable", str(script)).rank_env({"RECIPECACHE_AUTO_ENABLE": "1"})
     assert "RECIPECACHE_AUTO_ENABLE" not in env
