@@ -100,6 +100,9 @@ class Metrics:
         #: reason -> what its first fallback here said (the warning's text): the report says why, not only how often
         self._fallback_details: dict[str, str] = {}
         self._kernels = {"installed": 0, "shipped": 0}
+        #: the job's ranks when enable() ran: a framework may drop its variables before the last write at exit
+        #: (Lightning's teardown deletes ``WORLD_SIZE``)
+        self._world_size = process_world_size()
         #: what this rank's keys depend on that its launcher chose (:meth:`settings`)
         self._settings: dict[str, str | int | bool | None] = {}
         self._precompile_fallbacks: Counter[str] = Counter()
@@ -254,7 +257,7 @@ class Metrics:
                 "rank": process_rank(),
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
-                "world_size": process_world_size(),
+                "world_size": self._world_size,
                 "settings": dict(self._settings),
                 "wall_s": round(time.monotonic() - self._started, 6),
                 "enable": self._enable_record(),

@@ -6,8 +6,11 @@ of a script that knows nothing of recipecache (``tests/workers/plain_ranks.py``)
   MASTER_ADDR and MASTER_PORT set and no job identity, so rank 0 names the run directory through the group's store.
 
 For each: a cold job fills a fresh store, a fresh job (each rank its own empty torch caches) compiles nothing, and
-``recipecache report RUN_DIR --json`` gives the figures of the ranks' metrics files. The hook is installed as a
-wheel installs it (:mod:`support.hook_env`).
+``recipecache report RUN_DIR --json`` gives the figures of the ranks' metrics files. Then the same, fewer checks,
+with the frameworks' own launchers (``tests/workers/framework_ranks.py``, skipped without the framework):
+``accelerate launch`` and Lightning's DDP launcher (``python script.py``, which re-runs the script for rank 1;
+both ranks share one fresh torch cache per job there: the hook gives rank directories only to processes started
+as ranks). The hook is installed as a wheel installs it (:mod:`support.hook_env`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from support.redis_server import free_port
 pytestmark = [pytest.mark.multirank, pytest.mark.torch, pytest.mark.timeout(1800)]
 
 WORKER = WORKERS / "plain_ranks.py"
+FRAMEWORK_WORKER = WORKERS / "framework_ranks.py"
 RANKS = 2
 #: a hang guard for one job (a cold one compiles one tiny graph on each of 2 loaded cores)
 JOB_TIMEOUT_S = 900
@@ -184,3 +188,37 @@ def test_a_process_that_is_no_rank_is_left_alone(python: Path, tmp_path: Path) -
     assert json.loads((tmp_path / "out" / "rank0.json").read_text())["enabled"] is False
     assert not (tmp_path / "runs").exists() and not (tmp_path / "store").exists()
     assert "recipecache" not in proc.stderr
+
+
+def framework_job(python: Path, tmp: Path, framework: str, name: str, store: str) -> Job:
+    runs, out = tmp / f"{name}-runs", tmp / f"{name}-out"
+    local = tmp / f"{name}-local"
+    (local / "tmp").mkdir(parents=True)
+    environ = hook_environ(RECIPECACHE_ENABLE="1", RECIPECACHE_URL=store, RECIPECACHE_RUNS_DIR=str(runs),
+                           TORCHINDUCTOR_CACHE_DIR=str(local / "inductor"), TMPDIR=str(local / "tmp"),
+                           RECIPECACHE_RANK_DIRS=str(tmp / f"{name}-dirs"))
+    if framework == "accelerate":  # its multi-process launch is torchrun's (no --multi_gpu: one process on a CPU)
+        argv = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(RANKS), "--num_machines",
+                "1", "--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no"]
+    else:
+        argv = []
+    proc = subprocess.run([str(python), *argv, str(FRAMEWORK_WORKER), framework, str(out)], capture_output=True,
+                          text=True, env=environ, cwd=tmp, timeout=JOB_TIMEOUT_S, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return finish(only_run_dir(runs), out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["accelerate", "lightning"])
+def test_a_frameworks_own_launcher(python: Path, tmp_path: Path, framework: str) -> None:
+    pytest.importorskip({"accelerate": "accelerate", "lightning": "pytorch_lightning"}[framework])
+    store = f"file://{tmp_path / 'store'}"
+    cold = framework_job(python, tmp_path, framework, "cold", store)
+    warm = framework_job(python, tmp_path, framework, "warm", store)
+    for job in (cold, warm):
+        assert all(rank["enabled"] for rank in job.ranks), job.ranks
+        assert job.report["expected_ranks"] == list(range(RANKS)) and job.report["missing_ranks"] == []
+        assert job.report["total"]["settings_differ"] == {}
+    assert cold.report["total"]["compiles"] >= 1 and cold.report["total"]["puts"] >= 1
+    assert warm.report["total"]["compiles"] == 0 and warm.report["total"]["hits"] >= 1
+    assert [rank["result"] for rank in warm.ranks] == [rank["result"] for rank in cold.ranks]
