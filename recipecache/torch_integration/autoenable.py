@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
+import multiprocessing
 import os
 import sys
 import threading
@@ -116,6 +117,8 @@ def _enable_if_rank() -> bool:
 
     environ = os.environ
     grouped = dist.is_available() and dist.is_initialized()
+    if not grouped and multiprocessing.parent_process() is not None:
+        return False  # a rank's worker (a DataLoader's, an evaluation's) inherits its rank; it is one if it joins
     rank = dist.get_rank() if grouped else hook.global_rank(environ)
     if rank is None:
         return False

@@ -190,6 +190,24 @@ def test_a_process_that_is_no_rank_is_left_alone(python: Path, tmp_path: Path) -
     assert "recipecache" not in proc.stderr
 
 
+def test_a_rank_enables_at_its_first_compile_and_its_workers_stay_out(python: Path, tmp_path: Path) -> None:
+    """A global rank and a job identity in the environment: enabled at the first torch.compile, before any group
+    (the run directory is named without one); a multiprocessing child that inherits the rank and compiles too is
+    no rank of its own, and writes no rank's metrics."""
+    out = tmp_path / "out"
+    out.mkdir()
+    environ = hook_environ(RECIPECACHE_ENABLE="1", RECIPECACHE_URL=f"file://{tmp_path / 'store'}",
+                           RECIPECACHE_RUNS_DIR=str(tmp_path / "runs"), RANK="0", WORLD_SIZE="1",
+                           TORCHELASTIC_RUN_ID="job-7", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    proc = subprocess.run([str(python), str(WORKERS / "compile_first.py"), str(out)], capture_output=True, text=True,
+                          env=environ, cwd=tmp_path, timeout=JOB_TIMEOUT_S, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "rank.json").read_text()) == {"enabled": True}
+    assert json.loads((out / "child.json").read_text()) == {"enabled": False}
+    metrics = json.loads((tmp_path / "runs" / "torchelastic-job-7" / "metrics-rank0.json").read_text())
+    assert metrics["world_size"] == 1 and metrics["settings"]["namespace"] == "compile_first"
+
+
 def framework_job(python: Path, tmp: Path, framework: str, name: str, store: str) -> Job:
     runs, out = tmp / f"{name}-runs", tmp / f"{name}-out"
     local = tmp / f"{name}-local"
