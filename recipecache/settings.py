@@ -34,8 +34,8 @@ MIN_SECRET_BYTES = 16
 #: largest key file read: a key is a few dozen bytes, and a path naming something endless (``/dev/zero``,
 #: a log) must not be read until memory runs out
 MAX_SECRET_FILE_BYTES = 64 * 1024
-#: the on/off variables a rank reads (:func:`recipecache.env.switch`)
-RANK_SWITCHES = (env.PRECOMPILE, env.NO_STALL, env.PREWARM, env.METRICS_FLUSH)
+#: the on/off variables a rank reads (:func:`recipecache.env.switch`; ``RECIPECACHE_ENABLE`` the start-up hook)
+RANK_SWITCHES = (env.PRECOMPILE, env.NO_STALL, env.PREWARM, env.METRICS_FLUSH, env.ENABLE)
 
 
 def resolve_url(url: str | None = None) -> str:
