@@ -206,20 +206,24 @@ class _TorchWatch:
         if fullname != "torch":
             return None
         sys.meta_path.remove(self)
-        spec = next(
-            filter(None, (f.find_spec(fullname, path, target) for f in sys.meta_path if hasattr(f, "find_spec"))),
-            None,
-        )
-        loader = spec.loader if spec is not None else None
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        original = loader.exec_module
+        try:
+            spec = next(
+                filter(None, (f.find_spec(fullname, path, target) for f in sys.meta_path if hasattr(f, "find_spec"))),
+                None,
+            )
+            loader = spec.loader if spec is not None else None
+            if loader is None or not hasattr(loader, "exec_module"):
+                return spec
+            original = loader.exec_module
 
-        def exec_module(module: types.ModuleType) -> None:
-            original(module)
-            torch_imported(module)
+            def exec_module(module: types.ModuleType) -> None:
+                original(module)
+                torch_imported(module)
 
-        loader.exec_module = exec_module  # type: ignore[method-assign]  # this one loader, of torch's spec only
+            loader.exec_module = exec_module  # type: ignore[method-assign]  # this one loader, of torch's spec only
+        except Exception as exc:  # noqa: BLE001 - the hook never breaks a process: torch is found as without it
+            warn(f"{env.ENABLE}=1, but the import of torch cannot be followed ({exc!r})")
+            return None
         return spec
 
 

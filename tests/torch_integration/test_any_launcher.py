@@ -10,7 +10,10 @@ For each: a cold job fills a fresh store, a fresh job (each rank its own empty t
 with the frameworks' own launchers (``tests/workers/framework_ranks.py``, skipped without the framework):
 ``accelerate launch`` and Lightning's DDP launcher (``python script.py``, which re-runs the script for rank 1;
 both ranks share one fresh torch cache per job there: the hook gives rank directories only to processes started
-as ranks). The hook is installed as a wheel installs it (:mod:`support.hook_env`).
+as ranks). And with one process (``tests/workers/compile_first.py``, the eager backend: no compile to wait for):
+a rank enables at its first ``torch.compile`` when its launcher names the job, and neither a process that is no
+rank nor a rank's multiprocessing child enables. The hook is installed as a wheel installs it
+(:mod:`support.hook_env`).
 """
 
 from __future__ import annotations
@@ -179,13 +182,16 @@ def kinds_unordered(line: str) -> str | frozenset[str]:
 
 
 def test_a_process_that_is_no_rank_is_left_alone(python: Path, tmp_path: Path) -> None:
-    """A script that compiles without joining a group nor having a rank: nothing enabled, no run directory."""
+    """A script that compiles without a rank nor a group (and its multiprocessing child): nothing enabled, no run
+    directory, no store, not a word from recipecache."""
+    out = tmp_path / "out"
+    out.mkdir()
     environ = hook_environ(RECIPECACHE_ENABLE="1", RECIPECACHE_URL=f"file://{tmp_path / 'store'}",
                            RECIPECACHE_RUNS_DIR=str(tmp_path / "runs"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ind"))
-    proc = subprocess.run([str(python), str(WORKER), str(tmp_path / "out"), "--no-group"], capture_output=True,
-                          text=True, env=environ, cwd=tmp_path, timeout=JOB_TIMEOUT_S, check=False)
+    proc = subprocess.run([str(python), str(WORKERS / "compile_first.py"), str(out)], capture_output=True, text=True,
+                          env=environ, cwd=tmp_path, timeout=JOB_TIMEOUT_S, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((tmp_path / "out" / "rank0.json").read_text())["enabled"] is False
+    assert [json.loads((out / f"{who}.json").read_text()) for who in ("rank", "child")] == [{"enabled": False}] * 2
     assert not (tmp_path / "runs").exists() and not (tmp_path / "store").exists()
     assert "recipecache" not in proc.stderr
 

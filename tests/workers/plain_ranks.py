@@ -5,7 +5,7 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT), compiles one tiny forward (one graph, one
 compile, not minutes), runs it, and writes to ``OUT/rank<R>.json`` its result and whether the start-up hook enabled
 recipecache in it (torch's FX graphs go to a remote cache, which only recipecache's enable() sets here).
 
-usage: plain_ranks.py OUT [--no-group]   (``--no-group``: compile without joining a group)
+usage: plain_ranks.py OUT
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ import torch.distributed as dist
 
 def main() -> None:
     out = Path(sys.argv[1])
-    grouped = "--no-group" not in sys.argv[2:]
-    if grouped:
-        dist.init_process_group("gloo")
-    rank = dist.get_rank() if grouped else 0
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
 
     @torch.compile(dynamic=False)
     def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -38,9 +36,8 @@ def main() -> None:
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(report))
-    if grouped:
-        dist.barrier()
-        dist.destroy_process_group()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
