@@ -32,7 +32,9 @@ def make_hook_env(directory: Path) -> Path:
             check=True, capture_output=True, text=True, timeout=120,
         ).stdout.strip()
     )
-    (purelib / "0-base-environment.pth").write_text("".join(f"{path}\n" for path in site.getsitepackages()))
+    # this environment's site-packages and those it sees beyond them (a --system-site-packages one's)
+    base = dict.fromkeys([*site.getsitepackages(), *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))])
+    (purelib / "0-base-environment.pth").write_text("".join(f"{path}\n" for path in base))
     (purelib / HOOK_PTH.name).write_bytes(HOOK_PTH.read_bytes())
     return python
 
