@@ -123,13 +123,13 @@ def _enable_if_rank() -> bool:
     if rank is None:
         return False
     name = hook.job_name(environ)
-    if name is None:
+    if name is None and not environ.get(env.RUN_DIR):  # a run directory given by name needs no agreement
         if not grouped:
             return False
         name = agreed_job_name(dist, hook.fallback_job_name(environ))
     world = dist.get_world_size() if grouped else (hook.world_size(environ) or 1)
     settings = hook.rank_environment(
-        environ, rank=rank, world=world, job=name, script=sys.argv[0] if sys.argv else None
+        environ, rank=rank, world=world, job=name or "", script=sys.argv[0] if sys.argv else None
     )
     environ.update(settings)
     if "OMP_NUM_THREADS" in settings:  # torch read it at import; the count enters its cache keys
