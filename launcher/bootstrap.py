@@ -8,8 +8,8 @@ the script finished (:mod:`launcher.exit_watch`), so the launcher can end a rank
 hangs on its way out and still report it.
 
 ``RECIPECACHE_RANK_DIRS=DIR`` gives this rank its own ``TORCHINDUCTOR_CACHE_DIR`` and
-``TMPDIR`` under ``DIR/rank<RANK>``, so ranks on one machine cannot share through torch's
-local caches, as if each ran on its own node. It must happen here, before torch is
+``TMPDIR`` under ``DIR/rank<RANK>`` (:func:`recipecache.autoenable.use_rank_dirs`), so ranks on one machine
+cannot share through torch's local caches, as if each ran on its own node. It must happen here, before torch is
 imported, because inductor and ``tempfile`` read those variables once.
 """
 
@@ -26,6 +26,7 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 from recipecache import env, quantities
+from recipecache.autoenable import use_rank_dirs
 from recipecache.errors import ConfigError
 from recipecache.parent_death import die_with_parent, parent_of
 from recipecache.torch_integration import write_metrics
@@ -48,26 +49,6 @@ def end_with_agent(environ: MutableMapping[str, str]) -> None:
     launcher = quantities.whole(environ.get(env.LAUNCHER_PID, ""), 1, 2**31 - 1)
     if die_with_parent(signal.SIGKILL, agent) and launcher is not None and parent_of(agent) != launcher:
         os._exit(1)
-
-
-def use_rank_dirs(environ: MutableMapping[str, str]) -> None:
-    """Point this rank's torch caches and temp files at ``$RECIPECACHE_RANK_DIRS/rank<RANK>``."""
-    base = environ.get(env.RANK_DIRS)
-    if not base:
-        return
-    rank_dir = Path(base) / f"rank{environ.get('RANK', '0')}"
-    for name, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TMPDIR", "tmp")):
-        path = rank_dir / sub
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # bad input: one line and status 2, as a setting enable() refuses
-            print(
-                f"recipecache: error: rank {env.process_rank(environ)}: {env.RANK_DIRS}={base!r}: cannot create "
-                f"{path}: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
-            sys.exit(2)
-        environ[name] = str(path)
 
 
 def freeze_imports() -> None:
@@ -116,7 +97,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not argv:
         sys.exit("usage: python -m launcher.bootstrap script [args]  (recipecache-run starts this in each rank)")
     script = argv[0]
-    use_rank_dirs(os.environ)
+    try:
+        use_rank_dirs(os.environ)
+    except ConfigError as exc:  # bad input: one line and status 2, as a setting enable() refuses
+        print(f"recipecache: error: rank {env.process_rank()}: {exc}", file=sys.stderr)
+        sys.exit(2)
     if env.switch(env.AUTO_ENABLE):
         import recipecache
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +24,16 @@ from recipecache.errors import BackendError, ConfigError, echo
 from recipecache.fsutil import check_directory_to_be, check_output_file, private_directory
 from recipecache.hpu.recipe_cache_config import MOST_SIZE_MB as MOST_HPU_SIZE_MB
 from recipecache.node_tier import default_node_dir
-from recipecache.settings import check_rank_environment, read_secret, read_secret_file, resolve_namespace, resolve_url
+from recipecache.settings import (
+    MOST_PER_NODE,
+    check_rank_environment,
+    default_threads,
+    namespace_for,
+    read_secret,
+    read_secret_file,
+    resolve_namespace,
+    resolve_url,
+)
 
 from . import hpu_metrics
 from .option_env import given_as
@@ -35,8 +43,6 @@ from .torchrun_options import NPROC_PER_NODE, check_value, environment_name, pas
 NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
 #: Seconds the up-front reachability check of a Redis store may take (unless the URL sets ``timeout``).
 PROBE_TIMEOUT_S = 3.0
-#: ``{rank}`` is replaced by each rank (recipecache's metrics writer does this).
-METRICS_NAME = "metrics-rank{rank}.json"
 #: ``--hpu-max-size-mb`` unless given: the node's recipe directory cap
 DEFAULT_HPU_MAX_SIZE_MB = 1024
 #: ``--exit-grace`` accepted, in seconds: a rank's share of it becomes timeouts in every rank, and a grace
@@ -109,7 +115,7 @@ class LaunchConfig:
 
     @property
     def events_dir(self) -> Path:
-        return self.run_dir / "events"
+        return self.run_dir / env.RUN_EVENTS_NAME
 
     def torchrun_argv(self) -> list[str]:
         """Arguments after ``python``: torchrun running the bootstrap, which runs the script."""
@@ -125,7 +131,7 @@ class LaunchConfig:
             {
                 env.URL: self.url,
                 env.NAMESPACE: self.namespace,
-                env.METRICS_FILE: str(self.run_dir / METRICS_NAME),
+                env.METRICS_FILE: str(self.run_dir / env.RUN_METRICS_NAME),
                 env.EVENT_LOG: str(self.events_dir),
                 # Part of torch's key, so pinned for every rank: torch's default (on), whose
                 # precompiled header makes cold kernel compiles fast; a hit does not build it.
@@ -138,6 +144,9 @@ class LaunchConfig:
             environ[env.AUTO_ENABLE] = "1"
         else:
             environ.pop(env.AUTO_ENABLE, None)
+        # recipecache-run enables its ranks itself (or, with --no-enable, leaves it to the script): an inherited
+        # start-up hook switch would enable them past --no-enable
+        environ.pop(env.ENABLE, None)
         if self.secret_file is not None:
             environ[env.SECRET_FILE] = str(self.secret_file)
             environ.pop(env.SECRET, None)  # the explicit option wins over the inherited secret
@@ -255,11 +264,6 @@ class LaunchConfig:
         return config
 
 
-#: the most processes, and threads per process, a node is given: far beyond any machine's cores (issue 28: --nproc
-#: 10**20 hung the launcher, --threads 10**400 reached every rank's OMP_NUM_THREADS)
-MOST_PER_NODE = 4096
-
-
 def _check_torchrun_environment(args: argparse.Namespace) -> None:
     """The ``PET_*`` variables torchrun reads for its options the command line lacks, checked as those options are:
     torchrun reads them only once it runs (``PET_MAX_RESTARTS=²``: its traceback, after the job started)."""
@@ -284,18 +288,12 @@ def _nproc(name: str, text: str) -> str:
 
 
 def _threads(args: argparse.Namespace, nproc: str) -> int | None:
-    """The per-rank thread count, pinned the way torchrun would pick it.
-
-    torchrun keeps an existing ``OMP_NUM_THREADS`` and otherwise sets 1 when a node runs
-    several processes; with one process it leaves torch's default (the core count), which
-    can differ between nodes, so heterogeneous multi-node jobs should pass ``--threads``.
-    """
+    """The per-rank thread count: ``--threads``, else :func:`recipecache.settings.default_threads` (torchrun's
+    choice; with one process per node torch's default, which can differ between nodes, so heterogeneous
+    multi-node jobs should pass ``--threads``)."""
     if args.threads is not None:
         return quantities.whole_number(given_as(args, "threads"), args.threads, 1, MOST_PER_NODE)
-    text = os.environ.get("OMP_NUM_THREADS")
-    if text:
-        return quantities.whole_number("OMP_NUM_THREADS", text, 1, MOST_PER_NODE)
-    return None if nproc == "1" else 1
+    return default_threads(os.environ, several_per_node=nproc != "1")
 
 
 def _rank_dirs(args: argparse.Namespace) -> Path | None:
@@ -355,19 +353,6 @@ def _secret_file(path: str | None) -> Path | None:
         return None
     read_secret_file(path, "--secret-file")
     return Path(path).absolute()
-
-
-_NOT_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def namespace_for(script: Path) -> str:
-    """The default namespace: the script's stem, made a valid namespace.
-
-    Stable across reruns of the same script (so they share artifacts) without any
-    setup; ``--namespace`` or ``RECIPECACHE_NAMESPACE`` override it.
-    """
-    name = _NOT_IN_NAMESPACE.sub("-", script.stem).lstrip("._-")[:64]
-    return name or "default"
 
 
 def probe_store(url: str) -> None:

@@ -37,13 +37,13 @@ from recipecache import env
 from recipecache.backends import command_line_password_warning, redact
 from recipecache.errors import ConfigError
 from recipecache.parent_death import die_with_parent
+from recipecache.runs.report import build_report, format_report, load_graphs, load_metrics, write_report
 
 from . import hpu_metrics
 from .exit_watch import ExitWatch, FinishedRank, job_status, running_child, status_after_exit
 from .launch_config import DEFAULT_HPU_MAX_SIZE_MB, NO_STALL_SHARE_OF_GRACE, LaunchConfig, probe_store
 from .option_env import FallbackParser, given_as
 from .progress import Progress
-from .report import build_report, format_report, load_graphs, load_metrics, write_report
 from .torchrun_options import NPROC_PER_NODE, pass_through, refused
 
 log = logging.getLogger(__name__)

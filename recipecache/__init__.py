@@ -1,23 +1,33 @@
 """recipecache: a shared, signed, single-flight compile-artifact cache for distributed PyTorch.
 
-``import recipecache`` does not import torch; names that need it load on first use.
+``import recipecache`` does not import torch; names that need it load on first use, and so do the store's (its
+backends, msgpack, blake3): the start-up hook imports this package in every process of a job that sets
+``RECIPECACHE_ENABLE``, most of which never open a store (:mod:`recipecache.autoenable`).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ._lazy import lazy_getattr
 from .env import __version__
 from .errors import BackendError, ConfigError, RecipeCacheError, VerificationError
-from .keys import make_key
 from .reasons import Reason, Role
-from .store import Flight, Store, open_store
+
+if TYPE_CHECKING:
+    from .keys import make_key
+    from .store import Flight, Store, open_store
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
-#: public name -> module that defines it, imported on first access (these import torch or numpy)
+#: public name -> module that defines it, imported on first access (these import torch or numpy, or the store's
+#: dependencies)
 _LAZY = {
+    "make_key": "recipecache.keys",
+    "Flight": "recipecache.store",
+    "Store": "recipecache.store",
+    "open_store": "recipecache.store",
     "enable": "recipecache.torch_integration",
     "disable": "recipecache.torch_integration",
     "mark_step": "recipecache.torch_integration",

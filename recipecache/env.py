@@ -47,6 +47,18 @@ METRICS_FILE = "RECIPECACHE_METRICS_FILE"
 METRICS_FLUSH = "RECIPECACHE_METRICS_FLUSH"
 #: set by recipecache-run: the bootstrap calls ``recipecache.enable()`` in each rank
 AUTO_ENABLE = "RECIPECACHE_AUTO_ENABLE"
+#: ``1``: recipecache's start-up hook (the ``recipecache-autoenable.pth`` line the package installs) enables the cache
+#: in every process of a job that is a training rank, whatever launcher started it (:mod:`recipecache.autoenable`)
+ENABLE = "RECIPECACHE_ENABLE"
+#: the run directory: where each rank writes its metrics file and event log (recipecache-run's ``--run-dir``; a
+#: rank the start-up hook enabled makes one per job under ``RECIPECACHE_RUNS_DIR``, named after the job)
+RUN_DIR = "RECIPECACHE_RUN_DIR"
+#: where the start-up hook makes each job's run directory when ``RECIPECACHE_RUN_DIR`` is not set
+RUNS_DIR = "RECIPECACHE_RUNS_DIR"
+#: what a run directory holds, the same whoever wrote it: each rank's metrics file (``{rank}`` replaced) and the
+#: directory of the event logs; ``recipecache report`` and recipecache-run's report read them
+RUN_METRICS_NAME = "metrics-rank{rank}.json"
+RUN_EVENTS_NAME = "events"
 #: set by recipecache-run --rank-dirs: each rank gets private torch cache and temp dirs under it
 RANK_DIRS = "RECIPECACHE_RANK_DIRS"
 #: set by recipecache-run --prewarm: compile the declared shapes before training

@@ -10,11 +10,12 @@ tier, :mod:`recipecache.node_tier`). Everything wrong here is a :class:`ConfigEr
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import env
+from . import env, quantities
 from .errors import ConfigError, echo
 from .fsutil import open_named_file
 from .keys import DEFAULT_NAMESPACE, check_namespace
@@ -33,8 +34,8 @@ MIN_SECRET_BYTES = 16
 #: largest key file read: a key is a few dozen bytes, and a path naming something endless (``/dev/zero``,
 #: a log) must not be read until memory runs out
 MAX_SECRET_FILE_BYTES = 64 * 1024
-#: the on/off variables a rank reads (:func:`recipecache.env.switch`)
-RANK_SWITCHES = (env.PRECOMPILE, env.NO_STALL, env.PREWARM, env.METRICS_FLUSH)
+#: the on/off variables a rank reads (:func:`recipecache.env.switch`; ``RECIPECACHE_ENABLE`` the start-up hook)
+RANK_SWITCHES = (env.PRECOMPILE, env.NO_STALL, env.PREWARM, env.METRICS_FLUSH, env.ENABLE)
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -189,3 +190,36 @@ def check_rank_environment(environ: Mapping[str, str] | None = None) -> None:
     env.seconds(env.NO_STALL_TIMEOUT, 0.0, environ)  # likewise: the no-stall compile deadline
     for name in RANK_SWITCHES:
         env.switch(name, environ)
+
+
+#: the most processes, and threads per process, a node is given: far beyond any machine's cores (issue 28: --nproc
+#: 10**20 hung the launcher, --threads 10**400 reached every rank's OMP_NUM_THREADS)
+MOST_PER_NODE = 4096
+
+
+def default_threads(environ: Mapping[str, str], *, several_per_node: bool) -> int | None:
+    """The thread count every rank of a job gets unless told otherwise, the way torchrun picks it.
+
+    The count enters torch's cache keys, so ranks must agree on it. torchrun keeps an existing
+    ``OMP_NUM_THREADS`` and otherwise sets 1 when a node runs several processes; with one process it leaves
+    torch's default (the core count, None here), which can differ between nodes. recipecache-run gives its ranks
+    this, and the start-up hook gives it to ranks another launcher started (:mod:`recipecache.autoenable`).
+    """
+    text = environ.get("OMP_NUM_THREADS")
+    if text:
+        return quantities.whole_number("OMP_NUM_THREADS", text, 1, MOST_PER_NODE)
+    return 1 if several_per_node else None
+
+
+_NOT_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def namespace_for(script: Path) -> str:
+    """The default namespace of a job: the script's stem, made a valid namespace.
+
+    Stable across reruns of the same script (so they share artifacts) without any setup, and the same whichever
+    launcher started the ranks (recipecache-run, or the start-up hook); ``--namespace`` or
+    ``RECIPECACHE_NAMESPACE`` override it.
+    """
+    name = _NOT_IN_NAMESPACE.sub("-", script.stem).lstrip("._-")[:64]
+    return name or "default"

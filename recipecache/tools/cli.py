@@ -18,12 +18,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import env
 from ..argparsing import OneLineArgumentParser
 from ..backends import command_line_password_warning
 from ..errors import BackendError, ConfigError
 from ..fsutil import check_output_file
-from ..runs import explain, timeline
-from ..runs.events import Skipped
+from ..runs import explain, report, timeline
+from ..runs.events import Skipped, open_regular
 from ..sizes import format_size, parse_size
 from ..store import Store, open_store
 from . import admin, doctor
@@ -193,6 +194,49 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """The job report ``recipecache-run`` prints, for any run directory: one recipecache-run wrote (its
+    ``report.json`` gives the job's own fields: exit status, wall time, ranks ended) or ranks of any launcher wrote
+    through the start-up hook (:mod:`recipecache.autoenable`); the figures are always the metrics files' now."""
+    _check_run_dirs([args.run_dir])
+    run_dir = Path(args.run_dir).absolute()
+    metrics = report.load_metrics(run_dir)
+    launcher_report = _launcher_report(run_dir / LAUNCHER_REPORT)
+    job = {k: v for k, v in launcher_report.items() if k not in REPORT_FIGURES}
+    job.update(run_dir=str(run_dir), events=str(run_dir / env.RUN_EVENTS_NAME))
+    expected = launcher_report["expected_ranks"] if "expected_ranks" in launcher_report else report.world_ranks(metrics)
+    data = report.build_report(metrics, expected, graphs=report.load_graphs(run_dir / env.RUN_EVENTS_NAME), **job)
+    _say_skipped(Skipped(**data["skipped"]), args.run_dir)
+    _emit(args, data, report.format_report(data))
+    return 0
+
+
+#: the report recipecache-run leaves in its run directory
+LAUNCHER_REPORT = "report.json"
+#: what :func:`recipecache.runs.report.build_report` computes (the rest of a launcher's report is the job's own)
+REPORT_FIGURES = frozenset(
+    ("expected_ranks", "missing_ranks", "total", "ranks", "duplicates", "missed", "skipped", "no_stall")
+)
+
+
+def _launcher_report(path: Path) -> dict[str, Any]:
+    """recipecache-run's report in ``path`` when there is a readable one (it carries the job's own fields), else {}."""
+    try:
+        fh = open_regular(path)
+        if fh is None:
+            return {}
+        with fh:
+            data = json.loads(fh.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # none, or not one recipecache-run wrote: the metrics still tell
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    expected = data.get("expected_ranks")
+    if not (expected is None or (isinstance(expected, list) and all(type(r) is int for r in expected))):
+        return {}
+    return data
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     checks = doctor.run_checks(args.url, namespace=args.namespace)
     _emit(args, [c.to_dict() for c in checks], doctor.format_checks(checks))
@@ -257,6 +301,16 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("-o", "--output", default="trace.json", help="trace file (default trace.json)")
     trace.add_argument("--png", metavar="FILE", help="also draw the timeline as a picture (needs matplotlib)")
     trace.set_defaults(func=cmd_trace)
+    job = sub.add_parser(
+        "report",
+        help="the job report recipecache-run prints, for the run directory of a job any launcher started",
+        description="Per rank and in total: compiles, store hits and misses, waits, stall and saved seconds, "
+        "fallbacks; graphs compiled twice; settings the ranks differ in. Ranks enabled by RECIPECACHE_ENABLE=1 "
+        "write one run directory per job (./recipecache-runs/<job>, or $RECIPECACHE_RUNS_DIR/<job>).",
+    )
+    job.add_argument("run_dir", help="the job's run directory (recipecache-run's, or the start-up hook's)")
+    job.add_argument("--json", action="store_true", help="print the report as JSON (recipecache-run's report.json)")
+    job.set_defaults(func=cmd_report)
     for extension in _EXTENSIONS:
         extension(sub)
     return parser

@@ -132,6 +132,8 @@ def enable(
                 metrics.fallback(Reason.TORCH_INTERNALS, message)
             elif message:
                 log.warning("recipecache: %s", message)
+        if _session.hooked:
+            _record_settings(store, metrics, torch)
         if _session.hooked and "rank_binding" in on:
             _warn_per_rank_graphs()
         if _session.hooked and want_tier and "precompiled" in on:
@@ -150,6 +152,21 @@ def enable(
             _session.exit_hook = True
         log.info("recipecache: torch.compile caches go to %s (namespace %s)", store.url, store.namespace)
         return store
+
+
+def _record_settings(store: Store, metrics: Metrics, torch: Any) -> None:
+    """The settings the ranks of a job must agree on to share artifacts, in the metrics (the report compares them):
+    the thread count enters torch's keys, the store and namespace say where artifacts go, and the node tier whether
+    one rank per node fetches each (recipecache-run gives every rank the same; another launcher may not)."""
+    from ..backends import redact
+    from ..settings import node_dir
+
+    metrics.settings(
+        threads=int(torch.get_num_threads()),
+        cache=redact(store.url),
+        namespace=store.namespace,
+        node_tier=node_dir() is not None,
+    )
 
 
 def _warn_per_rank_graphs() -> None:

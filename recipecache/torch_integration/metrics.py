@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..env import process_rank
+from ..env import process_rank, process_world_size
 from ..fsutil import write_atomic
 from ..reasons import REFUSED, PrecompileDetail, PrecompileShapes, Reason
 from ..store import Store
@@ -100,6 +100,11 @@ class Metrics:
         #: reason -> what its first fallback here said (the warning's text): the report says why, not only how often
         self._fallback_details: dict[str, str] = {}
         self._kernels = {"installed": 0, "shipped": 0}
+        #: the job's ranks when enable() ran: a framework may drop its variables before the last write at exit
+        #: (Lightning's teardown deletes ``WORLD_SIZE``)
+        self._world_size = process_world_size()
+        #: what this rank's keys depend on that its launcher chose (:meth:`settings`)
+        self._settings: dict[str, str | int | bool | None] = {}
         self._precompile_fallbacks: Counter[str] = Counter()
         #: why each of the tier's first fallbacks happened (:meth:`precompile_fallback`), bounded
         self._precompile_fallback_details: list[dict[str, str]] = []
@@ -255,6 +260,8 @@ class Metrics:
                 "rank": process_rank(),
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
+                "world_size": self._world_size,
+                "settings": dict(self._settings),
                 "wall_s": round(time.monotonic() - self._started, 6),
                 "enable": self._enable_record(),
                 "graph_compilation": {
@@ -284,6 +291,13 @@ class Metrics:
                 "store": store,
             }
         return out
+
+    def settings(self, **chosen: str | int | bool | None) -> None:
+        """What this rank runs with that the ranks of a job must agree on (thread count, namespace, ...), whichever
+        launcher chose it: the report compares the ranks' and says what differs."""
+        with self._lock:
+            self._settings.update(chosen)
+        self.changed()
 
     def enabled(self, start: float, end: float) -> None:
         """enable() ran from ``start`` to ``end`` (Unix seconds): the job's report shows what it cost."""

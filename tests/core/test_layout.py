@@ -37,9 +37,9 @@ def test_the_folders_show_core_tools_and_run_analysis() -> None:
 
     top = Path(recipecache.__file__).parent
     assert {p.stem for p in (top / "tools").glob("*.py")} == {"__init__", "cli", "admin", "doctor"}
-    assert {p.stem for p in (top / "runs").glob("*.py")} == {"__init__", "events", "keyinfo", "explain", "timeline"}
+    assert {p.stem for p in (top / "runs").glob("*.py")} == {"__init__", "events", "keyinfo", "explain", "timeline", "report"}
     assert {p.stem for p in top.glob("*.py")} == {
-        "__init__", "_lazy", "argparsing", "buffers", "env", "envelope", "errors", "eventlog", "fsutil", "health", "keylog", "keys", "lease",
+        "__init__", "_lazy", "argparsing", "autoenable", "buffers", "env", "envelope", "errors", "eventlog", "fsutil", "health", "keylog", "keys", "lease",
         "node_tier", "parent_death", "reasons", "settings", "quantities", "sizes", "stats", "store"}
 
 

@@ -24,9 +24,11 @@ from recipecache.errors import ConfigError
 from launcher import bootstrap
 from launcher import main as launcher_main
 from launcher.exit_watch import ExitWatch, FinishedRank, mark_finished, read_finished, running_child
-from launcher.launch_config import LaunchConfig, namespace_for
+from launcher.launch_config import LaunchConfig
+from recipecache.autoenable import use_rank_dirs
+from recipecache.settings import namespace_for
 from launcher.main import build_parser, main
-from launcher.report import build_report, format_report, load_metrics, write_report
+from recipecache.runs.report import build_report, format_report, load_metrics, write_report
 from launcher import torchrun_options
 from launcher.torchrun_options import REFUSED_REASONS
 from support.paths import REPO
@@ -249,6 +251,12 @@ def test_default_cache_and_run_dir(script: Path, tmp_path: Path, monkeypatch: py
     assert config.run_dir.parent == tmp_path / "recipecache-runs"
     monkeypatch.setenv("RECIPECACHE_URL", "redis://cache:6379/0")
     assert config_for(str(script)).url == "redis://cache:6379/0"
+
+
+def test_recipecache_run_enables_its_ranks_itself_not_the_start_up_hook(script: Path) -> None:
+    """An exported RECIPECACHE_ENABLE=1 would enable the ranks past --no-enable: recipecache-run decides."""
+    for argv in ([str(script)], ["--no-enable", str(script)]):
+        assert "RECIPECACHE_ENABLE" not in config_for(*argv).rank_env({"RECIPECACHE_ENABLE": "1"})
 
 
 def test_no_enable_drops_auto_enable(script: Path) -> None:
@@ -662,12 +670,12 @@ def test_exit_watch_waits_for_every_local_rank_then_the_grace(tmp_path: Path) ->
 
 def test_use_rank_dirs_gives_each_rank_its_own_dirs(tmp_path: Path) -> None:
     env = {"RECIPECACHE_RANK_DIRS": str(tmp_path), "RANK": "3"}
-    bootstrap.use_rank_dirs(env)
+    use_rank_dirs(env)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "rank3" / "inductor")
     assert env["TMPDIR"] == str(tmp_path / "rank3" / "tmp")
     assert Path(env["TMPDIR"]).is_dir()
     untouched = {"RANK": "0"}
-    bootstrap.use_rank_dirs(untouched)
+    use_rank_dirs(untouched)
     assert untouched == {"RANK": "0"}
 
 

@@ -32,7 +32,7 @@ from recipecache.keylog import KeyLog
 from recipecache.runs.timeline import write_trace
 from launcher import hpu_metrics
 from launcher.progress import Progress
-from launcher.report import build_report, format_report, load_graphs, load_metrics
+from recipecache.runs.report import build_report, format_report, load_graphs, load_metrics
 
 CASES = 300
 K0, K1 = "torch1:pt2:fx-graph-v1::fthreads1xx:c1", "torch1:pt2:fx-graph-v1::fthreads2xx:c1"

@@ -26,7 +26,7 @@ from launcher import hpu_metrics
 from launcher.main import build_parser
 from launcher.launch_config import LaunchConfig
 from launcher.progress import Progress
-from launcher.report import build_report, format_report, load_metrics
+from recipecache.runs.report import build_report, format_report, load_metrics
 
 GM = "<lambda>()\n\n\n\ndef forward(self, arg0_1):\n    mul = torch.ops.aten.mul.Tensor(arg0_1, 2)\n    return (mul,)\n"
 
@@ -410,7 +410,7 @@ def test_ls_says_what_each_entry_is(tmp_path: Path) -> None:
 
 def test_a_run_dir_written_before_no_stall_was_named_so_still_reports_its_graphs() -> None:
     """Metrics files and reports of an older release hold no-stall's rows under ``behind``: still shown."""
-    from launcher.report import format_no_stall, no_stall_graphs
+    from recipecache.runs.report import format_no_stall, no_stall_graphs
 
     row = {"name": "forward", "shapes": "f32[4]", "eager_calls": 3, "eager_s": 0.5, "compile_s": 2.0, "switched_at": 1.0}
     old, new = {0: {"behind": {"graphs": {"K": row}}}}, {0: {"no_stall": {"graphs": {"K": row}}}}
@@ -423,7 +423,7 @@ def test_the_report_says_in_plain_words_what_became_of_each_graph_compiled_behin
     """Published by a rank, loaded from another process's compile, or not published (ended at exit past the grace,
     or failed): each says so, and the last two say that the next job compiles it (issue 43: a short job's compiles
     ended at exit were reported as "compiled behind by rank another job in 0.0 s")."""
-    from launcher.report import format_no_stall, no_stall_graphs
+    from recipecache.runs.report import format_no_stall, no_stall_graphs
 
     def row(**extra: Any) -> dict[str, Any]:
         return {"name": "forward", "shapes": "f32[4]", "eager_calls": 3, "eager_s": 0.5, "compile_s": 0.0,

@@ -158,6 +158,7 @@ def test_a_node_directory_enable_refuses_fails_doctor(tmp_path: Path, monkeypatc
     ("RECIPECACHE_WAIT_TIMEOUT", "-1", "RECIPECACHE_WAIT_TIMEOUT='-1'"),
     ("RECIPECACHE_PRECOMPILE", "yes", "RECIPECACHE_PRECOMPILE='yes': use 1 (on) or 0 (off)"),
     ("RECIPECACHE_EXIT_GRACE", "nan", "RECIPECACHE_EXIT_GRACE='nan'"),
+    ("RECIPECACHE_ENABLE", "yes", "RECIPECACHE_ENABLE='yes'"),
 ])
 def test_a_setting_every_rank_would_stop_on_fails_doctor(name: str, value: str, message: str, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,9 @@
 """One report for a whole job, aggregated from the per-rank metrics files.
 
+``recipecache-run`` prints it when its job ends, and ``recipecache report RUN_DIR`` prints it for a run
+directory that ranks of any launcher wrote (:mod:`recipecache.torch_integration.autoenable`), so it lives with the run analysis
+both can import.
+
 Pure functions over the metrics format of ``docs/DEVELOPING.md`` so they can be tested
 on synthetic files. A rank whose file is missing (it crashed, or was killed before it
 could write) or unreadable is listed as such, never silently dropped: a report that
@@ -43,10 +47,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from recipecache.fsutil import write_output_file
-from recipecache.reasons import Reason
-from recipecache.runs.events import Skipped, is_seconds, open_regular
-from recipecache.runs.explain import analyse_run
+from ..fsutil import write_output_file
+from ..reasons import Reason
+from .events import Skipped, is_seconds, open_regular
+from .explain import analyse_run
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +79,8 @@ _SECONDS: dict[str, tuple[str, ...]] = {
 FIELDS = (*_COUNTS, *_SECONDS, "stall_s")
 #: what the metrics' ``lookups`` count per artifact kind
 OUTCOMES = ("hit", "miss", "put")
+#: the most ranks a job's metrics may say it has (``world_size``): the report lists every one it lacks
+MOST_RANKS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,14 @@ def _damage(data: Any) -> str | None:
         )
     ):
         return "lookups is not a map of hit/miss/put counts by kind"
+    settings = data.get("settings")
+    if settings is not None and not (
+        isinstance(settings, dict) and all(v is None or type(v) in (str, int, bool) for v in settings.values())
+    ):
+        return "settings is not a map of texts, numbers and switches"
+    world = data.get("world_size")
+    if world is not None and not (_count(world) and 1 <= world <= MOST_RANKS):
+        return f"world_size is not a number of ranks from 1 to {MOST_RANKS}"
     for name, ok in (("host", lambda v: type(v) is str), ("pid", _count), ("wall_s", is_seconds)):
         if data.get(name) is not None and not ok(data[name]):
             return f"{name} is of the wrong type"
@@ -188,6 +202,8 @@ def rank_row(rank: int, data: Mapping[str, Any]) -> dict[str, Any]:
     row["fallbacks"] = {str(k): int(v) for k, v in fallbacks.items()} if isinstance(fallbacks, Mapping) else {}
     details = data.get("fallback_details")
     row["fallback_details"] = {str(k): str(v) for k, v in details.items()} if isinstance(details, Mapping) else {}
+    settings = data.get("settings")
+    row["settings"] = dict(settings) if isinstance(settings, Mapping) else {}
     lookups = data.get("lookups")
     row["lookups"] = (
         {str(kind): {name: int(counts.get(name, 0)) for name in OUTCOMES} for kind, counts in lookups.items()}
@@ -236,6 +252,7 @@ def build_report(
     total["per_rank_graphs"] = per_rank_graphs(ok)
     total["lookups"] = {kind: {name: counts[name] for name in OUTCOMES} for kind, counts in lookups.items()}
     total["ranks_reported"] = len(ok)
+    total["settings_differ"] = settings_differ(ok)
     if hpu:
         figures: Counter[str] = Counter()
         for r in ok:
@@ -254,6 +271,25 @@ def build_report(
         "skipped": dict((graphs or {}).get("skipped", asdict(Skipped()))),
         "no_stall": no_stall_graphs(metrics),
     }
+
+
+def world_ranks(metrics: Mapping[int, Mapping[str, Any] | Unreadable]) -> list[int] | None:
+    """Every rank of the job, from the world size its ranks' metrics give (the largest), so a rank that left no
+    metrics is listed as missing; None when no metrics file says (an older release's)."""
+    sizes = [data["world_size"] for data in metrics.values() if isinstance(data, Mapping) and "world_size" in data]
+    return list(range(max(sizes))) if sizes else None
+
+
+def settings_differ(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The settings the ranks report (:meth:`recipecache.torch_integration.metrics.Metrics.settings`) that are not
+    the same on every rank: name -> each value with its ranks. A job whose launcher chose the thread count or the
+    namespace differently on some ranks shares nothing between those and the others; this says so."""
+    values: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        for name, value in row.get("settings", {}).items():
+            entry = values.setdefault(name, {}).setdefault(json.dumps(value), {"value": value, "ranks": []})
+            entry["ranks"].append(row["rank"])
+    return {name: list(by_value.values()) for name, by_value in sorted(values.items()) if len(by_value) > 1}
 
 
 def _no_stall_rows(data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -352,6 +388,12 @@ def format_report(report: Mapping[str, Any]) -> str:
         )
     elif report["missing_ranks"]:
         lines.append(f"WARNING: no usable metrics from rank(s) {', '.join(map(str, report['missing_ranks']))}")
+    for name, values in (report["total"].get("settings_differ") or {}).items():
+        lines.append(
+            f"WARNING: the ranks differ in {name}: "
+            + "; ".join(f"{value['value']} on rank(s) {', '.join(map(str, value['ranks']))}" for value in values)
+            + " (ranks that differ in what enters the keys share no artifacts)"
+        )
     hung = report.get("hung_ranks")
     if hung:
         lines.append(
