@@ -3,8 +3,9 @@
 Arguments: MODE and a JSON file to write.
 
 * ``deadline``: the compile's deadline (``RECIPECACHE_NO_STALL_TIMEOUT``, set by the test) ends the
-  worker; the script steps until the graph is counted failed (``no_stall_timeout``), then writes the
-  metrics, whether the graph's key is still leased and whether the stopped worker still exists.
+  worker; the script steps until the graph is counted failed (``no_stall_timeout``), its lease released and the
+  worker gone (each bounded by the hang guard), then writes the metrics, whether the graph's key is still leased
+  and whether the stopped worker still exists.
 * ``exit``: the script writes the graph's key and the worker's pid, then returns: the exit
   grace (``exit_grace=1``) must end the stopped worker and the process exit.
 """
@@ -51,8 +52,14 @@ def main() -> None:
     if mode == "exit":
         out.write_text(json.dumps({"key": key, "worker": pid}))
         return
-    while not recipecache.torch_integration.metrics()["fallbacks"].get("no_stall_timeout"):
-        assert time.monotonic() < deadline, "the stuck compile was never ended"
+    # the count comes first, then the lease's release and the worker's end: wait for all three (on a loaded machine
+    # the release came after this loop's read of the count, and the test saw the lease still held)
+    while not (
+        recipecache.torch_integration.metrics()["fallbacks"].get("no_stall_timeout")
+        and not store.compiling(key)
+        and not Path(f"/proc/{pid}").exists()
+    ):
+        assert time.monotonic() < deadline, "the stuck compile was never ended, or its lease or worker outlived it"
         assert torch.equal(compiled(x), torch.relu(x) * 2)
         time.sleep(0.1)
     out.write_text(json.dumps({"metrics": recipecache.torch_integration.metrics(), "still_leased": store.compiling(key),
