@@ -44,10 +44,11 @@ JOBS = (
 BROKEN = {"load_failed", "precompile_failed", "bad_artifact"}
 
 
-def run_all(name: str, tmp_path: Path) -> dict[str, Job]:
+def run_all(name: str, tmp_path: Path, order: tuple[tuple[str, str], ...] = JOBS) -> dict[str, Job]:
+    """``order``'s jobs of program ``name`` ((tag, mode) each), one after the other on one store, each ending 0."""
     program = PROGRAMS[name]
     jobs: dict[str, Job] = {}
-    for tag, mode in JOBS:
+    for tag, mode in order:
         job = run_job(program, mode, work=tmp_path, dirs=tmp_path / f"{tag}-dirs", store=tmp_path / "store", tag=tag)
         assert job.exit_code == 0, job.describe()
         assert len(job.ranks) == program.nproc, f"{tag}: ranks wrote {len(job.ranks)} records\n{job.output}"
@@ -75,12 +76,7 @@ def test_precompile_and_no_stall_together_build_the_tier_for_the_next_job(tmp_pa
     no-stall, whose stand-in torch's ``aot_compile`` cannot bundle, so every function failed to precompile
     (``precompile_failed``, "expected OutputCode") and no fresh job ever loaded a precompiled artifact. A build
     compiles its graphs itself now; the next job loads the tier's artifacts and compiles nothing."""
-    program = PROGRAMS["accelerate_lm"]
-    jobs = {}
-    for tag in ("both-cold", "both-fresh"):
-        job = run_job(program, "both", work=tmp_path, dirs=tmp_path / f"{tag}-dirs", store=tmp_path / "store", tag=tag)
-        assert job.exit_code == 0, job.describe()
-        jobs[tag] = job
+    jobs = run_all("accelerate_lm", tmp_path, (("both-cold", "both"), ("both-fresh", "both")))
     for tag, job in jobs.items():
         broken = {d: n for d, n in job.precompile_fallbacks.items() if d in BROKEN}
         assert not broken, f"{tag}: {broken}\n" + "\n".join(job.fallback_details)
