@@ -252,6 +252,12 @@ HOOKS: tuple[Hook, ...] = (
                 "grad",
             ),
             _i("_dynamo.convert_frame", "get_traced_fn"),
+            _i(
+                "_dynamo.convert_frame",
+                "GraphRuntimeEnv",
+                *("bytecode", "pycode", "import_sources", "used_globals", "closure", "argdefs", "kwdefaults"),
+                "external_refs",
+            ),
             _i("_dynamo.hooks", "Hooks"),
             _i("_dynamo.eval_frame", "OptimizedModule"),
             _i("_dynamo.symbolic_convert", "InliningInstructionTranslator.inline_call_"),

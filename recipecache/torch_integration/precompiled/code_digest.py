@@ -200,6 +200,8 @@ def _value(value: Any, depth: int = 0) -> str:
         return f"{kind.__name__}:{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', None)}"
     if isinstance(value, types.ModuleType):
         return f"module:{value.__name__}"
+    if isinstance(value, types.CodeType):  # dynamo guards a method's code by identity (``type(m).__call__.__code__``)
+        return f"code:{getattr(value, 'co_qualname', value.co_name)}@{of_code(value).hex()[:32]}"
     if isinstance(value, (tuple, list, set, frozenset, dict)):
         if depth >= _MAX_DEPTH or len(value) > _MAX_ITEMS:
             return f"{kind.__qualname__}[{len(value)}]"

@@ -18,7 +18,7 @@ Framing is one msgpack map (never pickle)::
      "sources": [[<path>, <code digest, 32 bytes>, [<global name>, ...]], ...],
      "files": [{"path": "<xx>/<name>.so", "data": <bytes>}, ...], "dynamic": <bool>,
      "pins": [[<guard source>, <value as traced>, <per call>], ...], "unsupported": <detail> | None,
-     "groups": [[<process group name>, <its role>], ...]}
+     "groups": [[<process group name>, <its role>], ...], "modules": [[<global name>, <module name>], ...]}
 
 ``entry`` is torch's own serialization and stays opaque here; only torch unpickles it,
 and only after the store verified the envelope and :func:`.code_digest.stale` found
@@ -31,6 +31,8 @@ that read it go straight to the normal path instead of each tracing it again.
 ``groups``: the producer's process groups its compiled code runs collectives on, with their roles
 (:mod:`..rank_binding`): torch bakes group names into the code, so a rank serves it only where those
 are its own groups of those roles, and otherwise looks under the key naming its own.
+``modules``: the globals dynamo installed for modules the bytecode loads (``___module_collections_<id>_c0``,
+named by the producer's object ids: :func:`.traced_values.modules_installed`), which a loader binds first.
 This module does not import torch.
 """
 
@@ -51,7 +53,9 @@ from ..artifact import ArtifactError, KernelFile, checked_file, decode
 #: operators were unchecked values: verdicts, which format 6 retires).
 #: 7: a closure dynamo calls pinned by its code, DTensor placements by value, dicts' items by key position
 #: (format 6 left a module parallelised with ``parallelize_module`` an ``unchecked_value`` verdict: its hooks)
-FORMAT = "recipecache-precompiled/7"
+#: 8: the module globals dynamo installs (``modules``; format 7's artifacts of such code, diffusers' UNet, failed to
+#: load anywhere: "Missing required external references")
+FORMAT = "recipecache-precompiled/8"
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,8 @@ class Precompiled:
     pins: tuple[Pin, ...] = ()
     #: (name, role) of each process group of the producer's that the compiled code runs collectives on
     groups: tuple[tuple[str, str], ...] = ()
+    #: (global name, module name) of each module global dynamo installed that the bytecode reads
+    modules: tuple[tuple[str, str], ...] = ()
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -108,6 +114,7 @@ class Precompiled:
                 "dynamic": self.dynamic,
                 "pins": [[p.source, p.value, p.per_call] for p in self.pins],
                 "groups": [list(g) for g in self.groups],
+                "modules": [list(m) for m in self.modules],
             },
             use_bin_type=True,
         )
@@ -116,8 +123,9 @@ class Precompiled:
     def unpack(cls, blob: bytes | bytearray | memoryview) -> Precompiled:
         """Decode and check ``blob``; raises :class:`ArtifactError` for anything unexpected."""
         obj = decode(blob, FORMAT, "recipecache precompiled artifact")
-        entry, compile_s, sources, unsupported, files, dynamic, pins, groups = (
-            obj.get(k) for k in ("entry", "compile_s", "sources", "unsupported", "files", "dynamic", "pins", "groups")
+        entry, compile_s, sources, unsupported, files, dynamic, pins, groups, modules = (
+            obj.get(k)
+            for k in ("entry", "compile_s", "sources", "unsupported", "files", "dynamic", "pins", "groups", "modules")
         )
         if not isinstance(entry, bytes) or not isinstance(compile_s, float) or compile_s < 0:
             raise ArtifactError("precompiled entry or compile time malformed")
@@ -149,6 +157,10 @@ class Precompiled:
             isinstance(g, list) and len(g) == 2 and all(isinstance(part, str) and part for part in g) for g in groups
         ):
             raise ArtifactError("precompiled process groups malformed")
+        if not isinstance(modules, list) or not all(
+            isinstance(m, list) and len(m) == 2 and all(isinstance(part, str) and part for part in m) for m in modules
+        ):
+            raise ArtifactError("precompiled module globals malformed")
         return cls(
             entry,
             tuple(SourceFile(path, digest, tuple(names)) for path, digest, names in sources),
@@ -158,6 +170,7 @@ class Precompiled:
             dynamic,
             tuple(Pin(*p) for p in pins),
             tuple((name, role) for name, role in groups),
+            tuple((name, module) for name, module in modules),
         )
 
 

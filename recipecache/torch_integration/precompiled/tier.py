@@ -99,7 +99,7 @@ from .keys import (
     toolchain,
     traced_code,
 )
-from .traced_values import Recorder, Values, rebind, values_of
+from .traced_values import Recorder, Values, install_modules, modules_installed, rebind, values_of
 
 log = logging.getLogger(__name__)
 
@@ -448,6 +448,7 @@ class Tier:
         from torch._inductor.runtime.runtime_utils import cache_dir
 
         self.metrics.kernels(installed=install(stored.files, Path(cache_dir())))
+        install_modules(stored.modules, target.globals)
         with _producers_meshes_quiet():
             fn = AOTCompiledFunction.deserialize(bytes(stored.entry), target.globals)
         fn.disable_guard_check()  # the dispatcher checks them once per call
@@ -527,6 +528,7 @@ class Tier:
             dynamic=backend.takes_sizes,
             pins=tuple(recorder.pins),
             groups=tuple(sorted(groups.items())),
+            modules=modules_installed(fn, target.globals),
         )
         self._publish(flight, key, artifact, meta)
         self.metrics.kernels(shipped=len(files))

@@ -58,6 +58,13 @@ _ODICT_ITEM = re.compile(r", '([^'\\]*)'\)")
 #: 2.13 to 2.15): ``<dict>[list(dict.keys(<dict>))[N]]``
 _KEY_AT = "[list(dict.keys("
 _KEY_POSITION = re.compile(r"\)\)\[(\d+)\]\]")
+#: dynamo's name for a dict's key at a position (``list(dict.keys(<dict>))[N]``): a key it guards (diffusers'
+#: config lookups check ``name in self._internal_dict``)
+_KEY = "list(dict.keys("
+_KEY_INDEX = re.compile(r"\)\)\[(\d+)\]")
+#: dynamo's name for the item of a dict subclass's key at a position, read past the subclass's own ``__getitem__``:
+#: ``dict.__getitem__(<dict>, list(dict.keys(<dict>))[N])``
+_ITEM_OF = "dict.__getitem__("
 #: dynamo's name for the builtins of the traced function's globals (``__builtins_dict___0``), a global it
 #: installs only while it traces: a fresh process has none, and its builtins are its own
 _BUILTINS_DICT = re.compile(r"__builtins_dict___\d+")
@@ -83,6 +90,7 @@ _FIXED = (
     types.ModuleType,
     types.FunctionType,
     types.BuiltinFunctionType,
+    types.CodeType,
     type,
 )
 _MISSING = object()
@@ -140,8 +148,9 @@ def parse(source: str) -> GuardPath | None:
     ``___odict_getitem(self._modules, 'fc1').inplace``,
     ``self._modules['up']._forward_hooks[list(dict.keys(self._modules['up']._forward_hooks))[0]]``: a global or
     local, then attributes, items, a dict's item by the position of its key (dynamo's ``ConstDictKeySource``:
-    how it reaches a module's hooks, which ``parallelize_module`` installs) and the calls ``type``, ``dict`` and
-    ``___odict_getitem``.
+    how it reaches a module's hooks, which ``parallelize_module`` installs), a dict's key by its position
+    (``list(dict.keys(self._internal_dict))[0]``), a dict subclass's item by its key's position
+    (``dict.__getitem__(d, list(dict.keys(d))[0])``) and the calls ``type``, ``dict`` and ``___odict_getitem``.
     """
     parsed = _expression(source, 0)
     return parsed[0] if parsed is not None and parsed[1] == len(source) else None
@@ -150,7 +159,26 @@ def parse(source: str) -> GuardPath | None:
 def _expression(text: str, at: int) -> tuple[GuardPath, int] | None:
     start = at
     call = next((c for c in (*_CALLS, "___odict_getitem(") if text.startswith(c, at)), None)
-    if call is not None:
+    if text.startswith(_ITEM_OF, at):
+        inner = _expression(text, at + len(_ITEM_OF))
+        if inner is None or not text.startswith(", ", inner[1]):
+            return None
+        key = _expression(text, inner[1] + 2)
+        last = key[0][2][-1] if key is not None and key[0][2] else ("", None)
+        if key is None or last[0] != "key" or key[0] != (*inner[0][:2], (*inner[0][2], last)):
+            return None  # not a key of this dict
+        if not text.startswith(")", key[1]):
+            return None
+        (scope, name, steps), at = inner[0], key[1] + 1
+        steps = (*steps, ("dict_key_at", last[1]))
+    elif text.startswith(_KEY, at):
+        inner = _expression(text, at + len(_KEY))
+        index = _KEY_INDEX.match(text, inner[1]) if inner is not None else None
+        if inner is None or index is None:
+            return None
+        (scope, name, steps), at = inner[0], index.end()
+        steps = (*steps, ("key", int(index.group(1))))
+    elif call is not None:
         inner = _expression(text, at + len(call))
         if inner is None:
             return None
@@ -197,11 +225,25 @@ def reader(steps: tuple[tuple[str, Any], ...]) -> tuple[Callable[[Any], Any], ..
         if kind == "item"
         else functools.partial(_item_at, arg)
         if kind == "key_at"
+        else functools.partial(_key_at, arg)
+        if kind == "key"
+        else functools.partial(_dict_item_at, arg)
+        if kind == "dict_key_at"
         else type
         if kind == "type"
         else dict
         for kind, arg in steps
     )
+
+
+def _key_at(position: int, mapping: Any) -> Any:
+    """``mapping``'s key at ``position``, as dynamo reads it (``dict.keys``: insertion order)."""
+    return list(dict.keys(mapping))[position]
+
+
+def _dict_item_at(position: int, mapping: Any) -> Any:
+    """:func:`_item_at` past a dict subclass's own ``__getitem__``, as dynamo reads it (``dict.__getitem__``)."""
+    return dict.__getitem__(mapping, list(dict.keys(mapping))[position])
 
 
 def _item_at(position: int, mapping: Any) -> Any:
@@ -221,10 +263,11 @@ class Recorder:
         from torch._dynamo.guards import CheckFunctionManager
 
         keep = []
+        unsupported = frozenset(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
         for entry in entries:
-            kept = not (
-                entry.is_global or entry.guard_type in CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
-            )
+            # as torch's ``serialize_guards`` judges: a guard whose checks include one it cannot write (a
+            # ``CONSTANT_MATCH`` on a code object is an ``ID_MATCH``: diffusers' attention processor) fails the save
+            kept = not (entry.is_global or {entry.guard_type, *(entry.derived_guard_types or ())} & unsupported)
             keep.append(kept)
             self._record(entry, kept)
         return keep
@@ -382,3 +425,35 @@ def rebind(fn: Any, function: types.FunctionType) -> None:
         compiled.__code__, compiled.__globals__, compiled.__name__, function.__defaults__, function.__closure__
     )
     fn.fn.__kwdefaults__ = function.__kwdefaults__
+
+
+#: dynamo's global for a module its generated bytecode loads (``codegen.create_load_python_module``), named by the
+#: producer's object id: ``___module_collections_140407316877200_c0``
+_MODULE_GLOBAL = "___module_"
+
+
+def modules_installed(fn: Any, scope: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(global name, module name) of each module global dynamo installed in ``scope`` that ``fn``'s bytecode reads.
+
+    dynamo installs them in the traced function's globals while it compiles, so a fresh process's
+    globals lack them (the name holds the producer's ``id``) and torch refuses the load ("Missing
+    required external references"): diffusers' UNet, whose output rebuilds an ``OrderedDict`` subclass.
+    """
+    refs = fn._artifacts.runtime_env.external_refs
+    return tuple(
+        sorted(
+            (name, value.__name__)
+            for name in refs
+            if name.startswith(_MODULE_GLOBAL) and isinstance(value := scope.get(name), types.ModuleType)
+        )
+    )
+
+
+def install_modules(modules: Sequence[tuple[str, str]], scope: dict[str, Any]) -> None:
+    """Bind each of an artifact's module globals in ``scope`` (the traced function's globals), as dynamo did in the
+    producer; ImportError for a module this process cannot import, ValueError for a name bound to another value."""
+    for name, module_name in modules:
+        module = _module(module_name)
+        if scope.setdefault(name, module) is not module:
+            raise ValueError(f"{name} is bound to another value than module {module_name} here")
+

@@ -458,7 +458,8 @@ def test_precompiled_artifact_round_trip_and_refusals() -> None:
 
     art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32, ("SHIFT",)),), 2.5,
                       files=(KernelFile("ab/cabc.main.so", b"\x7fELF"),), dynamic=True,
-                      pins=(Pin("G['cfg'].SCALE", "float:2.0", True),), groups=(("3", "2@0,1"),))
+                      pins=(Pin("G['cfg'].SCALE", "float:2.0", True),), groups=(("3", "2@0,1"),),
+                      modules=(("___module_collections_1_c0", "collections"),))
     assert Precompiled.unpack(art.pack()) == art
     verdict = Precompiled(b"", (), 1.0, "Unsupported: graph break")
     assert Precompiled.unpack(verdict.pack()).unsupported == "Unsupported: graph break"
@@ -469,7 +470,9 @@ def test_precompiled_artifact_round_trip_and_refusals() -> None:
                    {**good, "files": [{"path": "../../etc/x.so", "data": b""}]}, {**good, "files": None},
                    {**good, "dynamic": 1}, {**good, "pins": None}, {**good, "pins": [["k", "float:2.0"]]},
                    {**good, "pins": [["k", b"float:2.0", False]]}, {**good, "groups": None},
-                   {**good, "groups": [["3"]]}, {**good, "groups": [["3", 2]]}, {**good, "groups": [["", "2@0,1"]]}):
+                   {**good, "groups": [["3"]]}, {**good, "groups": [["3", 2]]}, {**good, "groups": [["", "2@0,1"]]},
+                   {**good, "modules": None}, {**good, "modules": [["___module_os_1_c0"]]},
+                   {**good, "modules": [["___module_os_1_c0", ""]]}):
         with pytest.raises(ArtifactError):
             Precompiled.unpack(msgpack.packb(broken))
     with pytest.raises(ArtifactError):
@@ -1065,6 +1068,36 @@ def _hook(form: str) -> Any:
     return lambda mod, inputs: (placements, inputs, mod)
 
 
+def test_the_forms_a_frameworks_config_and_processor_are_guarded_in_are_followed() -> None:
+    """Issue 43 (diffusers): a config dict's key by position, a dict subclass's item read past its ``__getitem__``,
+    and a method's code are values the tier pins: read back in this process and described alike in two."""
+    import types
+    from collections import OrderedDict
+
+    from recipecache.torch_integration.precompiled.traced_values import describe, parse, reader
+
+    config = "self.__dict__['_internal_dict']"
+    assert parse(f"list(dict.keys({config}))[1]") == ("L", "self", (("attr", "__dict__"), ("item", "_internal_dict"),
+                                                                    ("key", 1)))
+    item = f"dict.__getitem__({config}, list(dict.keys({config}))[1])"
+    assert parse(item) == ("L", "self", (("attr", "__dict__"), ("item", "_internal_dict"), ("dict_key_at", 1)))
+    assert parse(f"dict.__getitem__(self.a, list(dict.keys(self.b))[1])") is None, "another dict's key"
+    assert parse("dict.__getitem__(self.a, key)") is None and parse("dict.__getitem__(self.a, ") is None
+
+    class Config(OrderedDict):
+        def __getitem__(self, key: str) -> str:
+            raise AssertionError("dynamo reads past a subclass's own __getitem__")
+
+    module = types.SimpleNamespace(_internal_dict=Config(scale=0.5, act="gelu"))
+    value = module
+    for step in reader(parse(item)[2]):
+        value = step(value)
+    assert value == "gelu"
+    code = test_the_forms_a_frameworks_config_and_processor_are_guarded_in_are_followed.__code__
+    assert describe(code) == describe(code.replace()) != describe(_hook.__code__)
+    assert describe(code).startswith("code:test_the_forms_a_frameworks_config_and_processor_are_guarded_in_are")
+
+
 def test_a_dtensor_modules_hooks_and_layout_are_checked_not_left_unchecked() -> None:
     """Issue 27: a module parallelised with ``parallelize_module`` was an ``unchecked_value`` verdict, its hooks read
     in a form the tier did not follow (``d[list(dict.keys(d))[0]]``). Now they are pinned: a hook by its code, as
@@ -1198,24 +1231,33 @@ def test_cold_bench_settles_a_later_iteration_only_when_the_interval_of_its_medi
     assert run.others_share(2) == pytest.approx((0.3 - 0.2) / (0.2 * 2)), "the machine's busy time less the ranks'"
 
 
-GRADS_WORKER = WORKERS / "precompile_grads.py"
+FRAMEWORK_WORKER = WORKERS / "precompile_framework_model.py"
 
 
 @pytest.mark.internals
 @pytest.mark.timeout(900)
-def test_a_shape_first_met_while_parameters_hold_gradients_loads_in_a_fresh_process(tmp_path: Path) -> None:
-    """Issue 43: torch's guard-state pickler wrote a parameter's gradient that no guard reads as its ``_Missing``
-    placeholder, which its unpickler then assigned to ``.grad``: an artifact traced after a backward (Lightning's
-    and HF Trainer's second shape) failed to load everywhere (``load_failed``, "assigned grad expected to be a
-    Tensor or None but got grad of type _Missing"). A fresh process now loads both shapes' artifacts and compiles
-    nothing, with the cold process's losses."""
+def test_a_model_written_as_frameworks_write_theirs_loads_in_a_fresh_process(tmp_path: Path) -> None:
+    """Issue 43, the forms real frameworks' models broke the tier with (``tests/workers/precompile_framework_model``):
+
+    * a shape first met while the parameters hold gradients (Lightning, HF Trainer): torch's guard-state pickler
+      wrote an unread gradient as its ``_Missing`` placeholder, which its unpickler assigned to ``.grad``
+      (``load_failed``, "assigned grad expected to be a Tensor or None but got grad of type _Missing");
+    * a callable object's method (diffusers' attention processors): the tier's guard filter kept a
+      ``CONSTANT_MATCH`` on its code that torch saves as an ``ID_MATCH`` (``precompile_failed``, "ID_MATCH guard
+      cannot be serialized"); dropped now, and the code pinned by its digest;
+    * a config dict's key (``list(dict.keys(self._internal_dict))[0]``): a form the tier did not follow
+      (``unchecked_value``);
+    * an ``OrderedDict`` subclass returned: the module global dynamo installs for ``collections`` was missing in
+      every other process (``load_failed``, "Missing required external references").
+
+    A fresh process now loads both shapes' artifacts and compiles nothing, with the cold process's losses."""
     runs = {}
     for name in ("cold", "fresh"):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_"))}
         env.update(RECIPECACHE_URL=f"file://{tmp_path / 'store'}", RECIPECACHE_NAMESPACE=NAMESPACE,
                    TORCHINDUCTOR_CACHE_DIR=str(tmp_path / name / "inductor"), OMP_NUM_THREADS="1")
         out = tmp_path / f"{name}.json"
-        proc = subprocess.run([sys.executable, str(GRADS_WORKER), str(out)], env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, str(FRAMEWORK_WORKER), str(out)], env=env, capture_output=True, text=True,
                               timeout=800, check=False)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         runs[name] = json.loads(out.read_text())
