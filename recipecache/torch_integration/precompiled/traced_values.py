@@ -158,44 +158,10 @@ def parse(source: str) -> GuardPath | None:
 
 def _expression(text: str, at: int) -> tuple[GuardPath, int] | None:
     start = at
-    call = next((c for c in (*_CALLS, "___odict_getitem(") if text.startswith(c, at)), None)
-    if text.startswith(_ITEM_OF, at):
-        inner = _expression(text, at + len(_ITEM_OF))
-        if inner is None or not text.startswith(", ", inner[1]):
-            return None
-        key = _expression(text, inner[1] + 2)
-        last = key[0][2][-1] if key is not None and key[0][2] else ("", None)
-        if key is None or last[0] != "key" or key[0] != (*inner[0][:2], (*inner[0][2], last)):
-            return None  # not a key of this dict
-        if not text.startswith(")", key[1]):
-            return None
-        (scope, name, steps), at = inner[0], key[1] + 1
-        steps = (*steps, ("dict_key_at", last[1]))
-    elif text.startswith(_KEY, at):
-        inner = _expression(text, at + len(_KEY))
-        index = _KEY_INDEX.match(text, inner[1]) if inner is not None else None
-        if inner is None or index is None:
-            return None
-        (scope, name, steps), at = inner[0], index.end()
-        steps = (*steps, ("key", int(index.group(1))))
-    elif call is not None:
-        inner = _expression(text, at + len(call))
-        if inner is None:
-            return None
-        (scope, name, steps), at = inner
-        item = _ODICT_ITEM.match(text, at) if call == "___odict_getitem(" else None
-        if item is not None:
-            steps, at = (*steps, ("item", item.group(1))), item.end()
-        elif call in _CALLS and text.startswith(")", at):
-            steps, at = (*steps, (_CALLS[call], None)), at + 1
-        else:
-            return None
-    else:
-        root = _ROOT.match(text, at)
-        if root is None:
-            return None
-        scope, name = (root.group(1), root.group(2)) if root.group(1) else ("L", root.group(3))
-        steps, at = (), root.end()
+    head = _head(text, at)
+    if head is None:
+        return None
+    (scope, name, steps), at = head
     while True:
         if text.startswith(_KEY_AT, at):  # ``[list(dict.keys(<the value so far>))[N]]``: the N-th key's item
             inner = _expression(text, at + len(_KEY_AT))
@@ -214,6 +180,52 @@ def _expression(text: str, at: int) -> tuple[GuardPath, int] | None:
         )
         at = step.end()
     return (scope, name, steps), at
+
+
+def _head(text: str, at: int) -> tuple[GuardPath, int] | None:
+    """The value an expression's steps start from: a root, a call of one, a dict's key or a dict subclass's item."""
+    if text.startswith(_ITEM_OF, at):
+        return _item_of(text, at + len(_ITEM_OF))
+    if text.startswith(_KEY, at):
+        inner = _expression(text, at + len(_KEY))
+        index = _KEY_INDEX.match(text, inner[1]) if inner is not None else None
+        if inner is None or index is None:
+            return None
+        (scope, name, steps), _ = inner
+        return (scope, name, (*steps, ("key", int(index.group(1))))), index.end()
+    call = next((c for c in (*_CALLS, "___odict_getitem(") if text.startswith(c, at)), None)
+    if call is not None:
+        inner = _expression(text, at + len(call))
+        if inner is None:
+            return None
+        (scope, name, steps), at = inner
+        item = _ODICT_ITEM.match(text, at) if call == "___odict_getitem(" else None
+        if item is not None:
+            return (scope, name, (*steps, ("item", item.group(1)))), item.end()
+        if call in _CALLS and text.startswith(")", at):
+            return (scope, name, (*steps, (_CALLS[call], None))), at + 1
+        return None
+    root = _ROOT.match(text, at)
+    if root is None:
+        return None
+    scope, name = (root.group(1), root.group(2)) if root.group(1) else ("L", root.group(3))
+    return (scope, name, ()), root.end()
+
+
+def _item_of(text: str, at: int) -> tuple[GuardPath, int] | None:
+    """``dict.__getitem__(<dict>, list(dict.keys(<dict>))[N])`` from past its opening: the N-th key's item of that
+    dict, read past a subclass's own ``__getitem__``."""
+    mapping = _expression(text, at)
+    if mapping is None or not text.startswith(", ", mapping[1]):
+        return None
+    key = _expression(text, mapping[1] + 2)
+    if key is None or not key[0][2] or not text.startswith(")", key[1]):
+        return None
+    last = key[0][2][-1]
+    (scope, name, steps), _ = mapping
+    if last[0] != "key" or key[0] != (scope, name, (*steps, last)):
+        return None  # not a key of this dict
+    return (scope, name, (*steps, ("dict_key_at", last[1]))), key[1] + 1
 
 
 def reader(steps: tuple[tuple[str, Any], ...]) -> tuple[Callable[[Any], Any], ...]:
@@ -456,4 +468,3 @@ def install_modules(modules: Sequence[tuple[str, str]], scope: dict[str, Any]) -
         module = _module(module_name)
         if scope.setdefault(name, module) is not module:
             raise ValueError(f"{name} is bound to another value than module {module_name} here")
-
