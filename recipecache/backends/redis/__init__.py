@@ -85,12 +85,12 @@ import redis.exceptions
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from ..buffers import Buffer
-from ..errors import BackendError, BackendKeyError, VerificationError
-from ..health import FAIL, PASS, WARN, HealthCheck
-from ..reasons import Reason
-from .base import Backend, EntryInfo, LeaseState, check_key, is_key, value_matches
-from .url import StoreURL
+from ...buffers import Buffer
+from ...errors import BackendError, BackendKeyError, VerificationError
+from ...health import FAIL, PASS, WARN, HealthCheck
+from ...reasons import Reason
+from ..base import Backend, EntryInfo, LeaseState, check_key, is_key, value_matches
+from ..url import StoreURL
 
 log = logging.getLogger(__name__)
 
