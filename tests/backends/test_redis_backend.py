@@ -15,7 +15,8 @@ from support.redis_server import HungPeer, RedisServer
 
 import recipecache
 from recipecache.backends import open_backend
-from recipecache.backends.redis import PENDING_CHUNK_TTL_MS, RedisBackend, _error
+from recipecache.backends.redis import PENDING_CHUNK_TTL_MS, RedisBackend
+from recipecache.backends.redis.errors import redis_error
 from recipecache.errors import BackendKeyError
 from recipecache.keys import storage_key
 
@@ -527,7 +528,7 @@ def test_a_fault_of_one_key_is_a_key_error_not_a_failed_service(redis_url: str) 
                       "backend_full": redis.exceptions.ResponseError("OOM command not allowed"),
                       "backend_error": redis.exceptions.ResponseError("NOPERM this user has no permissions")}
     for exc in key_faults:
-        assert isinstance(_error(exc, "x"), BackendKeyError), exc
+        assert isinstance(redis_error(exc, "x"), BackendKeyError), exc
     for reason, exc in service_faults.items():
-        error = _error(exc, "x")
+        error = redis_error(exc, "x")
         assert not isinstance(error, BackendKeyError) and error.reason == reason, exc
