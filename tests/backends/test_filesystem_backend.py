@@ -39,7 +39,7 @@ def test_eviction_is_least_recently_used(tmp_path: Path) -> None:
     b = FilesystemBackend(tmp_path / "c")
     for i in range(4):
         b.put(k(i), bytes(1000))
-        os.utime(b._object_path(k(i)), (1000 + i, 1000 + i))
+        os.utime(b.layout.object_path(k(i)), (1000 + i, 1000 + i))
     b.get(k(0))  # now the most recently used
     b.evict(2000)
     assert sorted(e.key for e in b.scan(NS)) == sorted([k(0), k(3)])
@@ -72,7 +72,7 @@ def test_planted_symlink_is_not_followed(tmp_path: Path) -> None:
     b.put(k(1), b"real")
     secret = tmp_path / "outside"
     secret.write_bytes(b"not yours")
-    path = b._object_path(k(1))
+    path = b.layout.object_path(k(1))
     path.unlink()
     path.symlink_to(secret)
     assert b.get(k(1)) is None
@@ -86,7 +86,7 @@ def test_special_files_are_never_read(tmp_path: Path) -> None:
     root = tmp_path / "c"
     b = FilesystemBackend(root)
     b.put(k(1), b"entry")
-    entry, lease = b._object_path(k(1)), b._lease_path(k(2))
+    entry, lease = b.layout.object_path(k(1)), b.layout.lease_path(k(2))
     entry.unlink()
     os.mkfifo(entry)
     lease.parent.mkdir(parents=True, exist_ok=True)
@@ -132,7 +132,7 @@ def test_interrupted_write_is_never_visible(tmp_path: Path) -> None:
 def test_stray_files_are_not_listed_and_do_not_stop_eviction(tmp_path: Path) -> None:
     b = open_backend(f"file://{tmp_path / 'c'}?max_size=10KB")
     b.put(k(0), bytes(1000))
-    fan = b._object_path(k(0)).parent  # type: ignore[attr-defined]
+    fan = b.layout.object_path(k(0)).parent  # type: ignore[attr-defined]
     (fan / "README").write_text("someone's notes")
     (fan / ("ff" + "0" * 62)).write_bytes(b"filed under the wrong fan directory")
     (fan.parent.parent / "not a namespace").mkdir()
@@ -300,7 +300,7 @@ def test_stuck_lease_lock_costs_a_follower_no_more_than_its_deadline(tmp_path: P
     assert isinstance(backend, FilesystemBackend)
     name = storage_key(NS, "graph")
     assert backend.lease_add(name, "leader", 30)  # a leader holds the key ...
-    stuck_lock(backend._lease_path(name))  # ... and a process is stuck holding the lease's lock
+    stuck_lock(backend.layout.lease_path(name))  # ... and a process is stuck holding the lease's lock
     flight = finishes(lambda: store.begin("graph", wait_timeout=0.5))
     assert flight.role is Role.FALLBACK and flight.reason is Reason.WAIT_TIMEOUT
     assert 0.5 <= flight.waited_s
@@ -312,7 +312,7 @@ def test_stuck_lease_lock_is_no_takeover(tmp_path: Path, stuck_lock) -> None:
     name = k(7)
     assert backend.lease_add(name, "dead", 1)
     now[0] += 10  # the holder's lease expired
-    stuck_lock(backend._lease_path(name))
+    stuck_lock(backend.layout.lease_path(name))
     assert finishes(lambda: backend.lease_add(name, "next", 1)) is False  # not taken; the follower polls again
 
 
@@ -322,7 +322,7 @@ def test_stuck_lease_lock_makes_renew_and_release_slow_errors(tmp_path: Path, st
     backend = FilesystemBackend(tmp_path / "c")
     name = k(8)
     assert backend.lease_add(name, "mine", 30)
-    stuck_lock(backend._lease_path(name))
+    stuck_lock(backend.layout.lease_path(name))
     for op in (lambda: backend.lease_renew(name, "mine", 30), lambda: backend.lease_release(name, "mine")):
         with pytest.raises(BackendError) as err:
             finishes(op)

@@ -48,7 +48,7 @@ def test_ls_shows_producer_and_status(url: str) -> None:
 
 def test_verify_finds_and_fixes_bad_entries(url: str, tmp_path: Path) -> None:
     store = recipecache.open_store(url, namespace="job")
-    path = store.backend._object_path(storage_key("job", "graph-1"))  # type: ignore[attr-defined]
+    path = store.backend.layout.object_path(storage_key("job", "graph-1"))  # type: ignore[attr-defined]
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     path.write_bytes(bytes(data))
@@ -115,7 +115,7 @@ def signed_url(tmp_path: Path) -> str:
 def test_verify_fix_removes_damage_only_never_what_another_secret_refuses(signed_url: str) -> None:
     """Issue 18, item 8: a mistyped secret made every entry bad_signature and --fix removed them all."""
     store = recipecache.open_store(signed_url, namespace="job", secret=SECRET)
-    path = store.backend._object_path(storage_key("job", "graph-1"))  # type: ignore[attr-defined]
+    path = store.backend.layout.object_path(storage_key("job", "graph-1"))  # type: ignore[attr-defined]
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     path.write_bytes(bytes(data))
