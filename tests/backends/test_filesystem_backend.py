@@ -23,6 +23,7 @@ from recipecache.backends.filesystem import STALE_TEMP_S, FilesystemBackend
 from recipecache.backends import open_backend
 from recipecache.keys import storage_key
 from recipecache.reasons import Reason, Role
+from recipecache.store_admin import StoreAdmin
 from recipecache.errors import BackendError, ConfigError
 from support.paths import REPO
 
@@ -97,7 +98,7 @@ def test_special_files_are_never_read(tmp_path: Path) -> None:
     assert finishes(lambda: b.delete_if(k(1), b"entry")) is False
     assert finishes(lambda: b.lease_holder(k(2))).remaining_s < 0, "an unreadable lease counts as expired"
     assert finishes(lambda: [e.key for e in b.scan(NS)]) == []
-    assert finishes(lambda: admin.prune(recipecache.open_store(f"file://{root}", namespace=NS), 0)) == 0
+    assert finishes(lambda: admin.prune(StoreAdmin(recipecache.open_store(f"file://{root}", namespace=NS)), 0)) == 0
     assert not lease.exists(), "prune swept the expired 'lease'"
     assert finishes(lambda: b.put_if(k(1), None, b"new")), "no value there to compare with"
     assert b.get(k(1)) == b"new" and stat.S_ISREG(entry.lstat().st_mode)
@@ -238,7 +239,7 @@ def test_prune_during_another_eviction_waits_for_it(tmp_path: Path, monkeypatch:
     evicting.acquire()
     threading.Timer(1.0, evicting.release).start()
     assert cli.main(["prune", "--max-size", "0", "--url", url]) == 0
-    assert store.scan(all_namespaces=True) == []
+    assert StoreAdmin(store).scan(all_namespaces=True) == []
     monkeypatch.setattr(filesystem, "EVICT_LOCK_TIMEOUT_S", 0.2)
     capsys.readouterr()
     with evicting:

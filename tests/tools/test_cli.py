@@ -14,6 +14,7 @@ import pytest
 import recipecache
 from recipecache.keys import storage_key
 from recipecache.tools import admin
+from recipecache.store_admin import StoreAdmin
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -70,9 +71,10 @@ def test_verify_fix_spares_a_good_entry_published_after_it_read_the_damaged_one(
     for i in range(2):
         store.put(f"graph-{i}", bytes(100 * (i + 1)))
     skey = storage_key(namespace, "graph-1")
-    damaged = bytearray(store.read_raw(skey) or b"")
+    ops = StoreAdmin(store)
+    damaged = bytearray(ops.read_raw(skey) or b"")
     damaged[-1] ^= 1
-    store.write_raw(skey, damaged)
+    ops.write_raw(skey, damaged)
     rank = recipecache.open_store(store_url, namespace=namespace)
     read = store.backend.get
 
@@ -83,14 +85,14 @@ def test_verify_fix_spares_a_good_entry_published_after_it_read_the_damaged_one(
         return blob
 
     monkeypatch.setattr(store.backend, "get", read_then_a_rank_publishes)
-    result = admin.verify(store, fix=True)
+    result = admin.verify(ops, fix=True)
     assert [r.storage_key for r in result.bad] == [skey], "what verify read was damaged"
     assert result.removed == [] and [r.storage_key for r in result.changed] == [skey]
     assert rank.get("graph-1") == b"compiled again", "the entry published meanwhile survives"
     assert rank.get("graph-0") == bytes(100)
     monkeypatch.undo()
-    store.write_raw(skey, damaged)
-    assert [r.storage_key for r in admin.verify(store, fix=True).removed] == [skey], "unchanged, it is removed"
+    ops.write_raw(skey, damaged)
+    assert [r.storage_key for r in admin.verify(ops, fix=True).removed] == [skey], "unchanged, it is removed"
     assert rank.get("graph-1") is None and rank.get("graph-0") == bytes(100)
 
 
@@ -345,7 +347,7 @@ def test_damaged_import_is_an_error_that_says_what_was_imported(
 
 def _export_without_last(url: str, tmp_path: Path) -> bytes:
     """The same export with one entry fewer (to learn where the last entry starts)."""
-    store = recipecache.open_store(url, namespace="job")
+    store = StoreAdmin(recipecache.open_store(url, namespace="job"))
     last = max(store.scan(), key=lambda info: info.key)
     blob = store.read_raw(last.key)
     store.delete_raw(last.key)
