@@ -44,6 +44,7 @@ import recipecache
 from recipecache import envelope
 from recipecache.eventlog import EventLog
 from recipecache.sizes import format_size, parse_size
+from recipecache.store_admin import StoreAdmin
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support.redis_server import RedisServer  # noqa: E402
@@ -129,8 +130,9 @@ def main() -> int:
             assert fs_store.get("get") == payload and rd_store.get("get") == payload
             for path in Path(tmp).glob("raw-*.bin"):
                 path.unlink()
-            for entry in fs_store.scan():
-                fs_store.delete_raw(entry.key)
+            fs_entries = StoreAdmin(fs_store)
+            for entry in fs_entries.scan():
+                fs_entries.delete_raw(entry.key)
             client.flushall()
             for name, (raw_s, store_s) in measured.items():
                 print(row(name, size, raw_s, store_s, hash_s))

@@ -16,8 +16,9 @@ from .errors import BackendError, ConfigError, RecipeCacheError, VerificationErr
 from .reasons import Reason, Role
 
 if TYPE_CHECKING:
+    from .flight import Flight
     from .keys import make_key
-    from .store import Flight, Store, open_store
+    from .store import Store, open_store
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -25,7 +26,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 #: dependencies)
 _LAZY = {
     "make_key": "recipecache.keys",
-    "Flight": "recipecache.store",
+    "Flight": "recipecache.flight",
     "Store": "recipecache.store",
     "open_store": "recipecache.store",
     "enable": "recipecache.torch_integration",

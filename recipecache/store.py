@@ -23,208 +23,49 @@ The store is what training code talks to. Its promises:
   rewritten in place (``update``) are read from the backend where a copy could be stale:
   see :meth:`Store.update`.
 * Nothing a backend does (down, slow, full, corrupt) raises into the caller. A failure
-  opens a circuit breaker (:class:`Breaker`): for a while the backend is not asked at all
+  opens a circuit breaker (:class:`~recipecache.breaker.Breaker`): for a while the backend is not asked at all
   (each skipped call still counts under the failure's reason), then one call probes it;
   each failed probe doubles the pause, so an outage costs a few timeouts in all, not one
   per lookup. There is one breaker per part of the backend that fails alone
   (:meth:`~recipecache.backends.base.Backend.failure_domain`: a Redis Cluster primary), so a
   dead node pauses its own keys only. A failure of one key
   (:class:`~recipecache.errors.BackendKeyError`) is that key's miss and leaves the breaker closed.
+
+This is the training face. Its parts: :mod:`recipecache.entries` seals and verifies
+envelopes, :mod:`recipecache.flight` single flight (:meth:`Store.begin`),
+:mod:`recipecache.breaker` the circuit breakers. An operator's whole-store operations on
+entries as stored are :class:`~recipecache.store_admin.StoreAdmin`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import logging
 import random
-import secrets
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from . import envelope
 from .backends import open_backend
-from .backends.base import Backend, EntryInfo
+from .backends.base import Backend
+from .breaker import Breakers
 from .buffers import Buffer, byte_view
-from .errors import BackendError, BackendKeyError, VerificationError, echo
+from .entries import Entries, Lookup
+from .errors import BackendError
 from .eventlog import EventLog
-from .health import HealthCheck
+from .flight import Flight, Flights
 from .keys import storage_key
-from .lease import HeldLease, SingleFlight
+from .lease import SingleFlight
 from .node_tier import NodeTier
-from .reasons import ABSENT, FAILED, REFUSED, Reason, Role
+from .reasons import Reason
 from .settings import StoreSettings
 from .stats import Stats
 
-log = logging.getLogger(__name__)
+__all__ = ["Flight", "Lookup", "Store", "open_store"]
 
-T = TypeVar("T")
-
-#: Seconds a failed backend is left alone before the store tries it again; each failed try
-#: doubles the pause, up to RETRY_AFTER_MAX_S.
-RETRY_AFTER_S = 5.0
-RETRY_AFTER_MAX_S = 120.0
 #: Tries of one :meth:`Store.update` before it gives up as a ``conflict``, and its backoff.
 UPDATE_ATTEMPTS = 16
 _UPDATE_BACKOFF_S = 0.002
 _UPDATE_BACKOFF_MAX_S = 0.2
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """One lookup's answer: the verified payload, or None and why (:mod:`recipecache.reasons`)."""
-
-    #: a read-only view of the payload (compare with ``==``; ``bytes(data)`` for an owned copy)
-    data: memoryview | None
-    #: None for a hit
-    reason: Reason | None = None
-
-    @property
-    def absent(self) -> bool:
-        """The store answered: nothing under this key (a cold cache)."""
-        return self.reason in ABSENT
-
-    @property
-    def refused(self) -> bool:
-        """The store answered: an entry was there and failed verification."""
-        return self.reason in REFUSED
-
-    @property
-    def failed(self) -> bool:
-        """The backend did not answer usefully (down, slow, full, broken)."""
-        return self.reason in FAILED
-
-
-@dataclass
-class Flight:
-    """One key's trip through single-flight: a hit, a follower's result, or the duty to compile.
-
-    ``data`` is set for ``hit`` and ``follower``. A ``leader`` (or ``fallback``) must
-    compile and then :meth:`publish`, or :meth:`release` if it cannot; using the flight
-    as a context manager releases the lease in every case.
-    """
-
-    store: Store
-    key: str
-    role: Role
-    data: memoryview | None = None
-    #: why a ``fallback`` compiles without a lease (a backend failure or ``wait_timeout``)
-    reason: Reason | None = None
-    waited_s: float = 0.0
-    #: why the first lookup missed (``not_found``, a refusal such as ``bad_signature``, or a
-    #: backend failure); None for a hit
-    miss_reason: Reason | None = None
-    lease: HeldLease | None = field(default=None, repr=False)
-    #: whether the flight is in the event log (:meth:`Store.begin`'s ``trace``)
-    trace: bool = True
-    #: what the flight looks up and publishes (:meth:`Store.begin`'s ``kind``), counted under it
-    kind: str | None = None
-
-    def publish(self, data: Buffer, *, meta: dict[str, Any] | None = None) -> bool:
-        """Store ``data`` (described by ``meta``, see :meth:`Store.put`) and release the lease; False if not taken."""
-        stored = self.store.put(self.key, data, meta=meta, trace=self.trace, kind=self.kind)
-        self.release()
-        return stored
-
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None
-
-    def __enter__(self) -> Flight:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class Breaker:
-    """The store's circuit breaker: a failed backend is left alone for a pause, then probed by one call.
-
-    Every call of a backend that keeps failing would pay its timeout again; while the
-    breaker is open calls fail at once with the failure's reason instead. After the pause
-    the next call is the one probe (other threads still fail at once until it answers; the
-    probing thread's own nested calls go through). A failed probe doubles the pause, up to
-    :data:`RETRY_AFTER_MAX_S`: a job spread over minutes against a dead or hung backend pays
-    a handful of timeouts in all. Any answer closes the breaker and resets the pause; a
-    failure of one key (:class:`BackendKeyError`) is such an answer. The clock is
-    injectable so tests can step through the pauses.
-    """
-
-    def __init__(self, url: str, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.url = url
-        self._clock = clock
-        self._lock = threading.Lock()
-        #: why the backend is left alone; None while the breaker is closed
-        self.reason: Reason | None = None
-        self._until = 0.0
-        self._pause = 0.0
-        #: the thread whose call is the probe now
-        self._prober: int | None = None
-
-    def call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        """Run a backend call; raise BackendError at once while the breaker is open."""
-        me = threading.get_ident()
-        probe = False
-        with self._lock:
-            if self.reason is not None and self._prober != me:
-                if self._prober is not None or self._clock() < self._until:
-                    raise BackendError(self.reason, "backend unavailable (retrying later)")
-                self._prober, probe = me, True
-                log.info("recipecache: retrying backend %s", self.url)
-        try:
-            result = fn(*args)
-        except BackendKeyError:
-            self._answered()
-            raise
-        except BackendError as exc:
-            self._failed(what, exc, probe)
-            raise
-        finally:
-            if probe:
-                with self._lock:
-                    if self._prober == me:
-                        self._prober = None
-        self._answered()
-        return result
-
-    def _failed(self, what: str, exc: BackendError, probe: bool) -> None:
-        with self._lock:
-            first = self.reason is None
-            if first:
-                self._pause = RETRY_AFTER_S
-            elif probe:
-                self._pause = min(self._pause * 2, RETRY_AFTER_MAX_S)
-            self.reason = exc.reason
-            self._until = self._clock() + self._pause
-            pause = self._pause
-        if first:
-            log.warning(
-                "recipecache: %s failed on %s (%s: %s); compiling locally, retrying the cache in %.0f s",
-                what,
-                self.url,
-                exc.reason,
-                exc,
-                pause,
-            )
-        elif probe:
-            log.info(
-                "recipecache: backend %s still failing (%s: %s); next try in %.0f s", self.url, exc.reason, exc, pause
-            )
-
-    def _answered(self) -> None:
-        """Close the breaker: the backend answered (the probe itself, or a call nested in it, such as a
-        lookup inside a single-flight wait that would otherwise hold the probe for minutes)."""
-        with self._lock:
-            if self.reason is None:
-                return
-            self.reason = None
-            self._pause = 0.0
-            self._prober = None
-        log.warning("recipecache: backend %s is back", self.url)
 
 
 class Store:
@@ -236,17 +77,12 @@ class Store:
         events: EventLog | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``clock`` paces the circuit breaker (:class:`Breaker`)."""
+        """``clock`` paces the circuit breakers (:class:`~recipecache.breaker.Breakers`)."""
         self.backend = backend
         self.settings = settings
         self.namespace = settings.namespace
         self.events = events if events is not None else EventLog.from_env()
         self._stats = Stats()
-        self._flight = SingleFlight(backend, ttl=settings.lease_ttl)
-        self._clock = clock
-        #: a circuit breaker per failure domain of the backend (None: the whole backend)
-        self._breakers: dict[str | None, Breaker] = {}
-        self._breakers_lock = threading.Lock()
         self.node = (
             None
             if settings.node_dir is None
@@ -258,6 +94,20 @@ class Store:
                 wait_timeout=settings.wait_timeout,
                 stats=self._stats,
             )
+        )
+        self._breakers = Breakers(backend, clock=clock)
+        #: this store's envelopes: sealed, verified, read through the node tier
+        self.entries = Entries(
+            backend, self.namespace, settings.secret, breakers=self._breakers, node=self.node, stats=self._stats
+        )
+        self._flights = Flights(
+            self,
+            self.entries,
+            read=self._traced_read,
+            leases=SingleFlight(backend, ttl=settings.lease_ttl),
+            breakers=self._breakers,
+            stats=self._stats,
+            events=self.events,
         )
 
     @classmethod
@@ -273,102 +123,12 @@ class Store:
     def url(self) -> str:
         return self.backend.url
 
-    # -- degradation ---------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., T], skey: str, *args: Any) -> T:
-        """Run ``fn(skey, *args)``, a backend call on storage key ``skey``, through the breaker of the part of the
-        backend that serves ``skey``."""
-        domain = self.backend.failure_domain(skey)
-        with self._breakers_lock:
-            breaker = self._breakers.get(domain)
-            if breaker is None:
-                url = echo(self.backend.url, quote=False)  # the warnings of an open breaker name it
-                where = url if domain is None else f"{url} (node {domain})"
-                breaker = self._breakers[domain] = Breaker(where, clock=self._clock)
-        return breaker.call(what, fn, skey, *args)
-
     def unavailable(self) -> dict[str, Reason]:
         """The parts of the backend the store leaves alone now (their breaker is open), and why: a cluster node as
         ``host:port``, the whole backend as its URL."""
-        with self._breakers_lock:
-            breakers = list(self._breakers.items())
-        return {
-            self.backend.url if domain is None else domain: breaker.reason
-            for domain, breaker in breakers
-            if breaker.reason is not None
-        }
+        return self._breakers.unavailable()
 
     # -- bytes ---------------------------------------------------------------------
-    def _read(self, key: str, *, node: bool = True) -> Lookup:
-        """The verified payload, or why not, through the node tier if there is one (and ``node``).
-
-        Deletes entries that are damaged. Counts nothing but bytes.
-        """
-        if self.node is None or not node:
-            return self._fetch(key)[0]
-        return self.node.read(
-            storage_key(self.namespace, key),
-            functools.partial(self.open_entry, key),
-            functools.partial(self._fetch_verified, key),
-            self._node_hit,
-        )
-
-    def open_entry(self, key: str, blob: Buffer) -> memoryview:
-        """The payload of ``blob`` filed under ``key``; VerificationError unless every check passes."""
-        return envelope.open_envelope(blob, key=key, namespace=self.namespace, secret=self.settings.secret)[1]
-
-    def _node_hit(self, payload: memoryview) -> Lookup:
-        self._stats.count("bytes_read", len(payload))
-        return Lookup(payload)
-
-    def _fetch_verified(self, key: str) -> tuple[Lookup, Buffer | None]:
-        """The backend's answer, and the envelope as stored only if it verified (what the node tier may copy)."""
-        result, blob = self._fetch(key)
-        return result, blob if result.data is not None else None
-
-    def _fetch(self, key: str) -> tuple[Lookup, Buffer | None]:
-        """The backend's answer (never the node tier's), and the envelope as stored (None when none is), for a
-        compare-and-set."""
-        skey = storage_key(self.namespace, key)
-        try:
-            blob = self._call("get", self.backend.get, skey)
-        except BackendError as exc:
-            return Lookup(None, exc.reason), None
-        except VerificationError as exc:  # the backend's own framing of this entry: no bytes to compare
-            log.warning("recipecache: refusing entry %s: %s", key, exc)
-            return Lookup(None, exc.reason), None
-        if blob is None:
-            return Lookup(None, Reason.NOT_FOUND), None
-        try:
-            payload = self.open_entry(key, blob)
-        except VerificationError as exc:
-            log.warning("recipecache: refusing entry %s: %s", key, exc)
-            if exc.reason is Reason.CORRUPT and self._delete_damaged(skey, blob):
-                return Lookup(None, exc.reason), None
-            return Lookup(None, exc.reason), blob
-        self._stats.count("bytes_read", len(payload))
-        return Lookup(payload), blob
-
-    def _delete_damaged(self, skey: str, blob: Buffer) -> bool:
-        """Delete an entry that is provably damaged, unless it changed since we read ``blob``."""
-        try:
-            deleted = self._call("delete", self.backend.delete_if, skey, blob)
-        except BackendError:
-            return False
-        if deleted:
-            self._stats.count("deleted_bad")
-        return deleted
-
-    def _fetch_fresh(self, key: str, stale: Buffer) -> memoryview | None:
-        """The value under ``key`` unless it is ``stale``, from the backend itself (the node copy may be what is
-        stale); a fresh value replaces the node copy, so the node's other processes see it too."""
-        result, blob = self._fetch(key)
-        if result.data is None or result.data == stale:
-            return None
-        if self.node is not None:
-            assert blob is not None
-            self.node.publish(storage_key(self.namespace, key), blob)
-        return result.data
-
     def lookup(self, key: str, *, trace: bool = True, node: bool = True, kind: str | None = None) -> Lookup:
         """The verified artifact under ``key``, or None and the counted miss reason.
 
@@ -385,9 +145,10 @@ class Store:
         return result
 
     def _traced_read(self, key: str, *, trace: bool, node: bool = True) -> Lookup:
-        """:meth:`_read`, and its hit or miss in the event log (when ``trace``); the caller counts the outcome."""
+        """A read of ``key`` (:meth:`Entries.read <recipecache.entries.Entries.read>`), and its hit or miss in the event
+        log (when ``trace``); the caller counts the outcome."""
         start = time.perf_counter()
-        result = self._read(key, node=node)
+        result = self.entries.read(key, node=node)
         if trace:
             if result.data is None:
                 self.events.record("miss", key, time.perf_counter() - start, reason=result.reason)
@@ -398,9 +159,6 @@ class Store:
     def get(self, key: str, *, trace: bool = True, node: bool = True) -> memoryview | None:
         """The verified artifact under ``key`` (a read-only view), or None (a miss, counted by reason)."""
         return self.lookup(key, trace=trace, node=node).data
-
-    def _seal(self, key: str, data: Buffer, meta: dict[str, Any] | None = None) -> bytes:
-        return envelope.seal_header(key, data, namespace=self.namespace, secret=self.settings.secret, meta=meta)
 
     def _published(self, key: str, data: Buffer, start: float, trace: bool, kind: str | None) -> None:
         self._stats.put(kind, len(data))
@@ -430,11 +188,11 @@ class Store:
         start = time.perf_counter()
         data = byte_view(data)
         skey = storage_key(self.namespace, key)
-        header = self._seal(key, data, meta)
+        header = self.entries.seal(key, data, meta)
         if self.node is not None and node:
             self.node.publish(skey, header, data)
         try:
-            self._call("put", self.backend.put, skey, header, data)
+            self._breakers.call("put", self.backend.put, skey, header, data)
         except BackendError as exc:
             self._stats.reason("put_failures", exc.reason)
             return False
@@ -479,7 +237,7 @@ class Store:
         copy_to = self.node if node else None
         with copy_to.rewriting(skey) if copy_to is not None else contextlib.nullcontext():
             for attempt in range(attempts):
-                current, stored = self._fetch(key)
+                current, stored = self.entries.fetch(key)
                 if current.failed:
                     assert current.reason is not None
                     self._stats.reason("put_failures", current.reason)
@@ -488,9 +246,9 @@ class Store:
                 if new is None:
                     return current
                 new = byte_view(new)
-                header = self._seal(key, new, meta)
+                header = self.entries.seal(key, new, meta)
                 try:
-                    written = self._call("put", self.backend.put_if, skey, stored, header, new)
+                    written = self._breakers.call("put", self.backend.put_if, skey, stored, header, new)
                 except BackendError as exc:
                     self._stats.reason("put_failures", exc.reason)
                     return Lookup(None, exc.reason)
@@ -518,97 +276,12 @@ class Store:
     ) -> Flight:
         """Look ``key`` up; on a miss either wait for the process compiling it or become its compiler.
 
-        The lookup's outcome is counted once, when the flight's role is known: a hit, a
-        follower's artifact (a hit that waited), or a miss for the first lookup's reason
-        (leader, or a fallback, also counted as such); under ``kind`` too, which the flight
-        keeps for its :meth:`Flight.publish`. A value the caller then cannot use is
-        :meth:`record_unused_hit`.
-
-        ``stale`` is a value the caller already read under ``key`` and cannot use (none of
-        the guard variants it holds fits, or it is malformed), for ``stale_reason`` (a miss in
-        the event log). While the key holds exactly that value it counts as missing: the
-        caller takes the lease and compiles what it needs, or waits for the lease holder to
-        publish something else. The caller counted its own lookup, so this one counts no
-        outcome: the caller settles it (:meth:`record_unused_hit` once, if it uses none of
-        the values). With ``stale`` the backend itself is read, never a node copy (the stale
-        value may be that copy), and what it holds refreshes the node copy. ``trace=False`` keeps the
-        flight (lookup, wait, compile start, publish) out of the event log, as for :meth:`lookup`.
-        ``wait=False``: when another process holds the lease, return at once with role ``busy``
-        (no data, no lease) instead of waiting for its artifact: for callers that have
-        something else to run meanwhile (no-stall) and look again later (:meth:`compiling`).
+        ``wait_timeout`` bounds the wait (default: the settings'; none with ``wait=False``);
+        :meth:`Flights.begin <recipecache.flight.Flights.begin>` says what the others do.
         """
-        if stale is None:
-            first = self._traced_read(key, trace=trace)
-            if first.data is not None:
-                self._stats.outcome(kind, None)
-                return Flight(self, key, Role.HIT, data=first.data, trace=trace, kind=kind)
-            miss = first.reason
-            if first.failed:  # the backend failed: no lease to take
-                assert first.reason is not None  # a failed lookup names its failure
-                self._stats.outcome(kind, miss)
-                return self._fallback(key, first.reason, miss_reason=miss, trace=trace, kind=kind)
-        else:
-            miss = stale_reason
-            if trace:
-                self.events.record("miss", key, reason=stale_reason)
-
-        def settle(hit: bool) -> None:
-            """Count the lookup's outcome (a stale lookup's is the caller's)."""
-            if stale is None:
-                self._stats.outcome(kind, None if hit else miss)
-
         timeout = 0.0 if not wait else self.settings.wait_timeout if wait_timeout is None else wait_timeout
-
-        def fetch() -> memoryview | None:
-            return self._read(key).data if stale is None else self._fetch_fresh(key, stale)
-
-        try:
-            outcome = self._call("lease", self._flight.run, storage_key(self.namespace, key), fetch, timeout)
-        except BackendError as exc:
-            settle(False)
-            return self._fallback(key, exc.reason, miss_reason=miss, trace=trace, kind=kind)
-        if not wait and outcome.role is Role.TIMEOUT:
-            settle(False)
-            self._stats.count("busy")
-            return Flight(self, key, Role.BUSY, miss_reason=miss, trace=trace, kind=kind)
-        if outcome.waited_s and wait:
-            self._stats.count("waits")
-            self._stats.add_seconds("wait_s", outcome.waited_s)
-            if trace:
-                self.events.record("wait", key, outcome.waited_s)
-        settle(outcome.role is Role.FOLLOWER)
-        if outcome.role is Role.TIMEOUT:
-            return self._fallback(
-                key, Reason.WAIT_TIMEOUT, waited_s=outcome.waited_s, miss_reason=miss, trace=trace, kind=kind
-            )
-        if outcome.role is Role.FOLLOWER:
-            self._stats.count("follower")
-            return Flight(
-                self,
-                key,
-                Role.FOLLOWER,
-                data=outcome.value,
-                waited_s=outcome.waited_s,
-                miss_reason=miss,
-                trace=trace,
-                kind=kind,
-            )
-        self._stats.count("leader")
-        if outcome.takeover:
-            self._stats.count("takeovers")
-            if trace:
-                self.events.record("takeover", key)
-        if trace and wait:  # wait=False: the caller says where it compiles (no-stall: behind the steps)
-            self.events.record("compile_start", key)
-        return Flight(
-            self,
-            key,
-            Role.LEADER,
-            lease=outcome.lease,
-            waited_s=outcome.waited_s,
-            miss_reason=miss,
-            trace=trace,
-            kind=kind,
+        return self._flights.begin(
+            key, timeout=timeout, stale=stale, stale_reason=stale_reason, trace=trace, kind=kind, wait=wait
         )
 
     def compiling(self, key: str) -> bool:
@@ -618,27 +291,10 @@ class Store:
         half second before it looks the key up again.
         """
         try:
-            held = self._call("lease", self.backend.lease_holder, storage_key(self.namespace, key))
+            held = self._breakers.call("lease", self.backend.lease_holder, storage_key(self.namespace, key))
         except BackendError:
             return False
         return held is not None and held.remaining_s > 0
-
-    def _fallback(
-        self,
-        key: str,
-        reason: Reason,
-        *,
-        miss_reason: Reason | None,
-        waited_s: float = 0.0,
-        trace: bool = True,
-        kind: str | None = None,
-    ) -> Flight:
-        self._stats.reason("fallback", reason)
-        if trace:
-            self.events.record("fallback", key, reason=reason)
-        return Flight(
-            self, key, Role.FALLBACK, reason=reason, waited_s=waited_s, miss_reason=miss_reason, trace=trace, kind=kind
-        )
 
     def get_or_compile(
         self, key: str, compile_fn: Callable[[], Buffer], *, wait_timeout: float | None = None
@@ -689,104 +345,6 @@ class Store:
         process's code).
         """
         self._stats.unused_hit(kind, None)
-
-    # -- admin: whole-store operations on raw entries (recipecache.tools.admin builds on these) --
-    # They talk to the backend directly, outside the circuit breaker: an operator wants
-    # the backend's error (BackendError), not a silent fallback. ``node=True`` does the same
-    # on the node directory's copies of this store's entries (none without a node tier), each
-    # named by the store's key of it: what a job of this store may be served on this node.
-    def _raw(self, storage_key: str, node: bool) -> tuple[Backend, str]:
-        """The backend an admin operation on ``storage_key`` goes to, and its key there."""
-        if not node:
-            return self.backend, storage_key
-        assert self.node is not None, "node copies are listed by scan(node=True), which has none without a node tier"
-        return self.node.backend, self.node.copy_key(storage_key)
-
-    def scan(self, *, all_namespaces: bool = False, node: bool = False) -> list[EntryInfo]:
-        """Entries of this store's namespace (or of every namespace) as the backend lists them (``node``: the node
-        directory's copies of them)."""
-        namespace = None if all_namespaces else self.namespace
-        if node:
-            return [] if self.node is None else list(self.node.copies(namespace))
-        return list(self.backend.scan(namespace))
-
-    def read_raw(self, storage_key: str, *, node: bool = False) -> Buffer | None:
-        """The raw envelope filed under a backend key from :meth:`scan` (unverified: admin tools verify).
-
-        Raises VerificationError where the backend's own framing of the entry is damaged.
-        """
-        backend, name = self._raw(storage_key, node)
-        return backend.get(name)
-
-    def write_raw(self, storage_key: str, blob: Buffer) -> None:
-        """File a raw envelope under a backend key (import writes what it verified)."""
-        self.backend.put(storage_key, blob)
-
-    def delete_raw(self, storage_key: str, *, node: bool = False) -> None:
-        backend, name = self._raw(storage_key, node)
-        backend.delete(name)
-
-    def delete_raw_if(self, storage_key: str, blob: Buffer | None, *, node: bool = False) -> bool:
-        """Delete the entry under ``storage_key`` only if it still is ``blob`` (what the caller read and found
-        damaged); False, nothing deleted, if it was rewritten or removed meanwhile.
-
-        ``blob`` None: the backend's own framing of the entry was damaged, so there are no bytes
-        to compare; it is deleted only if it reads as damaged still, just before.
-        """
-        backend, name = self._raw(storage_key, node)
-        if blob is not None:
-            return backend.delete_if(name, blob)
-        try:
-            backend.get(name)
-        except VerificationError as exc:
-            if exc.reason is Reason.CORRUPT:
-                backend.delete(name)
-                return True
-        return False
-
-    def storage_key(self, key: str) -> str:
-        """The backend key of caller key ``key`` in this store's namespace (what :meth:`scan` lists)."""
-        return storage_key(self.namespace, key)
-
-    def write_sealed(self, key: str, data: Buffer) -> None:
-        """Seal (and sign) ``data`` under ``key`` as :meth:`put` does and write it, raising BackendError.
-
-        For operator checks (``recipecache doctor``'s round trip) that want the backend's own
-        error, and no node copy, stats or event.
-        """
-        data = byte_view(data)
-        self.backend.put(self.storage_key(key), self._seal(key, data), data)
-
-    def lease_is_exclusive(self, key: str, ttl: float = 30.0) -> bool:
-        """Take a lease on ``key``, try it again as another owner, release it: True when only the first got it.
-
-        Single-flight rests on this (without it every rank compiles every graph); doctor
-        asks it of the backend itself, BackendError raised.
-        """
-        name, token = self.storage_key(key), secrets.token_hex(8)
-        taken = self.backend.lease_add(name, token, ttl)
-        again = self.backend.lease_add(name, "someone-else", ttl)
-        self.backend.lease_release(name, token)
-        return taken and not again
-
-    def health_checks(self, key: str) -> list[HealthCheck]:
-        """The backend's own checks (:meth:`Backend.health_checks`), probing under ``key``."""
-        return self.backend.health_checks(self.storage_key(key))
-
-    def discover(self) -> None:
-        """ConfigError when the URL names no usable service at all (a cluster none of whose seeds answers).
-
-        The CLI asks before an operation, so that such a URL is bad input, not a run of failures.
-        """
-        self.backend.discover()
-
-    def evict(self, max_bytes: int) -> int:
-        """Delete least-recently-used entries (of every namespace) down to ``max_bytes``; returns bytes freed."""
-        return self.backend.evict(max_bytes)
-
-    def vacuum(self, *, all_namespaces: bool = False) -> int:
-        """Remove coordination leftovers (stale temp files, expired leases, idle lease locks); returns how many."""
-        return self.backend.vacuum(None if all_namespaces else self.namespace)
 
     def stats(self) -> dict[str, Any]:
         out = self._stats.snapshot()

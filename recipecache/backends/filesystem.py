@@ -1,32 +1,11 @@
 """The default backend: a directory on local disk or on a mount shared by several hosts.
 
-Layout under the root::
-
-    objects/<namespace>/<hex[:2]>/<hex>        one file per entry
-    leases/<namespace>/<hex>.lease             a lease: JSON {"token", "expires"}
+Where each thing lives: :mod:`.file_layout`; the leases: :mod:`.file_leases`.
 
 Publishing writes a temp file in the target's own directory and renames it over the
 target, so readers on any host see the old file, the new file or none, never a partial
 one. No fsync: after a crash a torn file is possible, and the envelope checksum turns it
 into a counted ``corrupt`` miss, which is cheaper than an fsync on every put.
-
-Leases are created with ``link(2)`` of a fully written temp file (atomic and exclusive,
-also on NFS); taking over an expired lease, renewing and releasing happen under a
-``filelock`` on ``<lease>.lock``, re-reading the lease inside the lock. Nobody waits long
-for that lock, since a holder that hangs (a stopped process, a stuck mount) must not hold
-up the rest: a follower that finds it busy has not taken the lease and polls again, so its
-deadline holds; a renewal (within a third of the TTL, before the lease could lapse) or a
-release (within ``LEASE_LOCK_TIMEOUT_S``) that cannot get it is a ``backend_slow`` error:
-the leader then stops renewing, and the lease expires by itself. Expiry
-uses the wall clock, so hosts sharing a mount need synchronised clocks (NTP) within a
-fraction of the lease TTL.
-Nothing wakes a waiting process here (no ``lease_wait``): waiters poll the lease file
-with backoff, which costs a local read, not a network round trip.
-
-The root must not be writable by group or others (anyone who can write the cache can
-run code on every rank), and no path under it is followed through a symlink. It is checked
-again before each use, not only when the store opens: removed mid-job (a tmp cleaner), it
-may come back as someone else's (:class:`~recipecache.fsutil.PrivateDirectory`).
 
 Reads copy nothing they need not: a small file is read straight into the one ``bytes``
 object returned, and a large one (``MMAP_MIN`` and up) on a local filesystem is mapped
@@ -42,14 +21,10 @@ is a new file renamed into place, and a removed file lives on while mapped.
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import logging
 import mmap
 import os
 import secrets
-import stat
-import tempfile
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -58,11 +33,10 @@ from pathlib import Path
 import filelock
 
 from ..buffers import Buffer
-from ..errors import BackendError, ConfigError
+from ..errors import BackendError
 from ..fsutil import (
     TEMP_PREFIX,
     NotRegularFileError,
-    PrivateDirectory,
     open_regular_file,
     regular_files,
     subdirectories,
@@ -71,7 +45,9 @@ from ..fsutil import (
 )
 from ..health import FAIL, PASS, HealthCheck, free_space, private
 from ..reasons import Reason
-from .base import Backend, Clock, EntryInfo, LeaseState, check_key, is_key, value_matches
+from .base import Backend, Clock, EntryInfo, LeaseState, is_key, value_matches
+from .file_layout import Layout, os_error_reason
+from .file_leases import LeaseFiles
 from .url import StoreURL
 
 log = logging.getLogger(__name__)
@@ -80,9 +56,6 @@ log = logging.getLogger(__name__)
 STALE_TEMP_S = 3600.0
 #: Clock difference to the file server above which leases on a shared mount are unsafe (they expire by writers' clocks).
 MAX_CLOCK_SKEW_S = 2.0
-#: The most a lease holder waits for ``<lease>.lock`` to renew or release; the lock guards a
-#: read and a rename, so a holder keeping it longer is stuck.
-LEASE_LOCK_TIMEOUT_S = 5.0
 #: Between size checks a process writes at most this fraction of the cap, or waits this long.
 _EVICT_CHECK_FRACTION = 0.05
 _EVICT_CHECK_S = 30.0
@@ -99,12 +72,6 @@ LOCAL_FILESYSTEMS = frozenset(
 VALUE_LOCK_TIMEOUT_S = 10.0
 #: An explicit eviction (``recipecache prune``) waits this long for one under way in another process.
 EVICT_LOCK_TIMEOUT_S = 120.0
-
-
-def _reason(exc: OSError) -> Reason:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return Reason.BACKEND_FULL
-    return Reason.BACKEND_ERROR
 
 
 class FilesystemBackend(Backend):
@@ -131,66 +98,34 @@ class FilesystemBackend(Backend):
         clock: Clock = time.time,
         what: str = "cache directory",
     ) -> None:
-        self._root = PrivateDirectory(root, what)
-        self.root = self._root.root
+        #: where each thing lives under the root
+        self.layout = Layout(root, what)
+        self.root = self.layout.root
         self.url = f"file://{self.root}"
         self.max_size = max_size
         self._clock = clock
+        self._leases = LeaseFiles(self.layout, clock)
         self._written_since_check = 0
         self._last_check = 0.0
         self._atime_warned = False
         self._map_large_files = filesystem_type(self.root) in LOCAL_FILESYSTEMS
 
-    # -- paths ---------------------------------------------------------------------
-    def _checked_root(self) -> Path:
-        """The root as a path through its held fd, checked again if its name changed since it was checked
-        (:class:`PrivateDirectory`); every path under it is made from this, so nothing is read from, or written
-        to, a directory that is not private, even one swapped in between a check and a use."""
-        try:
-            return self._root.path()
-        except ConfigError as exc:
-            raise BackendError(Reason.BACKEND_ERROR, str(exc)) from None
-
-    def _shown(self, path: Path) -> Path:
-        """``path`` under the root's name, for messages (it is used through the root's held fd)."""
-        return self.root.joinpath(*path.parts[5:]) if path.parts[1:4] == ("proc", "self", "fd") else path
-
-    def _dir(self, *parts: str) -> Path:
-        """``root/parts...``, created 0700, refusing any component that is a symlink."""
-        path = self._checked_root()
-        for part in parts:
-            path = path / part
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                if not stat.S_ISDIR(os.lstat(path).st_mode):
-                    raise BackendError(
-                        Reason.BACKEND_ERROR, f"{self._shown(path)} is a symlink or not a directory; refusing it"
-                    ) from None
-        return path
-
-    def _object_path(self, key: str) -> Path:
-        namespace, digest = check_key(key).split("/")
-        return self._checked_root() / "objects" / namespace / digest[:2] / digest
-
-    def _lease_path(self, name: str) -> Path:
-        namespace, digest = check_key(name).split("/")
-        return self._checked_root() / "leases" / namespace / f"{digest}.lease"
-
     # -- values --------------------------------------------------------------------
     def get(self, key: str) -> bytes | memoryview | None:
-        path = self._object_path(key)
+        path = self.layout.object_path(key)
         try:
             fd = open_regular_file(path)
         except NotRegularFileError:
             if path.is_symlink():
-                log.warning("recipecache: %s is a symlink; removing it instead of following it", self._shown(path))
+                log.warning(
+                    "recipecache: %s is a symlink; removing it instead of following it", self.layout.shown(path)
+                )
                 self.delete(key)
             else:  # a FIFO, socket or device: never read; a put replaces it
-                log.warning("recipecache: %s is not a regular file; ignoring it", self._shown(path))
+                log.warning("recipecache: %s is not a regular file; ignoring it", self.layout.shown(path))
             return None
         except OSError as exc:
-            raise BackendError(_reason(exc), f"read {self._shown(path)}: {exc.strerror}") from None
+            raise BackendError(os_error_reason(exc), f"read {self.layout.shown(path)}: {exc.strerror}") from None
         if fd is None:
             return None
         try:
@@ -199,7 +134,7 @@ class FilesystemBackend(Backend):
                 data = _read_fd(fd)
             self._touch(fd)
         except OSError as exc:
-            raise BackendError(_reason(exc), f"read {self._shown(path)}: {exc.strerror}") from None
+            raise BackendError(os_error_reason(exc), f"read {self.layout.shown(path)}: {exc.strerror}") from None
         finally:
             os.close(fd)
         return data
@@ -222,29 +157,27 @@ class FilesystemBackend(Backend):
                 )
 
     def put(self, key: str, value: Buffer, *more: Buffer) -> None:
-        namespace, digest = check_key(key).split("/")
         try:
-            write_atomic(self._dir("objects", namespace, digest[:2]) / digest, value, *more)
+            write_atomic(self.layout.new_object_path(key), value, *more)
         except OSError as exc:
-            raise BackendError(_reason(exc), f"write {key}: {exc.strerror}") from None
+            raise BackendError(os_error_reason(exc), f"write {key}: {exc.strerror}") from None
         self._maybe_evict(len(value) + sum(len(m) for m in more))
 
     def put_if(self, key: str, expected: Buffer | None, value: Buffer, *more: Buffer) -> bool:
         """Compare and rename under the key's value lock; the new file is written before the lock is taken."""
-        namespace, digest = check_key(key).split("/")
         tmp: Path | None = None
         try:
-            directory = self._dir("objects", namespace, digest[:2])
-            tmp = write_temp(directory, (value, *more))
+            target = self.layout.new_object_path(key)
+            tmp = write_temp(target.parent, (value, *more))
             with self._value_lock(key):
-                if not value_matches(_read_path(directory / digest), expected):
+                if not value_matches(_read_path(target), expected):
                     return False
-                os.replace(tmp, directory / digest)
+                os.replace(tmp, target)
                 tmp = None
         except filelock.Timeout:
             raise BackendError(Reason.BACKEND_SLOW, f"write {key}: its value lock is held too long") from None
         except OSError as exc:
-            raise BackendError(_reason(exc), f"write {key}: {exc.strerror}") from None
+            raise BackendError(os_error_reason(exc), f"write {key}: {exc.strerror}") from None
         finally:
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
@@ -253,9 +186,9 @@ class FilesystemBackend(Backend):
 
     def delete(self, key: str) -> None:
         try:
-            self._object_path(key).unlink(missing_ok=True)
+            self.layout.object_path(key).unlink(missing_ok=True)
         except OSError as exc:
-            raise BackendError(_reason(exc), f"delete {key}: {exc.strerror}") from None
+            raise BackendError(os_error_reason(exc), f"delete {key}: {exc.strerror}") from None
 
     def delete_if(self, key: str, expected: Buffer) -> bool:
         """Move the file aside (atomic), compare the file we now own, and put it back unless it is ``expected``.
@@ -265,7 +198,7 @@ class FilesystemBackend(Backend):
         goes back with ``link``, which fails, leaving the newer file, if yet another value
         was published meanwhile.
         """
-        target = self._object_path(key)
+        target = self.layout.object_path(key)
         aside = target.with_name(f"{TEMP_PREFIX}deleting-{secrets.token_hex(8)}")
         try:
             with self._value_lock(key):
@@ -284,16 +217,15 @@ class FilesystemBackend(Backend):
         except filelock.Timeout:
             raise BackendError(Reason.BACKEND_SLOW, f"delete {key}: its value lock is held too long") from None
         except OSError as exc:
-            raise BackendError(_reason(exc), f"delete {key}: {exc.strerror}") from None
+            raise BackendError(os_error_reason(exc), f"delete {key}: {exc.strerror}") from None
 
     def _value_lock(self, key: str) -> filelock.BaseFileLock:
         """The lock that orders conditional writes of one key (plain puts do not take it)."""
-        namespace, digest = key.split("/")
-        return filelock.FileLock(self._dir("leases", namespace) / f"{digest}.value.lock", timeout=VALUE_LOCK_TIMEOUT_S)
+        return filelock.FileLock(self.layout.value_lock_path(key), timeout=VALUE_LOCK_TIMEOUT_S)
 
     def scan(self, namespace: str | None = None) -> Iterator[EntryInfo]:
         """Entries in this store's layout only: a stray file someone dropped in is not ours to list or evict."""
-        base = self._checked_root() / "objects"
+        base = self.layout.checked_root() / "objects"
         namespaces = [namespace] if namespace else subdirectories(base)
         for ns in namespaces:
             for fan in subdirectories(base / ns):
@@ -335,7 +267,7 @@ class FilesystemBackend(Backend):
 
     def _evict(self, max_bytes: int, *, lock_timeout: float) -> int:
         """LRU eviction under one lock per cache, so concurrent evictors do not double-delete."""
-        with filelock.FileLock(self._checked_root() / ".evict.lock", timeout=lock_timeout):
+        with filelock.FileLock(self.layout.evict_lock_path(), timeout=lock_timeout):
             self.vacuum()
             return super().evict(max_bytes)
 
@@ -350,7 +282,7 @@ class FilesystemBackend(Backend):
         """
         cutoff = self._clock() - STALE_TEMP_S
         removed = 0
-        root = self._checked_root()
+        root = self.layout.checked_root()
         for top in ("objects", "leases"):
             base = root / top
             for ns in [namespace] if namespace else subdirectories(base):
@@ -364,7 +296,7 @@ class FilesystemBackend(Backend):
                         if st.st_mtime >= cutoff:
                             continue
                         if name.endswith(".lease"):
-                            removed += self._remove_expired_lease(path)
+                            removed += self._leases.remove_expired(path, STALE_TEMP_S)
                         elif (
                             name.startswith(TEMP_PREFIX)
                             or name.endswith(".value.lock")
@@ -374,102 +306,21 @@ class FilesystemBackend(Backend):
                             removed += 1
         return removed
 
-    def _remove_expired_lease(self, path: Path) -> bool:
-        """Delete a lease that expired long ago, under its lock so no takeover is under way."""
-        try:
-            with filelock.FileLock(f"{path}.lock", timeout=0):
-                held = self._read_lease(path)
-                if held is None or held[1] >= self._clock() - STALE_TEMP_S:
-                    return False
-                path.unlink(missing_ok=True)
-                return True
-        except filelock.Timeout:
-            return False
-
-    # -- leases --------------------------------------------------------------------
-    def _read_lease(self, path: Path) -> tuple[str, float] | None:
-        try:
-            fd = open_regular_file(path)
-            if fd is None:
-                return None
-            with os.fdopen(fd, "rb") as f:
-                record = json.loads(f.read())
-            return str(record["token"]), float(record["expires"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return ("", 0.0)  # unreadable (or not a file): treat as expired so it can be taken over
-
-    def _write_temp_lease(self, directory: Path, token: str, ttl: float) -> Path:
-        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"token": token, "expires": self._clock() + ttl}, f)
-        return Path(tmp)
-
+    # -- leases (lease files: :mod:`.file_leases`) ---------------------------------
     def lease_add(self, name: str, token: str, ttl: float) -> bool:
-        path = self._lease_path(name)
-        tmp = None
-        try:
-            tmp = self._write_temp_lease(self._dir("leases", path.parent.name), token, ttl)
-            try:
-                os.link(tmp, path)
-                return True
-            except FileExistsError:
-                pass
-            with filelock.FileLock(f"{path}.lock", timeout=0):
-                held = self._read_lease(path)
-                if held is None:
-                    # released meanwhile: others may be linking too, so only link(2) decides
-                    try:
-                        os.link(tmp, path)
-                        return True
-                    except FileExistsError:
-                        return False
-                if held[1] > self._clock():
-                    return False
-                os.replace(tmp, path)  # expired: replaced under the lock, and a linker fails on the existing file
-                tmp = None
-                return True
-        except filelock.Timeout:
-            return False  # another process is deciding this lease right now; the caller polls again
-        except OSError as exc:
-            raise BackendError(_reason(exc), f"lease {name}: {exc.strerror}") from None
-        finally:
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
+        return self._leases.add(name, token, ttl)
 
     def lease_renew(self, name: str, token: str, ttl: float) -> bool:
-        path = self._lease_path(name)
-        lock_timeout = min(LEASE_LOCK_TIMEOUT_S, ttl / 3)
-        try:
-            with filelock.FileLock(f"{path}.lock", timeout=lock_timeout):
-                held = self._read_lease(path)
-                if held is None or held[0] != token or held[1] <= self._clock():
-                    return False
-                os.replace(self._write_temp_lease(path.parent, token, ttl), path)
-                return True
-        except filelock.Timeout:
-            raise _lock_stuck(name, lock_timeout) from None
-        except OSError as exc:
-            raise BackendError(_reason(exc), f"lease {name}: {exc.strerror}") from None
+        return self._leases.renew(name, token, ttl)
 
     def lease_release(self, name: str, token: str) -> None:
-        path = self._lease_path(name)
-        try:
-            with filelock.FileLock(f"{path}.lock", timeout=LEASE_LOCK_TIMEOUT_S):
-                held = self._read_lease(path)
-                if held is not None and held[0] == token:
-                    path.unlink(missing_ok=True)
-        except filelock.Timeout:
-            raise _lock_stuck(name, LEASE_LOCK_TIMEOUT_S) from None
-        except OSError as exc:
-            raise BackendError(_reason(exc), f"lease {name}: {exc.strerror}") from None
+        self._leases.release(name, token)
 
     def lease_holder(self, name: str) -> LeaseState | None:
-        """Read without the lock: the lease file is replaced whole (link or rename), never rewritten in place."""
-        held = self._read_lease(self._lease_path(name))
-        return None if held is None else LeaseState(held[0], held[1] - self._clock())
+        return self._leases.holder(name)
 
     def close(self) -> None:
-        self._root.close()
+        self.layout.close()
 
     # -- doctor --------------------------------------------------------------------
     def health_checks(self, probe_key: str) -> list[HealthCheck]:
@@ -557,9 +408,3 @@ def _read_path(path: Path) -> bytes | None:
         return _read_fd(fd)
     finally:
         os.close(fd)
-
-
-def _lock_stuck(name: str, waited_s: float) -> BackendError:
-    return BackendError(
-        Reason.BACKEND_SLOW, f"lease {name}: its lock stayed held by another process for {waited_s:g} s"
-    )

@@ -34,7 +34,10 @@ from redis.exceptions import RedisClusterException
 from ..errors import BackendError, ConfigError, echo
 from ..reasons import Reason
 from .base import check_key
-from .redis import RedisBackend, client_credentials, client_options, url_settings
+from .redis import RedisBackend
+from .redis.calls import RedisCalls
+from .redis.names import KeyNames
+from .redis.options import client_credentials, client_options, url_settings
 from .url import StoreURL
 
 DEFAULT_PORT = 6379
@@ -113,7 +116,30 @@ class _LazyCluster:
         return call
 
 
+class ClusterKeyNames(KeyNames):
+    """Names whose hash tag is the entry's key: every key of one entry in one hash slot."""
+
+    def name(self, kind: str, key: str) -> str:
+        return f"rc:{kind}:{{{check_key(key)}}}"
+
+    def pattern(self, namespace: str | None, kind: str = "e") -> str:
+        return f"rc:{kind}:{{{namespace}/*" if namespace else f"rc:{kind}:*"
+
+
+class ClusterCalls(RedisCalls):
+    """Calls through the cluster client, whose own failures (no node for a slot...) are no RedisError."""
+
+    def within(self, seconds: float, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().within(seconds, what, fn, *args, **kwargs)
+        except RedisClusterException as exc:  # e.g. a slot whose primary is down
+            raise BackendError(Reason.BACKEND_DOWN, f"redis cluster {what}: {exc}") from None
+
+
 class RedisClusterBackend(RedisBackend):
+    names = ClusterKeyNames()
+    calls_class = ClusterCalls
+
     @classmethod
     def from_url(cls, url: StoreURL) -> RedisClusterBackend:
         """``redis[s]+cluster://[user:password@]host:port[,host:port...][/0][?options]``."""
@@ -138,15 +164,9 @@ class RedisClusterBackend(RedisBackend):
 
     def discover(self) -> None:
         try:
-            self._call("connect", self._client.connect)
+            self._calls.call("connect", self._client.connect)
         except BackendError as exc:
             raise ConfigError(f"cache {echo(self.url)} is unreachable: {exc}") from None
-
-    def _call_within(self, seconds: float, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super()._call_within(seconds, what, fn, *args, **kwargs)
-        except RedisClusterException as exc:  # e.g. a slot whose primary is down
-            raise BackendError(Reason.BACKEND_DOWN, f"redis cluster {what}: {exc}") from None
 
     def failure_domain(self, key: str) -> str | None:
         """The primary that serves ``key``'s hash slot in the client's slot map (None before the client is made, or
@@ -155,14 +175,8 @@ class RedisClusterBackend(RedisBackend):
         cluster = self._client.made()
         if cluster is None:
             return None
-        nodes = cluster.nodes_manager.slots_cache.get(key_slot(self._name("e", key).encode()))
+        nodes = cluster.nodes_manager.slots_cache.get(key_slot(self.names.name("e", key).encode()))
         return nodes[0].name if nodes else None
-
-    def _name(self, kind: str, key: str) -> str:
-        return f"rc:{kind}:{{{check_key(key)}}}"
-
-    def _pattern(self, namespace: str | None, kind: str = "e") -> str:
-        return f"rc:{kind}:{{{namespace}/*" if namespace else f"rc:{kind}:*"
 
     def _connection_kwargs(self) -> dict[str, Any]:
         return self._client.connect().get_default_node().redis_connection.connection_pool.connection_kwargs
@@ -183,9 +197,9 @@ class RedisClusterBackend(RedisBackend):
 
     def _scan_batches(self, pattern: str) -> Any:
         """Batches of 500 names from redis-py's walk over every primary, each batch one bounded call."""
-        names = self._call("scan", lambda: iter(self._client.scan_iter(match=pattern, count=500)))
+        names = self._calls.call("scan", lambda: iter(self._client.scan_iter(match=pattern, count=500)))
         while True:
-            batch = self._call("scan", lambda: list(itertools.islice(names, 500)))
+            batch = self._calls.call("scan", lambda: list(itertools.islice(names, 500)))
             yield batch
             if len(batch) < 500:
                 return

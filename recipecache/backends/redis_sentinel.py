@@ -16,7 +16,8 @@ import redis
 from redis.sentinel import Sentinel
 
 from ..errors import BackendError, ConfigError, echo
-from .redis import RedisBackend, client_credentials, client_options, url_settings
+from .redis import RedisBackend
+from .redis.options import client_credentials, client_options, url_settings
 from .url import StoreURL
 
 DEFAULT_SENTINEL_PORT = 26379
@@ -52,7 +53,7 @@ class RedisSentinelBackend(RedisBackend):
 
     def discover(self) -> None:
         try:
-            self._call("discover", self._sentinel.discover_master, self._service)
+            self._calls.call("discover", self._sentinel.discover_master, self._service)
         except BackendError as exc:
             raise ConfigError(
                 f"cache {echo(self.url)}: no sentinel knows a primary for {echo(self._service)} ({exc})"

@@ -1,7 +1,7 @@
 """Whole-store operations behind the admin CLI: stats, list, verify, prune, clear, export, import.
 
-They work on raw envelopes through the store's admin methods (:meth:`Store.scan`,
-:meth:`Store.read_raw`, ...), so an export keeps signatures intact and an import verifies
+They work on raw envelopes through the store's operator face (:meth:`StoreAdmin.scan`,
+:meth:`StoreAdmin.read_raw`, ...), so an export keeps signatures intact and an import verifies
 every entry (digest, signature when a secret is set, and that the entry's key hashes to
 where it is filed) before writing it. The CLI only parses, calls these and prints.
 
@@ -29,7 +29,7 @@ from ..errors import ConfigError, VerificationError
 from ..fsutil import check_output_file, open_named_file
 from ..keys import storage_key
 from ..reasons import Reason
-from ..store import Store
+from ..store_admin import StoreAdmin
 
 #: first object of an export stream; the ``entries`` count lets import tell a whole file from a cut one
 EXPORT_FORMAT = "recipecache-export-v2"
@@ -79,7 +79,7 @@ class VerifyResult:
     changed: list[EntryReport] = field(default_factory=list)
 
 
-def check_entry(store: Store, skey: str, blob: Buffer) -> tuple[envelope.Header | None, VerificationError | None]:
+def check_entry(store: StoreAdmin, skey: str, blob: Buffer) -> tuple[envelope.Header | None, VerificationError | None]:
     """Verify one raw envelope filed under ``skey``; returns (header, the refusal or None)."""
     namespace = skey.split("/", 1)[0]
     try:
@@ -108,7 +108,9 @@ def _report(
 EVERYWHERE = (False, True)
 
 
-def _read_entries(store: Store, places: tuple[bool, ...] = EVERYWHERE) -> Iterator[tuple[EntryReport, Buffer | None]]:
+def _read_entries(
+    store: StoreAdmin, places: tuple[bool, ...] = EVERYWHERE
+) -> Iterator[tuple[EntryReport, Buffer | None]]:
     """Each entry of the store's namespace (in each of ``places``: the store, its node copies), read once and
     verified by :func:`check_entry`, with its raw bytes (None: unreadable)."""
     for node in places:
@@ -124,13 +126,13 @@ def _read_entries(store: Store, places: tuple[bool, ...] = EVERYWHERE) -> Iterat
             yield _report(info.key, len(blob), header, refusal, info.atime or None, node), blob
 
 
-def inspect_entries(store: Store) -> Iterator[EntryReport]:
+def inspect_entries(store: StoreAdmin) -> Iterator[EntryReport]:
     """Read and verify every entry of the store's namespace, and this node's copies of them."""
     for report, _blob in _read_entries(store):
         yield report
 
 
-def namespace_sizes(store: Store) -> dict[str, Any]:
+def namespace_sizes(store: StoreAdmin) -> dict[str, Any]:
     """Entries and bytes per namespace and in all, from the backend's listing (no values are read)."""
     namespaces: dict[str, dict[str, int]] = {}
     for info in store.scan(all_namespaces=True):
@@ -145,13 +147,13 @@ def namespace_sizes(store: Store) -> dict[str, Any]:
     }
 
 
-def verify(store: Store, *, fix: bool) -> VerifyResult:
+def verify(store: StoreAdmin, *, fix: bool) -> VerifyResult:
     """Check every entry of the namespace; with ``fix``, delete the corrupt ones.
 
     Only damage is removed. An entry refused as ``unsigned``, ``bad_signature`` or
     ``old_format`` is intact and may be what another job (with its secret, or an older
     version) uses; a mistyped secret must not empty the store. A corrupt entry is deleted
-    only if it still holds the bytes that were checked (:meth:`Store.delete_raw_if`): a rank
+    only if it still holds the bytes that were checked (:meth:`StoreAdmin.delete_raw_if`): a rank
     that compiled the key again and published it while verify ran keeps its good entry.
     """
     checked = 0
@@ -168,14 +170,14 @@ def verify(store: Store, *, fix: bool) -> VerifyResult:
     return VerifyResult(checked, [report for report, _blob in bad], removed, changed)
 
 
-def prune(store: Store, max_bytes: int) -> int:
+def prune(store: StoreAdmin, max_bytes: int) -> int:
     """Evict least-recently-used entries down to ``max_bytes`` and sweep leftovers; returns bytes freed."""
     freed = store.evict(max_bytes)
     store.vacuum(all_namespaces=True)
     return freed
 
 
-def clear(store: Store, *, all_namespaces: bool = False) -> int:
+def clear(store: StoreAdmin, *, all_namespaces: bool = False) -> int:
     """Remove every entry of the store's namespace (or of all), this node's copies of them, and the store's leftovers;
     returns how many entries (copies not counted): a copy left would go on serving this node's jobs what was cleared."""
     removed = 0
@@ -187,7 +189,7 @@ def clear(store: Store, *, all_namespaces: bool = False) -> int:
     return removed
 
 
-def export_namespace(store: Store, path: Path) -> int:
+def export_namespace(store: StoreAdmin, path: Path) -> int:
     """Write every good entry of the store's namespace to ``path`` (a msgpack stream), atomically.
 
     Each entry is read once. The header's entry count is written last (fixed width, in
@@ -273,7 +275,7 @@ def _signed_elsewhere(fh: BinaryIO, path: Path, namespace: str) -> bool:
     return False
 
 
-def import_file(store: Store, path: Path, *, unsigned: bool = False) -> tuple[int, int]:
+def import_file(store: StoreAdmin, path: Path, *, unsigned: bool = False) -> tuple[int, int]:
     """Verify and write every entry of an export into the store's namespace; (imported, refused).
 
     A truncated or otherwise damaged file is a ConfigError that says how many entries

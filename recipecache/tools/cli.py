@@ -25,13 +25,14 @@ from ..errors import BackendError, ConfigError
 from ..fsutil import check_output_file
 from ..runs import explain, report, timeline
 from ..runs.events import Skipped, open_regular
+from ..settings import StoreSettings
 from ..sizes import format_size, parse_size
-from ..store import Store, open_store
+from ..store_admin import StoreAdmin
 from . import admin, doctor
 
 
-def _store(args: argparse.Namespace) -> Store:
-    store = open_store(args.url, namespace=args.namespace)
+def _store(args: argparse.Namespace) -> StoreAdmin:
+    store = StoreAdmin.open(StoreSettings.resolve(args.url, namespace=args.namespace))
     store.discover()  # a cluster URL whose seed nodes none answers is bad input (exit 2)
     return store
 

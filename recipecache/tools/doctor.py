@@ -38,7 +38,7 @@ from ..health import FAIL, PASS, WARN, HealthCheck, free_space, private, writabl
 from ..keylog import cpu_summary
 from ..node_tier import default_node_dir
 from ..settings import StoreSettings, check_rank_environment, node_dir, read_secret, resolve_namespace, resolve_url
-from ..store import Store
+from ..store_admin import StoreAdmin
 
 #: variables that change torch's cache keys or what it compiles (besides OMP_NUM_THREADS)
 KEY_VARIABLE_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TORCHDYNAMO_")
@@ -115,7 +115,7 @@ def _store_checks(url: str | None, namespace: str | None) -> list[HealthCheck]:
         secret = None  # the signing check reports it
     settings = StoreSettings(url=resolve_url(url), namespace=resolve_namespace(namespace), secret=secret)
     try:
-        store = Store.open(settings, events=EventLog(None), timeout=PROBE_TIMEOUT_S)
+        store = StoreAdmin.open(settings, events=EventLog(None), timeout=PROBE_TIMEOUT_S)
     except URLError:
         raise
     except ConfigError as exc:  # a well-formed URL naming something unusable (a directory others can write)
@@ -130,7 +130,7 @@ def _store_checks(url: str | None, namespace: str | None) -> list[HealthCheck]:
         store.close()
 
 
-def _round_trip(store: Store, key: str) -> HealthCheck:
+def _round_trip(store: StoreAdmin, key: str) -> HealthCheck:
     """Write a sealed (and, with a secret, signed) entry, read it back, verify it, delete it."""
     payload = secrets.token_bytes(4096)
     skey = store.storage_key(key)
@@ -172,7 +172,7 @@ def _round_trip(store: Store, key: str) -> HealthCheck:
     )
 
 
-def _lease_check(store: Store, key: str) -> HealthCheck:
+def _lease_check(store: StoreAdmin, key: str) -> HealthCheck:
     try:
         exclusive = store.lease_is_exclusive(key)
     except BackendError as exc:

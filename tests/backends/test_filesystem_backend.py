@@ -23,6 +23,7 @@ from recipecache.backends.filesystem import STALE_TEMP_S, FilesystemBackend
 from recipecache.backends import open_backend
 from recipecache.keys import storage_key
 from recipecache.reasons import Reason, Role
+from recipecache.store_admin import StoreAdmin
 from recipecache.errors import BackendError, ConfigError
 from support.paths import REPO
 
@@ -39,7 +40,7 @@ def test_eviction_is_least_recently_used(tmp_path: Path) -> None:
     b = FilesystemBackend(tmp_path / "c")
     for i in range(4):
         b.put(k(i), bytes(1000))
-        os.utime(b._object_path(k(i)), (1000 + i, 1000 + i))
+        os.utime(b.layout.object_path(k(i)), (1000 + i, 1000 + i))
     b.get(k(0))  # now the most recently used
     b.evict(2000)
     assert sorted(e.key for e in b.scan(NS)) == sorted([k(0), k(3)])
@@ -72,7 +73,7 @@ def test_planted_symlink_is_not_followed(tmp_path: Path) -> None:
     b.put(k(1), b"real")
     secret = tmp_path / "outside"
     secret.write_bytes(b"not yours")
-    path = b._object_path(k(1))
+    path = b.layout.object_path(k(1))
     path.unlink()
     path.symlink_to(secret)
     assert b.get(k(1)) is None
@@ -86,7 +87,7 @@ def test_special_files_are_never_read(tmp_path: Path) -> None:
     root = tmp_path / "c"
     b = FilesystemBackend(root)
     b.put(k(1), b"entry")
-    entry, lease = b._object_path(k(1)), b._lease_path(k(2))
+    entry, lease = b.layout.object_path(k(1)), b.layout.lease_path(k(2))
     entry.unlink()
     os.mkfifo(entry)
     lease.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +98,7 @@ def test_special_files_are_never_read(tmp_path: Path) -> None:
     assert finishes(lambda: b.delete_if(k(1), b"entry")) is False
     assert finishes(lambda: b.lease_holder(k(2))).remaining_s < 0, "an unreadable lease counts as expired"
     assert finishes(lambda: [e.key for e in b.scan(NS)]) == []
-    assert finishes(lambda: admin.prune(recipecache.open_store(f"file://{root}", namespace=NS), 0)) == 0
+    assert finishes(lambda: admin.prune(StoreAdmin(recipecache.open_store(f"file://{root}", namespace=NS)), 0)) == 0
     assert not lease.exists(), "prune swept the expired 'lease'"
     assert finishes(lambda: b.put_if(k(1), None, b"new")), "no value there to compare with"
     assert b.get(k(1)) == b"new" and stat.S_ISREG(entry.lstat().st_mode)
@@ -132,7 +133,7 @@ def test_interrupted_write_is_never_visible(tmp_path: Path) -> None:
 def test_stray_files_are_not_listed_and_do_not_stop_eviction(tmp_path: Path) -> None:
     b = open_backend(f"file://{tmp_path / 'c'}?max_size=10KB")
     b.put(k(0), bytes(1000))
-    fan = b._object_path(k(0)).parent  # type: ignore[attr-defined]
+    fan = b.layout.object_path(k(0)).parent  # type: ignore[attr-defined]
     (fan / "README").write_text("someone's notes")
     (fan / ("ff" + "0" * 62)).write_bytes(b"filed under the wrong fan directory")
     (fan.parent.parent / "not a namespace").mkdir()
@@ -238,7 +239,7 @@ def test_prune_during_another_eviction_waits_for_it(tmp_path: Path, monkeypatch:
     evicting.acquire()
     threading.Timer(1.0, evicting.release).start()
     assert cli.main(["prune", "--max-size", "0", "--url", url]) == 0
-    assert store.scan(all_namespaces=True) == []
+    assert StoreAdmin(store).scan(all_namespaces=True) == []
     monkeypatch.setattr(filesystem, "EVICT_LOCK_TIMEOUT_S", 0.2)
     capsys.readouterr()
     with evicting:
@@ -300,7 +301,7 @@ def test_stuck_lease_lock_costs_a_follower_no_more_than_its_deadline(tmp_path: P
     assert isinstance(backend, FilesystemBackend)
     name = storage_key(NS, "graph")
     assert backend.lease_add(name, "leader", 30)  # a leader holds the key ...
-    stuck_lock(backend._lease_path(name))  # ... and a process is stuck holding the lease's lock
+    stuck_lock(backend.layout.lease_path(name))  # ... and a process is stuck holding the lease's lock
     flight = finishes(lambda: store.begin("graph", wait_timeout=0.5))
     assert flight.role is Role.FALLBACK and flight.reason is Reason.WAIT_TIMEOUT
     assert 0.5 <= flight.waited_s
@@ -312,7 +313,7 @@ def test_stuck_lease_lock_is_no_takeover(tmp_path: Path, stuck_lock) -> None:
     name = k(7)
     assert backend.lease_add(name, "dead", 1)
     now[0] += 10  # the holder's lease expired
-    stuck_lock(backend._lease_path(name))
+    stuck_lock(backend.layout.lease_path(name))
     assert finishes(lambda: backend.lease_add(name, "next", 1)) is False  # not taken; the follower polls again
 
 
@@ -322,7 +323,7 @@ def test_stuck_lease_lock_makes_renew_and_release_slow_errors(tmp_path: Path, st
     backend = FilesystemBackend(tmp_path / "c")
     name = k(8)
     assert backend.lease_add(name, "mine", 30)
-    stuck_lock(backend._lease_path(name))
+    stuck_lock(backend.layout.lease_path(name))
     for op in (lambda: backend.lease_renew(name, "mine", 30), lambda: backend.lease_release(name, "mine")):
         with pytest.raises(BackendError) as err:
             finishes(op)

@@ -15,15 +15,17 @@ from support.redis_server import HungPeer, RedisServer
 
 import recipecache
 from recipecache.backends import open_backend
-from recipecache.backends.redis import PENDING_CHUNK_TTL_MS, RedisBackend, _error
+from recipecache.backends.redis import PENDING_CHUNK_TTL_MS, RedisBackend
+from recipecache.backends.redis.errors import redis_error
 from recipecache.errors import BackendKeyError
 from recipecache.keys import storage_key
+from recipecache.store_admin import StoreAdmin
 
 pytestmark = pytest.mark.redis
 
 
 def test_server_stopped_mid_run_degrades_and_recovers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("recipecache.store.RETRY_AFTER_S", 0.0)
+    monkeypatch.setattr("recipecache.breaker.RETRY_AFTER_S", 0.0)
     server = RedisServer(tmp_path / "r")
     server.start()
     try:
@@ -240,7 +242,7 @@ def test_wrong_type_is_one_keys_problem_not_a_failed_backend(redis_url: str) -> 
         assert store.get("k") is None
         assert store.get("other") == b"fine", "the circuit breaker stays closed for every other key"
     assert store.stats()["misses_by_reason"] == {"corrupt": 3}
-    assert storage_key(namespace, "k") in [e.key for e in store.scan()], "listed, so verify --fix can remove it"
+    assert storage_key(namespace, "k") in [e.key for e in StoreAdmin(store).scan()], "listed, so verify --fix can remove it"
     assert store.update("k", lambda current: b"replaced" if current is None else None).data == b"replaced"
     assert store.get("k") == b"replaced"
     client.delete(entry)
@@ -363,11 +365,11 @@ def test_prune_and_clear_sweep_chunks_that_never_expire_and_that_no_manifest_nam
     client.set(orphan, b"left by an earlier version")
     client.set(in_flight, b"a put in flight", px=PENDING_CHUNK_TTL_MS)
     client.set(f"rc:c:{namespace}/not-ours", b"a stray key: not a chunk name of ours")
-    admin.prune(store, 2**40)
+    admin.prune(StoreAdmin(store), 2**40)
     assert client.exists(orphan) == 0
     assert client.exists(in_flight, f"rc:c:{namespace}/not-ours") == 2
     client.set(orphan, b"left by an earlier version")
-    assert admin.clear(store) == 1
+    assert admin.clear(StoreAdmin(store)) == 1
     assert client.exists(orphan) == 0 and client.keys(f"rc:c:{skey}:*") == [in_flight.encode()]
 
 
@@ -527,7 +529,7 @@ def test_a_fault_of_one_key_is_a_key_error_not_a_failed_service(redis_url: str) 
                       "backend_full": redis.exceptions.ResponseError("OOM command not allowed"),
                       "backend_error": redis.exceptions.ResponseError("NOPERM this user has no permissions")}
     for exc in key_faults:
-        assert isinstance(_error(exc, "x"), BackendKeyError), exc
+        assert isinstance(redis_error(exc, "x"), BackendKeyError), exc
     for reason, exc in service_faults.items():
-        error = _error(exc, "x")
+        error = redis_error(exc, "x")
         assert not isinstance(error, BackendKeyError) and error.reason == reason, exc

@@ -20,7 +20,8 @@ def test_each_backend_lives_in_its_own_module() -> None:
 
 
 def test_doctor_and_cli_reach_the_backend_only_through_the_store() -> None:
-    """They resolve nothing, open no bare backend and seal nothing by hand: the Store does it for them."""
+    """They resolve nothing, open no bare backend and seal nothing by hand: the store's operator face
+    (``StoreAdmin``) does it for them."""
     from recipecache.tools import cli, doctor
 
     for module in (cli, doctor):
@@ -39,8 +40,9 @@ def test_the_folders_show_core_tools_and_run_analysis() -> None:
     assert {p.stem for p in (top / "tools").glob("*.py")} == {"__init__", "cli", "admin", "doctor"}
     assert {p.stem for p in (top / "runs").glob("*.py")} == {"__init__", "events", "keyinfo", "explain", "timeline", "report"}
     assert {p.stem for p in top.glob("*.py")} == {
-        "__init__", "_lazy", "argparsing", "autoenable", "buffers", "env", "envelope", "errors", "eventlog", "fsutil", "health", "keylog", "keys", "lease",
-        "node_tier", "parent_death", "reasons", "settings", "quantities", "sizes", "stats", "store"}
+        "__init__", "_lazy", "argparsing", "autoenable", "breaker", "buffers", "entries", "env", "envelope", "errors", "eventlog", "flight", "fsutil",
+        "health", "keylog", "keys", "lease", "node_tier", "parent_death", "reasons", "settings", "quantities", "sizes", "stats", "store",
+        "store_admin"}
 
 
 def test_the_core_writes_its_records_and_imports_no_reader() -> None:

@@ -28,6 +28,7 @@ from recipecache.keys import storage_key
 from recipecache.reasons import Role
 from recipecache.settings import StoreSettings
 from recipecache.store import Store
+from recipecache.store_admin import StoreAdmin
 from support.paths import WORKERS
 
 
@@ -407,15 +408,16 @@ def test_the_operator_tools_of_a_store_see_its_node_copies_and_no_others(kind: s
     assert a.put("a-only", b"A" * 100) and b.put("k", b"B" * 100)
     _flip_last_byte(node_copy(node, b, "k"))
 
-    listed = [(r.storage_key, r.node, r.reason) for r in admin.inspect_entries(b)]
-    assert sorted(listed, key=str) == sorted([(b.storage_key("k"), False, None),
-                                              (b.storage_key("k"), True, "corrupt")], key=str)
-    result = admin.verify(b, fix=True)
-    assert [(r.storage_key, r.node) for r in result.removed] == [(b.storage_key("k"), True)]
+    ops_a, ops_b = StoreAdmin(a), StoreAdmin(b)
+    listed = [(r.storage_key, r.node, r.reason) for r in admin.inspect_entries(ops_b)]
+    assert sorted(listed, key=str) == sorted([(ops_b.storage_key("k"), False, None),
+                                              (ops_b.storage_key("k"), True, "corrupt")], key=str)
+    result = admin.verify(ops_b, fix=True)
+    assert [(r.storage_key, r.node) for r in result.removed] == [(ops_b.storage_key("k"), True)]
     assert not node_copy(node, b, "k").exists() and b.get("k") == b"B" * 100, "fetched and copied again"
     assert node_copy(node, b, "k").exists()
 
-    assert admin.clear(b) == 1
+    assert admin.clear(ops_b) == 1
     assert not node_copy(node, b, "k").exists(), "cleared with the store's entry"
     assert node_copy(node, a, "a-only").exists()
-    assert [r.node for r in admin.inspect_entries(a)] == [False, True]
+    assert [r.node for r in admin.inspect_entries(ops_a)] == [False, True]

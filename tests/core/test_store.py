@@ -20,6 +20,7 @@ from recipecache.eventlog import EventLog
 from recipecache.runs.events import read_events
 from recipecache.keys import storage_key
 from recipecache.store import Store
+from recipecache.store_admin import StoreAdmin
 from support.paths import WORKERS
 
 
@@ -183,7 +184,7 @@ def test_down_backend_degrades_to_local_compile(caplog: pytest.LogCaptureFixture
 
 
 def test_backend_recovers_after_retry_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("recipecache.store.RETRY_AFTER_S", 0.0)
+    monkeypatch.setattr("recipecache.breaker.RETRY_AFTER_S", 0.0)
     backend = FailingBackend()
     store = make_store(backend)
     assert store.get("k") is None
@@ -362,7 +363,7 @@ def test_update_is_read_modify_write() -> None:
 def test_update_describes_what_it_writes_with_meta() -> None:
     store = make_store()
     store.update("k", lambda current: b"merged", meta={"kind": "pgo"})
-    blob = store.read_raw(storage_key(store.namespace, "k"))
+    blob = StoreAdmin(store).read_raw(storage_key(store.namespace, "k"))
     assert blob is not None
     assert envelope.open_envelope(blob, key="k", namespace=store.namespace)[0].meta == {"kind": "pgo"}
 
@@ -433,16 +434,17 @@ def test_operator_probes_go_through_the_stores_own_sealing() -> None:
     """What doctor and the CLI need from a store: its backend keys, sealing, leases, checks and discovery."""
     secret = secrets.token_bytes(32)
     store = make_store(secret=secret, namespace="ops")
-    store.discover()  # a memory store always names a usable service
-    store.write_sealed("probe", b"payload")
-    skey = store.storage_key("probe")
+    ops = StoreAdmin(store)
+    ops.discover()  # a memory store always names a usable service
+    ops.write_sealed("probe", b"payload")
+    skey = ops.storage_key("probe")
     assert skey == storage_key("ops", "probe")
-    blob = store.read_raw(skey)
-    assert blob is not None and store.open_entry("probe", blob) == b"payload"
+    blob = ops.read_raw(skey)
+    assert blob is not None and ops.open_entry("probe", blob) == b"payload"
     assert store.get("probe") == b"payload"  # sealed and signed as put does
     with pytest.raises(VerificationError):
-        store.open_entry("other", blob)
-    assert store.lease_is_exclusive("probe")
-    assert store.lease_is_exclusive("probe")  # released: free again
-    assert store.health_checks("probe") == []
+        ops.open_entry("other", blob)
+    assert ops.lease_is_exclusive("probe")
+    assert ops.lease_is_exclusive("probe")  # released: free again
+    assert ops.health_checks("probe") == []
     assert store.stats()["puts"] == 0  # probes are not the job's puts

@@ -14,6 +14,7 @@ import pytest
 import recipecache
 from recipecache.keys import storage_key
 from recipecache.tools import admin
+from recipecache.store_admin import StoreAdmin
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -48,7 +49,7 @@ def test_ls_shows_producer_and_status(url: str) -> None:
 
 def test_verify_finds_and_fixes_bad_entries(url: str, tmp_path: Path) -> None:
     store = recipecache.open_store(url, namespace="job")
-    path = store.backend._object_path(storage_key("job", "graph-1"))  # type: ignore[attr-defined]
+    path = store.backend.layout.object_path(storage_key("job", "graph-1"))  # type: ignore[attr-defined]
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     path.write_bytes(bytes(data))
@@ -70,9 +71,10 @@ def test_verify_fix_spares_a_good_entry_published_after_it_read_the_damaged_one(
     for i in range(2):
         store.put(f"graph-{i}", bytes(100 * (i + 1)))
     skey = storage_key(namespace, "graph-1")
-    damaged = bytearray(store.read_raw(skey) or b"")
+    ops = StoreAdmin(store)
+    damaged = bytearray(ops.read_raw(skey) or b"")
     damaged[-1] ^= 1
-    store.write_raw(skey, damaged)
+    ops.write_raw(skey, damaged)
     rank = recipecache.open_store(store_url, namespace=namespace)
     read = store.backend.get
 
@@ -83,14 +85,14 @@ def test_verify_fix_spares_a_good_entry_published_after_it_read_the_damaged_one(
         return blob
 
     monkeypatch.setattr(store.backend, "get", read_then_a_rank_publishes)
-    result = admin.verify(store, fix=True)
+    result = admin.verify(ops, fix=True)
     assert [r.storage_key for r in result.bad] == [skey], "what verify read was damaged"
     assert result.removed == [] and [r.storage_key for r in result.changed] == [skey]
     assert rank.get("graph-1") == b"compiled again", "the entry published meanwhile survives"
     assert rank.get("graph-0") == bytes(100)
     monkeypatch.undo()
-    store.write_raw(skey, damaged)
-    assert [r.storage_key for r in admin.verify(store, fix=True).removed] == [skey], "unchanged, it is removed"
+    ops.write_raw(skey, damaged)
+    assert [r.storage_key for r in admin.verify(ops, fix=True).removed] == [skey], "unchanged, it is removed"
     assert rank.get("graph-1") is None and rank.get("graph-0") == bytes(100)
 
 
@@ -115,7 +117,7 @@ def signed_url(tmp_path: Path) -> str:
 def test_verify_fix_removes_damage_only_never_what_another_secret_refuses(signed_url: str) -> None:
     """Issue 18, item 8: a mistyped secret made every entry bad_signature and --fix removed them all."""
     store = recipecache.open_store(signed_url, namespace="job", secret=SECRET)
-    path = store.backend._object_path(storage_key("job", "graph-1"))  # type: ignore[attr-defined]
+    path = store.backend.layout.object_path(storage_key("job", "graph-1"))  # type: ignore[attr-defined]
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     path.write_bytes(bytes(data))
@@ -345,7 +347,7 @@ def test_damaged_import_is_an_error_that_says_what_was_imported(
 
 def _export_without_last(url: str, tmp_path: Path) -> bytes:
     """The same export with one entry fewer (to learn where the last entry starts)."""
-    store = recipecache.open_store(url, namespace="job")
+    store = StoreAdmin(recipecache.open_store(url, namespace="job"))
     last = max(store.scan(), key=lambda info: info.key)
     blob = store.read_raw(last.key)
     store.delete_raw(last.key)

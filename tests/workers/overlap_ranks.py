@@ -46,11 +46,12 @@ def _wait_for(path: Path) -> bool:
 def _forge_strides(how: str) -> None:
     """Replace the output strides record this rank published with a forged one of the same form."""
     from recipecache.torch_integration import _session
+    from recipecache.store_admin import StoreAdmin
     from recipecache.tools import admin
 
     store = _session.store
     assert store is not None
-    (entry,) = [r for r in admin.inspect_entries(store)
+    (entry,) = [r for r in admin.inspect_entries(StoreAdmin(store))
                 if r.header and r.header.meta.get("kind") == "output_strides" and not r.node]  # the entry, not a copy
     assert entry.header is not None
     name = entry.header.key
