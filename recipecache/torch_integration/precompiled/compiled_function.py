@@ -56,6 +56,9 @@ from ..artifact import ArtifactError, KernelFile, checked_file, decode
 #: 8: the module globals dynamo installs (``modules``; format 7's artifacts of such code, diffusers' UNet, failed to
 #: load anywhere: "Missing required external references")
 FORMAT = "recipecache-precompiled/8"
+#: what ``recipecache ls`` calls a precompiled artifact (the ``kind`` of its envelope meta), and the kind the
+#: store counts its lookups and puts under
+KIND_NAME = "precompiled"
 
 
 @dataclass(frozen=True)

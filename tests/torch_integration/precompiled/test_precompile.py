@@ -38,7 +38,7 @@ import recipecache
 from recipecache.runs.events import read_events
 from recipecache.keys import storage_key
 from recipecache.torch_integration.artifact import ArtifactError
-from recipecache.torch_integration.precompiled.tier import KEY_KIND
+from recipecache.torch_integration.precompiled.dispatcher import KEY_KIND
 from recipecache.torch_integration.precompiled.compiled_function import Pin, Precompiled, SourceFile
 
 from support.torch_flags import compile_on_one_rank
@@ -793,7 +793,8 @@ def test_calls_off_the_cpu_run_on_the_normal_path_counted() -> None:
     import torch
 
     from recipecache import torch_integration
-    from recipecache.torch_integration.precompiled.tier import Fallback, unchecked_devices
+    from recipecache.torch_integration.precompiled.dispatcher import unchecked_devices
+    from recipecache.torch_integration.precompiled.variant import Fallback
     from recipecache.torch_integration.precompiled.keys import signature
 
     torch_integration.enable("memory://", namespace=NAMESPACE, precompile=True)
@@ -822,8 +823,8 @@ def test_a_callable_gets_at_most_max_shapes_signatures_looked_up(monkeypatch: py
     import torch
 
     from recipecache import torch_integration
-    from recipecache.torch_integration.precompiled import tier as precompile
-    from recipecache.torch_integration.precompiled.tier import Fallback
+    from recipecache.torch_integration.precompiled import dispatcher as precompile
+    from recipecache.torch_integration.precompiled.variant import Fallback
     from recipecache.torch_integration.precompiled.keys import signature
 
     torch_integration.enable("memory://", namespace=NAMESPACE, precompile=True)
@@ -894,7 +895,8 @@ def test_precompile_fallback_details_are_one_vocabulary() -> None:
 
     from recipecache.reasons import VERDICTS, PrecompileDetail, Reason
     from recipecache.torch_integration.metrics import Metrics
-    from recipecache.torch_integration.precompiled.tier import Fallback, Tier
+    from recipecache.torch_integration.precompiled.tier import Tier
+    from recipecache.torch_integration.precompiled.variant import Fallback
 
     assert VERDICTS == {PrecompileDetail.GRAPH_BREAK, PrecompileDetail.UNCHECKED_VALUE}
     store = recipecache.open_store("memory://", namespace=NAMESPACE)
@@ -914,7 +916,8 @@ def test_a_load_failure_is_listed_with_its_exception_in_the_metrics() -> None:
     from types import SimpleNamespace
 
     from recipecache.torch_integration.metrics import MAX_DETAIL_CHARS, MAX_FALLBACK_DETAILS, Metrics
-    from recipecache.torch_integration.precompiled.tier import Fallback, Tier
+    from recipecache.torch_integration.precompiled.tier import Tier
+    from recipecache.torch_integration.precompiled.variant import Fallback
 
     from torch._dynamo.aot_compile import AOTCompiledFunction
 
@@ -950,7 +953,8 @@ def test_the_tier_counts_each_lookup_and_store_failure_once() -> None:
     from types import SimpleNamespace
 
     from recipecache.torch_integration.metrics import Metrics
-    from recipecache.torch_integration.precompiled.tier import Fallback, Tier
+    from recipecache.torch_integration.precompiled.tier import Tier
+    from recipecache.torch_integration.precompiled.variant import Fallback
 
     target = SimpleNamespace(name="f")
     store = recipecache.open_store("memory://", namespace=NAMESPACE)
