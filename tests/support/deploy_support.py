@@ -15,7 +15,8 @@ import redis
 import yaml
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from support.redis_server import RedisServer, free_port
+from harness.ports import free_port
+from harness.redis_server import RedisServer
 from .paths import REPO
 
 
