@@ -13,11 +13,11 @@ from pathlib import Path
 
 import redis
 import yaml
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from harness.paths import REPO
 from harness.ports import free_port
 from harness.redis_server import RedisServer
-from .paths import REPO
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 
 ROOT = REPO
