@@ -37,10 +37,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from harness.paths import WORKERS
+from harness.ports import free_port
 
-from support.redis_server import free_port
+ROOT = Path(__file__).resolve().parents[1]
 
 RANKS = 2
 #: What the bootstrap did before the fix.
@@ -83,7 +83,7 @@ def run_once(way: str, script: Path, out: Path, shim: Path, env: dict[str, str],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20, help="jobs per way (default 20)")
-    parser.add_argument("--script", type=Path, default=ROOT / "tests" / "workers" / "ddp_exit.py")
+    parser.add_argument("--script", type=Path, default=WORKERS / "ddp_exit.py")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a job counts as hung (120)")
     parser.add_argument("--exit-grace", type=float, default=60.0, help="recipecache-run --exit-grace (60)")
     args = parser.parse_args()

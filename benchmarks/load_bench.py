@@ -58,13 +58,12 @@ import numpy as np
 import redis
 
 import recipecache
+from harness.redis_cluster import RedisCluster
+from harness.redis_server import RedisServer
 from recipecache.reasons import FAILED
 from recipecache.sim import Costs, simulate
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-from support.redis_cluster import RedisCluster  # noqa: E402
-from support.redis_server import RedisServer  # noqa: E402
 
 WORKER = HERE / "load_worker.py"
 MB = 1024 * 1024

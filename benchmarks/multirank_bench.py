@@ -39,10 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from harness.redis_server import RedisServer
 
-from support.redis_server import RedisServer
+ROOT = Path(__file__).resolve().parents[1]
 
 EXAMPLE = ROOT / "examples" / "train.py"
 

@@ -1,8 +1,8 @@
 """Nothing outlives a killed launcher, and how soon: issue 28's target, 0 processes of a 2-rank job left
 10 s after its launcher is SIGKILLed, at each of 5 points of the job.
 
-The job and the kill are ``tests/launcher/test_orphans.py``'s (:func:`test_orphans.kill_at`): a 2-rank gloo job
-stopped at a point (``started``, ``rendezvous``, ``collective``, ``training``, ``exit``), the launcher
+The job and the kill are the ones ``tests/launcher/test_orphans.py`` runs (:func:`harness.orphans.kill_at`): a
+2-rank gloo job stopped at a point (``started``, ``rendezvous``, ``collective``, ``training``, ``exit``), the launcher
 SIGKILLed once both ranks are there, then the seconds until no process carrying the job's marker is
 left. The test asserts only that they all end (a hang guard bounds its wait); the seconds are this
 figure, measured here so that a busy machine cannot fail a test with them::
@@ -15,20 +15,16 @@ Exit status 1 if any process was left after ``--target`` seconds, 0 otherwise.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import sys
 import tempfile
 import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "launcher"))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # the launcher and recipecache of this checkout
 
-from test_orphans import job_processes, kill_at  # noqa: E402
+from harness.orphans import kill_at, kill_job  # noqa: E402
 
 POINTS = ("started", "rendezvous", "collective", "training", "exit")
 
@@ -48,9 +44,7 @@ def main() -> int:
                 try:
                     took, survivors = kill_at(point, "launcher", [], marker, base, hang_guard=2 * args.target)
                 finally:
-                    for pid in job_processes(marker):
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
+                    kill_job(marker)
                 left = took > args.target or bool(survivors)
                 worst, failed = max(worst, took), failed or left
                 print(f"{point:<11} all gone after {took:5.1f} s  left {len(survivors)}"

@@ -47,15 +47,15 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
+from harness.paths import WORKERS
+from harness.ports import free_port
 
-from support.redis_server import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from recipecache.sizes import parse_size  # noqa: E402
 
-SCRIPT = ROOT / "tests" / "workers" / "no_stall_train.py"
+SCRIPT = WORKERS / "no_stall_train.py"
 RANKS = 2
 #: torch's own node-wide cache in $TMPDIR (``default_cache_dir()``, not TORCHINDUCTOR_CACHE_DIR): the
 #: precompiled header of the ATen headers (150 MB) a cold kernel compile builds once and later compiles

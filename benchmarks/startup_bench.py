@@ -3,7 +3,7 @@
 The hook is one ``.pth`` line in site-packages that Python runs in every process at start-up
 (:mod:`recipecache.autoenable`). Where ``RECIPECACHE_ENABLE`` is not set it must cost nothing measurable: the
 line compares one environment variable and imports nothing. Three environments, each a virtual environment over
-this one's site-packages (:mod:`support.hook_env`), started in turn so load on the machine falls on all alike:
+this one's site-packages (:mod:`harness.hook_env`), started in turn so load on the machine falls on all alike:
 
 * ``without``: no hook installed;
 * ``off``: the hook installed, ``RECIPECACHE_ENABLE`` unset (every process of a machine that installed recipecache);
@@ -22,16 +22,12 @@ import os
 import site
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import timeit
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from support.hook_env import HOOK_PTH, hook_environ, make_hook_env  # noqa: E402
+from harness.hook_env import HOOK_PTH, hook_environ, make_hook_env
 
 
 def start_once(python: Path, environ: dict[str, str]) -> float:

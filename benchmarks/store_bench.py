@@ -41,13 +41,11 @@ from pathlib import Path
 import redis
 
 import recipecache
+from harness.redis_server import RedisServer
 from recipecache import envelope
 from recipecache.eventlog import EventLog
 from recipecache.sizes import format_size, parse_size
 from recipecache.store_admin import StoreAdmin
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from support.redis_server import RedisServer  # noqa: E402
 
 TARGET = 1.3
 TARGET_SIZES = (8_000_000, 64_000_000)

@@ -36,11 +36,9 @@ from pathlib import Path
 import redis
 
 import recipecache
+from harness.redis_server import RedisServer
 from recipecache.keys import storage_key
 from recipecache.lease import HeldLease, new_token
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from support.redis_server import RedisServer  # noqa: E402
 
 WAITER = r"""
 import json, os, sys, time

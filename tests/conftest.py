@@ -8,13 +8,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# the harness the benchmarks share with the tests (benchmarks/harness: ports, paths, real Redis servers)
+sys.path.insert(1, str(Path(__file__).parent.parent / "benchmarks"))
 # every test folder too: tests import each other's helpers and fixtures by module name (test files'
 # names are unique across folders, as pytest's default import mode needs)
 for _folder in sorted({p.parent for p in Path(__file__).parent.rglob("test_*.py")}):
     sys.path.insert(1, str(_folder))
 
-from support.redis_cluster import RedisCluster, RedisSentinel  # noqa: E402
-from support.redis_server import RedisServer  # noqa: E402
+from harness.redis_cluster import RedisCluster, RedisSentinel  # noqa: E402
+from harness.redis_server import RedisServer  # noqa: E402
 
 # Every process a test starts (torchrun ranks, CLIs, agents) prints its Python stacks if it
 # dies of a signal (SIGABRT, SIGSEGV): a rank that crashes in CI then says where.

@@ -19,7 +19,7 @@ from recipecache.backends import open_backend
 from recipecache.backends.memory import MemoryBackend
 from recipecache.errors import ConfigError
 from recipecache.store import Store, open_store
-from support.paths import WORKERS
+from harness.paths import WORKERS
 
 
 @pytest.fixture(params=["memory", "filesystem", "redis", "redis-cluster", "redis-sentinel"])

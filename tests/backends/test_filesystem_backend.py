@@ -25,7 +25,7 @@ from recipecache.keys import storage_key
 from recipecache.reasons import Reason, Role
 from recipecache.store_admin import StoreAdmin
 from recipecache.errors import BackendError, ConfigError
-from support.paths import REPO
+from harness.paths import REPO
 
 T = TypeVar("T")
 

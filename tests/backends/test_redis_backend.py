@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import redis
-from support.redis_cluster import RedisSentinel
-from support.redis_server import HungPeer, RedisServer
+from harness.redis_cluster import RedisSentinel
+from harness.redis_server import RedisServer
+from support.hung_peer import HungPeer
 
 import recipecache
 from recipecache.backends import open_backend

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import redis
 from redis.crc import key_slot
-from support.redis_cluster import RedisCluster
-from support.redis_server import free_port
+from harness.redis_cluster import RedisCluster
+from harness.ports import free_port
 
 import recipecache
 from recipecache.reasons import Role
@@ -28,7 +28,7 @@ from recipecache.store import Flight
 from recipecache.runs.events import read_events
 from recipecache.keys import storage_key
 from launcher.main import main as launcher_main
-from support.paths import WORKERS
+from harness.paths import WORKERS
 
 PROCESSES, KEYS = 8, 40
 

@@ -11,8 +11,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support.hook_env import HOOK_PTH, hook_environ, make_hook_env
-from support.paths import REPO
+from harness.hook_env import HOOK_PTH, hook_environ, make_hook_env
+from harness.paths import REPO
 
 from recipecache import autoenable, env
 from recipecache.node_tier import default_node_dir

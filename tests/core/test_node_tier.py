@@ -29,7 +29,7 @@ from recipecache.reasons import Role
 from recipecache.settings import StoreSettings
 from recipecache.store import Store
 from recipecache.store_admin import StoreAdmin
-from support.paths import WORKERS
+from harness.paths import WORKERS
 
 
 

@@ -21,7 +21,7 @@ import recipecache
 from recipecache.backends import open_backend
 from recipecache.keys import storage_key
 from recipecache.lease import SingleFlight
-from support.paths import WORKERS
+from harness.paths import WORKERS
 
 
 

@@ -21,7 +21,7 @@ from recipecache.runs.events import read_events
 from recipecache.keys import storage_key
 from recipecache.store import Store
 from recipecache.store_admin import StoreAdmin
-from support.paths import WORKERS
+from harness.paths import WORKERS
 
 
 def make_store(backend: Backend | None = None, *, secret: bytes | None = None, **kw: object) -> Store:

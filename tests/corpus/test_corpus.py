@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from support.paths import REPO
+from harness.paths import REPO
 
 sys.path.insert(0, str(REPO / "corpus"))
 from jobs import PROGRAMS, Job, run_job  # noqa: E402

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from support.redis_cluster import _port_below
-from support.redis_server import free_port
+from harness.ports import port_below
+from harness.ports import free_port
 from support.deploy_support import (
     ADMIN_PASSWORD, CONNECT_EXTRAS, DEPLOY, JOB_PASSWORD, REDIS_DIR, acl_user_rules, env_of, granted, k8s_object,
     load_docs, render_acl,
@@ -102,7 +102,7 @@ def deployed_cluster_nodes(tmp_path: Path, count: int) -> Iterator[list[int]]:
         for i in range(count):
             node = tmp_path / f"node{i}"
             node.mkdir()
-            port = _port_below(55535)
+            port = port_below(55535)
             env = dict(os.environ, REDIS_CLUSTER="1", REDIS_ACL_FILE=str(node / "users.acl"),
                        REDIS_PASSWORD_FILE=str(tmp_path / "password"),
                        REDIS_PREVIOUS_PASSWORD_FILE=str(tmp_path / "previous"),

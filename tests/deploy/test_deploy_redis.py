@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import recipecache
-from support.redis_server import free_port
+from harness.ports import free_port
 
 from recipecache.backends.redis import ACL_COMMANDS, RedisBackend
 

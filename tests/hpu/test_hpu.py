@@ -47,9 +47,9 @@ from recipecache.hpu.recipes import (
     RecipeFiles,
 )
 from recipecache.keys import storage_key
-from support.paths import REPO, SUPPORT
+from harness.paths import REPO, TESTS
 
-SIM = SUPPORT / "hpu_bridge_sim.py"
+SIM = TESTS / "support" / "hpu_bridge_sim.py"
 #: a hang guard: every wait is for an event (a process start took 13 s on a loaded machine, issue 28)
 DEADLINE_S = 300.0
 OLD, NEW = "1.18.0", "1.19.0"

@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.redis_server import free_port
-from support.paths import WORKERS
+from harness.ports import free_port
+from harness.paths import WORKERS
 
 pytestmark = [pytest.mark.multirank, pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(1200)]
 

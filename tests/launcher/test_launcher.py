@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.redis_server import free_port
+from harness.ports import free_port
 
 import recipecache
 from recipecache.errors import ConfigError
@@ -31,7 +31,7 @@ from launcher.main import build_parser, main
 from recipecache.runs.report import build_report, format_report, load_metrics, write_report
 from launcher import torchrun_options
 from launcher.torchrun_options import REFUSED_REASONS
-from support.paths import REPO
+from harness.paths import REPO
 
 
 @pytest.fixture

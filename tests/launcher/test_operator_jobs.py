@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.paths import REPO
+from harness.paths import REPO
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900)]
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import redis
 import yaml
+from harness.paths import REPO
+from harness.ports import free_port
+from harness.redis_server import RedisServer
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from support.redis_server import RedisServer, free_port
-from .paths import REPO
 
 
 ROOT = REPO

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.redis_server import free_port
+from harness.ports import free_port
 
 from recipecache.backends import open_backend
 from recipecache.sim.cli import scenario_from_args

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support.redis_server import HungPeer, free_port
+from harness.ports import free_port
+from support.hung_peer import HungPeer
 from support.deploy_support import JOB_PASSWORD, start_deployed
 
 import recipecache

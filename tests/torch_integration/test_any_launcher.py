@@ -13,7 +13,7 @@ both ranks share one fresh torch cache per job there: the hook gives rank direct
 as ranks). And with one process (``tests/workers/compile_first.py``, the eager backend: no compile to wait for):
 a rank enables at its first ``torch.compile`` when its launcher names the job, and neither a process that is no
 rank nor a rank's multiprocessing child enables. The hook is installed as a wheel installs it
-(:mod:`support.hook_env`).
+(:mod:`harness.hook_env`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.hook_env import hook_environ, make_hook_env
-from support.paths import REPO, WORKERS
-from support.redis_server import free_port
+from harness.hook_env import hook_environ, make_hook_env
+from harness.paths import REPO, WORKERS
+from harness.ports import free_port
 
 pytestmark = [pytest.mark.multirank, pytest.mark.torch, pytest.mark.timeout(1800)]
 

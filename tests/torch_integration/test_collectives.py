@@ -39,7 +39,7 @@ import pytest
 
 from recipecache.runs.events import read_events
 from recipecache.runs.explain import analyse_run
-from support.paths import WORKERS
+from harness.paths import WORKERS
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1500)]
 

@@ -55,7 +55,7 @@ from recipecache.torch_integration.artifact import (
 )
 from recipecache.torch_integration.metrics import Metrics
 from support.torch_flags import compile_on_one_rank
-from support.paths import WORKERS
+from harness.paths import WORKERS
 
 pytestmark = [pytest.mark.torch, pytest.mark.internals]
 

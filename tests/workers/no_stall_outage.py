@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from harness.redis_server import RedisServer
 from support.hang_guard import WORKER_HANG_GUARD_S
-from support.redis_server import RedisServer
 
 import recipecache
 

@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 
 from recipecache.runs.events import read_events
-from support.paths import REPO, WORKERS
+from harness.paths import REPO, WORKERS
 
 #: the three jobs run in the first test's fixture; generous because other work may share the 2 cores
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1200)]

@@ -37,7 +37,7 @@ from recipecache.runs.events import read_events
 from recipecache.settings import StoreSettings
 from recipecache.store import Store
 from support.hang_guard import SCRIPT_TIMEOUT_S, TEST_TIMEOUT_S
-from support.paths import REPO, WORKERS
+from harness.paths import REPO, WORKERS
 
 ROOT = REPO
 TRAIN = WORKERS / "no_stall_train.py"

@@ -30,7 +30,7 @@ from recipecache.reasons import Role
 from recipecache.settings import StoreSettings
 from recipecache.store import Store
 from support.hang_guard import SCRIPT_TIMEOUT_S, TEST_TIMEOUT_S
-from support.paths import WORKERS
+from harness.paths import WORKERS
 
 pytestmark = pytest.mark.internals
 

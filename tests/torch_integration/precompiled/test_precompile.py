@@ -43,7 +43,7 @@ from recipecache.torch_integration.precompiled.compiled_function import Pin, Pre
 
 from support.torch_flags import compile_on_one_rank
 from test_torch_integration import base  # noqa: F401 - the module's temp dir with the logging g++ first on PATH
-from support.paths import REPO, WORKERS
+from harness.paths import REPO, WORKERS
 
 pytestmark = pytest.mark.torch
 

@@ -1,4 +1,4 @@
-"""A real redis-server for tests: started on 127.0.0.1 on a free port, in a temp dir.
+"""A real redis-server for tests and benchmarks: started on 127.0.0.1 on a free port, in a temp dir.
 
 CI installs ``redis-server`` (README's test command); a missing binary is an error,
 never a skip.
@@ -8,18 +8,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
+from harness.ports import free_port
 
 #: how many free ports a server that chose its own tries (see :meth:`RedisServer.start`)
 PORT_TRIES = 5
@@ -105,41 +98,3 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-class HungPeer:
-    """A TCP listener on 127.0.0.1 that accepts connections and never answers: a hung Redis server
-    or sentinel (a stopped process, a half-open path). Its sockets stay open until ``close``."""
-
-    def __init__(self) -> None:
-        self._listener = socket.socket()
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(128)
-        self.port = int(self._listener.getsockname()[1])
-        self._accepted: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, name="hung-peer", daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:  # closed
-                return
-            self._accepted.append(conn)
-
-    @property
-    def connections(self) -> int:
-        """How many connections it accepted so far."""
-        return len(self._accepted)
-
-    def close(self) -> None:
-        self._listener.close()
-        for conn in self._accepted:
-            conn.close()
-
-    def __enter__(self) -> HungPeer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -15,19 +15,12 @@ import time
 from pathlib import Path
 
 import redis
-from support.redis_server import RedisServer, free_port
+
+from harness.ports import free_port, port_below
+from harness.redis_server import RedisServer
 
 #: short node timeout: a killed primary's replica takes over within a few seconds
 NODE_TIMEOUT_MS = 1000
-
-
-def _port_below(limit: int) -> int:
-    """A free port no higher than ``limit`` (Redis refuses cluster nodes on ports above 55535)."""
-    for _ in range(1000):
-        port = free_port()
-        if port <= limit:
-            return port
-    raise RuntimeError(f"no free port below {limit}")
 
 
 class RedisCluster:
@@ -41,7 +34,7 @@ class RedisCluster:
         self.config = config
         self.node_timeout_ms = node_timeout_ms
         self.nodes = [RedisServer(Path(workdir) / f"node{i}", config=self._config(Path(workdir) / f"node{i}"),
-                                  port=_port_below(55535)) for i in range(primaries * (1 + replicas))]
+                                  port=port_below(55535)) for i in range(primaries * (1 + replicas))]
 
     def _config(self, workdir: Path) -> str:
         # the cluster bus port is given, not port + 10000, which may be taken

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from support.paths import REPO
+from harness.paths import REPO
 
 #: the line the package installs (setup.py copies it to the root of every wheel)
 HOOK_PTH = REPO / "recipecache" / "recipecache-autoenable.pth"
