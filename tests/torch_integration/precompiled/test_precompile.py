@@ -876,15 +876,52 @@ def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.Monke
 
 def test_compile_on_one_rank_enters_precompiled_keys_only_when_on() -> None:
     """torch's compile-on-one-rank changes what AOTInductor generates for devices and process groups
-    (2.14 keys its own graphs by it); it is in none of the configs the key covers, so a process with it
+    (2.14 keys its own graphs by it); it is in none of the configs the key hashes whole, so a process with it
     on would have loaded an artifact built with it off. Off (the default) leaves every key as it was."""
     from recipecache.torch_integration.precompiled.keys import CompileSettings
 
     settings = CompileSettings.from_call({})
     off = settings.fingerprint()
-    assert "compile_on_one_rank" not in off
+    assert "configs" not in off
     with compile_on_one_rank():
-        assert settings.fingerprint() == {**off, "compile_on_one_rank": "on"}
+        on = settings.fingerprint()
+    assert on.keys() == {*off, "configs"} and "'compile_on_one_rank': True" in on["configs"]
+    assert {k: v for k, v in on.items() if k != "configs"} == off
+
+
+@pytest.mark.internals
+def test_every_config_module_and_flag_a_compile_reads_enters_precompiled_keys() -> None:
+    """Issue 44 item 4: inductor reads ``torch.fx.experimental._config.backed_size_oblivious`` (``sizevars``),
+    and oneDNN's and cuDNN's precisions (its lowering), none of which the key held (it hashed dynamo's, inductor's
+    and functorch's configs and the thread count): a process that set one loaded an artifact compiled under the
+    other value. Every config module loaded (found, not listed: each one the test finds itself) and every flag
+    now changes the key, and a default leaves it as it was."""
+    import sys
+
+    import torch
+    import torch.fx.experimental._config as fx_config
+    from torch.utils._config_module import ConfigModule
+
+    from recipecache.torch_integration.precompiled.keys import CompileSettings
+
+    settings = CompileSettings.from_call({})
+    default = settings.fingerprint()
+    with fx_config.patch(backed_size_oblivious=True):
+        assert settings.fingerprint() != default
+    found = [name for name, m in list(sys.modules.items()) if isinstance(m, ConfigModule) and "testing" not in name]
+    assert "torch.fx.experimental._config" in found and "torch._export.config" in found
+    for name in found:  # one boolean of each module, flipped: the key sees it
+        module = sys.modules[name]
+        flag = next(k for k, v in sorted(module.save_config_portable(ignore_private_configs=False).items())
+                    if isinstance(v, bool) and not any(p in k for p in ("cache", "pgo")) and k != "TYPE_CHECKING")
+        with module.patch(flag, not getattr(module, flag)):
+            assert settings.fingerprint() != default, f"{name}.{flag}"
+    torch.backends.cudnn.allow_tf32 = False  # read by inductor's convolution lowering, outside torch's keys too
+    try:
+        assert settings.fingerprint() != default
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+    assert settings.fingerprint() == default
 
 
 def test_precompile_fallback_details_are_one_vocabulary() -> None:
