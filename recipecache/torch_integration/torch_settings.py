@@ -45,7 +45,7 @@ def config_modules() -> tuple[str, ...]:
     ``compiler.config``, ``fx.experimental._config``, ``_export.config``, ``distributed.config``),
     which are imported first, so the list does not depend on what the process happened to import.
     """
-    import torch._dynamo  # noqa: F401 - what every compile imports, with the config modules it reads
+    import torch._dynamo  # what every compile imports, with the config modules it reads
     import torch._inductor.compile_fx  # noqa: F401
     from torch.utils._config_module import ConfigModule
 

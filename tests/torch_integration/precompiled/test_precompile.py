@@ -273,6 +273,50 @@ def test_a_process_runs_the_code_it_imported_when_the_file_changed_since(base: P
     assert fresh.precompiled == {"hit": 1, "miss": 1, "put": 1}, "v2's own artifact is found under its version"
 
 
+LAZY_MODEL = """import torch
+
+import pv_lazy_pkg
+
+
+def f(x):
+    import pv_lazy_inner  # imported at the first call, as models often do
+
+    return pv_lazy_pkg.scale(pv_lazy_inner.helper(x)).sum()
+"""
+#: a package whose names come from a submodule imported at first access (module ``__getattr__``, as transformers)
+LAZY_PACKAGE = """import importlib
+
+
+def __getattr__(name):
+    return getattr(importlib.import_module(".impl", __name__), name)
+"""
+
+
+@pytest.mark.internals
+def test_a_model_that_imports_lazily_is_served_in_a_fresh_process(base: Path) -> None:
+    """Issue 44 item 5: the files dynamo traces include modules the model imports at its first call (an ``import``
+    in a function body, a package's module ``__getattr__``). A fresh process checks the artifact before that call,
+    holds no module of those files yet, and every one fell back with ``source_changed``. Such a file is now
+    imported by the name that loads it from that very path before its digest is taken (what the call is about
+    to do), so the same code hits; and edited code still misses."""
+    model_dir = base / "lazy"
+    (model_dir / "pv_lazy_pkg").mkdir(parents=True)
+    (model_dir / "pv_model.py").write_text(LAZY_MODEL)
+    (model_dir / "pv_lazy_inner.py").write_text("def helper(x):\n    return x + 2\n")
+    (model_dir / "pv_lazy_pkg" / "__init__.py").write_text(LAZY_PACKAGE)
+    (model_dir / "pv_lazy_pkg" / "impl.py").write_text("def scale(x):\n    return x * 3\n")
+    store = base / "lazy-store"
+    cold = _finish(_start(base, "lazy-cold", "rc", model_dir, "2", store=store, worker=VERSION_WORKER))
+    assert cold.report["results"] == [18.0] and cold.precompiled["put"] == 1
+    fresh = _finish(_start(base, "lazy-fresh", "rc", model_dir, "2", store=store, worker=VERSION_WORKER))
+    assert fresh.report["results"] == [18.0]
+    assert fresh.metrics["stale_sources"] == 0 and fresh.precompiled == {"hit": 1, "miss": 0, "put": 0}
+    (model_dir / "pv_lazy_pkg" / "impl.py").write_text("def scale(x):\n    return x * 5\n")
+    edited = _finish(_start(base, "lazy-edited", "rc", model_dir, "2", store=store, worker=VERSION_WORKER))
+    assert edited.report["results"] == [30.0], "the edited lazily imported code runs, not the artifact"
+    assert edited.precompiled["hit"] == 0 and edited.precompiled["put"] == 1
+
+
 # -- values the traced code reads that are not in its code ----------------------------------------
 VALUES_WORKER = WORKERS / "precompile_values.py"
 VALUES_CFG = """SCALE = 100.0
