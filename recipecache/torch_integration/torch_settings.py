@@ -79,8 +79,10 @@ def overrides(name: str) -> dict[str, Any]:
 
 
 #: config names that only steer caching (recipecache sets some of them: the remote-cache switches, PGO and
-#: ``torch.compiler.config.job_id``, which names a job's PGO state), never the generated code
-PLUMBING = ("cache", "pgo", "job_id")
+#: ``torch.compiler.config.job_id``, which names a job's PGO state) or where debug output goes (dynamo's
+#: ``debug_dir_root``, whose default is the process's working directory: a no-stall worker, which starts
+#: elsewhere and takes the rank's value, read it as an override the rank did not have), never the generated code
+PLUMBING = ("cache", "pgo", "job_id", "debug_dir")
 #: config torch itself changes while compiling: AOTInductor fills its metadata into the global dict in place
 MUTATED_BY_TORCH = frozenset({"aot_inductor.metadata"})
 

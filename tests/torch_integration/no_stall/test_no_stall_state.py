@@ -125,6 +125,31 @@ def test_every_config_module_travels_to_the_worker() -> None:
 
 
 @pytest.mark.torch
+@pytest.mark.timeout(900)
+def test_a_worker_elsewhere_computes_the_ranks_graph_store_key_under_backed_size_oblivious(tmp_path: Path) -> None:
+    """Issue 44 item 4, across processes: a rank sets ``backed_size_oblivious`` (outside torch's FX key, so the
+    graph store's key holds it); a worker started in another directory, as no-stall's is, reproduces it and
+    computes the rank's store key. Before: the value did not travel (the worker compiled under its default);
+    dynamo's ``debug_dir_root`` (a per-directory default) must not tell the two apart either."""
+    statement = "import torch.fx.experimental._config as c; c.backed_size_oblivious = True"
+    ranks = []
+    for s in ("pass", statement):
+        proc = subprocess.run([sys.executable, str(STATE_KEY), "rank", s], capture_output=True, env=_env(),
+                              timeout=600, check=False)
+        assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+        ranks.append(pickle.loads(proc.stdout))
+    default, oblivious = ranks
+    assert oblivious["settings"] != default["settings"]
+    worker = subprocess.run([sys.executable, str(STATE_KEY), "worker"], input=pickle.dumps([oblivious["state"]]),
+                            capture_output=True, env=_env() | {"PYTHONPATH": os.pathsep.join(sys.path)},
+                            cwd=tmp_path, timeout=600, check=False)
+    assert worker.returncode == 0, worker.stderr.decode()[-2000:]
+    [result] = pickle.loads(worker.stdout)
+    assert result["differences"] == [] and result["settings"] == oblivious["settings"]
+    assert result["key"] == oblivious["key"]
+
+
+@pytest.mark.torch
 def test_a_custom_pass_cannot_travel_to_a_worker() -> None:
     import torch._inductor.config as inductor_config
     from torch._inductor.custom_graph_pass import CustomGraphPass
