@@ -954,18 +954,29 @@ def test_every_config_module_and_flag_a_compile_reads_enters_precompiled_keys() 
         assert settings.fingerprint() != default
     found = [name for name, m in list(sys.modules.items()) if isinstance(m, ConfigModule) and "testing" not in name]
     assert "torch.fx.experimental._config" in found and "torch._export.config" in found
-    for name in found:  # one boolean of each module, flipped: the key sees it
+    for name in found:  # one setting of each module changed: the key sees it
         module = sys.modules[name]
-        flag = next(k for k, v in sorted(module.save_config_portable(ignore_private_configs=False).items())
-                    if isinstance(v, bool) and not any(p in k for p in ("cache", "pgo")) and k != "TYPE_CHECKING")
-        with module.patch(flag, not getattr(module, flag)):
-            assert settings.fingerprint() != default, f"{name}.{flag}"
-    torch.backends.cudnn.allow_tf32 = False  # read by inductor's convolution lowering, outside torch's keys too
+        config, value = _another_value(module)
+        with module.patch(config, value):
+            assert settings.fingerprint() != default, f"{name}.{config}"
+    allow_tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = not allow_tf32  # read by inductor's convolution lowering, outside torch's keys
     try:
         assert settings.fingerprint() != default
     finally:
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = allow_tf32
     assert settings.fingerprint() == default
+
+
+def _another_value(module: Any) -> tuple[str, Any]:
+    """A setting of config module ``module`` that is no cache switch, and another value for it: a boolean flipped,
+    else a whole number plus one (a backend's codegen config, as the no-stall tests register one, may hold no
+    boolean)."""
+    values = [(config, value) for config, value in sorted(module.save_config_portable(ignore_private_configs=False).items())
+              if not any(p in config for p in ("cache", "pgo")) and config != "TYPE_CHECKING"]
+    flags = [(config, not value) for config, value in values if isinstance(value, bool)]
+    numbers = [(config, value + 1) for config, value in values if type(value) is int]
+    return (flags or numbers)[0]
 
 
 def test_precompile_fallback_details_are_one_vocabulary() -> None:
@@ -1109,7 +1120,7 @@ def test_launcher_precompile_flag_reaches_every_rank(tmp_path: Path) -> None:
     assert "RECIPECACHE_PRECOMPILE" not in LaunchConfig.from_args(args).rank_env({})
 
 
-def test_a_torch_config_entry_the_trace_guards_is_pinned_by_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_torch_config_entry_the_trace_guards_is_pinned_by_its_value() -> None:
     """torch 2.15's functional collectives read ``compile_on_one_rank``; dynamo guards the entry's override, an
     object no description stands for, which made every function calling a collective a verdict on 2.15
     (``unchecked_value``). The tier pins the value the config module gives instead, checked on every call.
@@ -1131,8 +1142,10 @@ def test_a_torch_config_entry_the_trace_guards_is_pinned_by_its_value(monkeypatc
     assert [(pin.source, pin.per_call) for pin in recorder.pins] == [(f"{module}.capture_scalar_outputs", True)]
     values = Values(tuple(recorder.pins), {}, {})
     assert values.changed(dict, every=True) is None
-    monkeypatch.setattr(torch.compiler.config, "capture_scalar_outputs", not torch.compiler.config.capture_scalar_outputs)
-    assert values.changed(dict, every=True) is not None, "a config set since the trace differs"
+    # torch's own patch: the entry is an alias of dynamo's, which monkeypatch's undo would leave set (it deletes
+    # the alias instead), and every later test of this process would compile and key under that value
+    with torch.compiler.config.patch(capture_scalar_outputs=not torch.compiler.config.capture_scalar_outputs):
+        assert values.changed(dict, every=True) is not None, "a config set since the trace differs"
     unreadable = SimpleNamespace(name="L['cfg']._config['x'].user_override", guard_type="ID_MATCH",
                                  derived_guard_types=(), is_global=False, has_value=True, value=object())
     recorder._record(unreadable, kept=False)
