@@ -36,6 +36,14 @@ _TEST_PREFIX = "torch.testing."
 #: torch's keys (see :func:`outside_torch_keys`).
 IN_TORCH_KEYS = frozenset({"torch._inductor.config", "torch._inductor.config_comms", "torch._functorch.config"})
 
+#: config modules torch's keys cover through the graph they hash: dynamo's shapes what dynamo traces, and of its
+#: entries inductor and AOTAutograd read only debug, error-handling and caching ones, none of which changes code.
+#: It also must stay out of a key a graph's lookup and its later uses share: torch patches it around a frame's
+#: compile (``torch.compile(dynamic=...)``, ``recompile_limit=``), so a forward looked up inside the frame would
+#: read other values than its backward's compile and its AOTAutograd entry's save, both at the backward, and that
+#: entry would be stored under a key no lookup asks for.
+HASHED_THROUGH_THE_GRAPH = frozenset({"torch._dynamo.config"})
+
 
 def config_modules() -> tuple[str, ...]:
     """The names of every config module loaded once torch's compile machinery is, sorted.
@@ -211,13 +219,15 @@ def settings() -> dict[str, Any]:
 
 def outside_torch_keys() -> str:
     """A digest of what a compile reads that torch's FX and AOTAutograd keys do not hash: the overrides of every
-    config module but those they hash whole (``torch.fx.experimental._config``'s ``backed_size_oblivious``,
-    which inductor's ``sizevars`` reads, among them), and the flags inductor's lowering reads outside them
+    config module but those they hash whole or through the graph (:data:`HASHED_THROUGH_THE_GRAPH`;
+    ``torch.fx.experimental._config``'s ``backed_size_oblivious``, which inductor's ``sizevars`` reads, is among
+    those it holds), and the flags inductor's lowering reads outside them
     (cuDNN's and oneDNN's precisions and switches, the default device). The graph store adds it to its keys of
     torch's graphs: without it, a process that set one of them was served a graph compiled under another value."""
     import hashlib
 
-    configs = keyed_overrides(name for name in config_modules() if name not in IN_TORCH_KEYS)
+    covered = IN_TORCH_KEYS | HASHED_THROUGH_THE_GRAPH
+    configs = keyed_overrides(name for name in config_modules() if name not in covered)
     flags = {name: value for name, value in settings().items() if name not in SETTINGS_IN_TORCH_KEYS}
     digest = hashlib.blake2b(stable_repr({"configs": configs, "flags": flags}).encode(), digest_size=8)
     return digest.hexdigest()

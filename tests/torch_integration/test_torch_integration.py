@@ -619,6 +619,45 @@ def test_settings_outside_torchs_keys_keep_graphs_apart(integration: Any) -> Non
     assert _lookup(default, lambda graph: True) is not None and default.aot_get(aot_key) is not None
 
 
+def test_an_autograd_entry_saved_at_the_backward_is_stored_under_the_key_its_lookup_asks_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch patches dynamo's config around a frame's compile (``torch.compile(dynamic=False)``): the AOTAutograd
+    entry is looked up inside the frame and saved at the backward, outside it. With dynamo's overrides in the store
+    key (the settings outside torch's keys), the save went under another key than every lookup asked for, and no
+    later process found the entry. Dynamo's config is covered by torch's keys through the graph it shapes."""
+    import torch
+
+    from recipecache import torch_integration
+    from recipecache.torch_integration.graphs import hooks as _hooks
+
+    asked: list[str] = []
+    saved: list[str] = []
+    fetch, put = _hooks.Integration.fetch, _hooks.Integration._put
+
+    def fetching(self: Any, kind: str, key: str) -> Any:
+        if kind == "aot":
+            asked.append(key)
+        return fetch(self, kind, key)
+
+    def putting(self: Any, kind: str, key: str, *args: Any, **kwargs: Any) -> Any:
+        if kind == "aot":
+            saved.append(key)
+        return put(self, kind, key, *args, **kwargs)
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(_hooks.Integration, "fetch", fetching)
+    monkeypatch.setattr(_hooks.Integration, "_put", putting)
+    torch_integration.enable("memory://", namespace=NAMESPACE + "-aot-key")
+    try:
+        compiled = torch.compile(torch.nn.Linear(4, 4), dynamic=False)
+        compiled(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    finally:
+        torch_integration.disable()
+        torch._dynamo.reset()
+    assert asked and saved, "no AOTAutograd entry was looked up and saved: the test proves nothing"
+    assert set(saved) <= set(asked)
+
+
 def test_the_cpu_fingerprint_is_computed_once_and_an_override_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     from recipecache import env
     from recipecache.torch_integration import host_cpu
