@@ -36,13 +36,15 @@ _TEST_PREFIX = "torch.testing."
 #: torch's keys (see :func:`outside_torch_keys`).
 IN_TORCH_KEYS = frozenset({"torch._inductor.config", "torch._inductor.config_comms", "torch._functorch.config"})
 
-#: config modules torch's keys cover through the graph they hash: dynamo's shapes what dynamo traces, and of its
-#: entries inductor and AOTAutograd read only debug, error-handling and caching ones, none of which changes code.
-#: It also must stay out of a key a graph's lookup and its later uses share: torch patches it around a frame's
+#: config modules torch's keys cover through the graph they hash. Dynamo's shapes what dynamo traces, and of its
+#: entries inductor and AOTAutograd read only debug, error-handling and caching ones, none of which changes code;
+#: it must also stay out of a key a graph's lookup and its later uses share: torch patches it around a frame's
 #: compile (``torch.compile(dynamic=...)``, ``recompile_limit=``), so a forward looked up inside the frame would
 #: read other values than its backward's compile and its AOTAutograd entry's save, both at the backward, and that
-#: entry would be stored under a key no lookup asks for.
-HASHED_THROUGH_THE_GRAPH = frozenset({"torch._dynamo.config"})
+#: entry would be stored under a key no lookup asks for. ``torch.distributed``'s (2.13's ``compile_on_one_rank``,
+#: ``use_torchcomms``) is read by the collectives being traced, never by inductor or AOTAutograd: a graph without
+#: collectives is the same graph under either value, and keeps its key.
+HASHED_THROUGH_THE_GRAPH = frozenset({"torch._dynamo.config", "torch.distributed.config"})
 
 
 def config_modules() -> tuple[str, ...]:

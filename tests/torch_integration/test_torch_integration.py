@@ -598,6 +598,7 @@ def test_settings_outside_torchs_keys_keep_graphs_apart(integration: Any) -> Non
     setting outside torch's keys (here cuDNN's TF32 switch, read by inductor's convolution lowering) make
     other store keys; under the defaults again, the first process's entries hit."""
     import torch
+    import torch.distributed.config as distributed_config
     import torch.fx.experimental._config as fx_config
 
     aot_key = "pt2:autograd-experimental::akey:c1"
@@ -610,6 +611,10 @@ def test_settings_outside_torchs_keys_keep_graphs_apart(integration: Any) -> Non
         assert oblivious.aot_get(aot_key) is None
         oblivious.end_attempt()
     default_key = integration.compile_key(FX_KEY)
+    # what torch's keys cover through the graph: dynamo's config (which torch patches around a frame's compile) and
+    # the collectives' (read only where a collective is traced) leave the store key as it was
+    with torch._dynamo.config.patch(assume_static_by_default=False), distributed_config.patch(use_torchcomms=True):
+        assert integration.compile_key(FX_KEY) == default_key
     torch.backends.cudnn.allow_tf32 = False
     try:
         assert integration.compile_key(FX_KEY) != default_key
