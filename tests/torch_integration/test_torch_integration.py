@@ -512,7 +512,7 @@ def test_fx_miss_leads_and_the_put_publishes_through_the_flight(integration: Any
     integration.compiled(2.5)  # what the codegen wrapper reports
     integration.fx_put(FX_KEY, _fx_entry(None))
     assert integration.attempt.flight is None
-    stored = Artifact.unpack(integration.store.get(integration.cpu_key(FX_KEY)), "fx")
+    stored = Artifact.unpack(integration.store.get(integration.compile_key(FX_KEY)), "fx")
     assert stored.entries == (Entry(_fx_entry(None), 2.5, (), ""),)
     assert _lookup(integration, lambda graph: True).guards_expr is None
     m = integration.metrics.snapshot()
@@ -528,7 +528,7 @@ def test_guard_variants_of_one_key_are_all_kept_and_each_is_hit(integration: Any
     assert _lookup(other, _guards(large)) is None, "the stored variant was offered and its guards said no"
     assert other.attempt.flight.role == "leader", "so this process compiles the next variant, under the lease"
     other.fx_put(FX_KEY, _fx_entry(large))
-    stored = Artifact.unpack(integration.store.get(integration.cpu_key(FX_KEY)), "fx")
+    stored = Artifact.unpack(integration.store.get(integration.compile_key(FX_KEY)), "fx")
     assert [e.guards for e in stored.entries] == [large, small]
     fresh = _another(integration)
     assert _lookup(fresh, _guards(small)).guards_expr == small
@@ -591,6 +591,78 @@ def test_cpu_fingerprints_keep_artifacts_apart(integration: Any, tmp_path: Path,
     assert (tmp_path / "avx2-inductor" / "ab" / "cdef.main.so").read_bytes() == b"an AMX kernel"
 
 
+def test_settings_outside_torchs_keys_keep_graphs_apart(integration: Any) -> None:
+    """Issue 44 item 4: inductor's ``sizevars`` reads ``torch.fx.experimental._config.backed_size_oblivious``,
+    which torch's FX and AOTAutograd keys do not hash, and neither did the store's: a process that set it was
+    served the graph and AOTAutograd entry another process compiled under its default. Now it and every other
+    setting outside torch's keys (here cuDNN's TF32 switch, read by inductor's convolution lowering) make
+    other store keys; under the defaults again, the first process's entries hit."""
+    import torch
+    import torch.distributed.config as distributed_config
+    import torch.fx.experimental._config as fx_config
+
+    aot_key = "pt2:autograd-experimental::akey:c1"
+    assert _lookup(integration, lambda graph: True) is None
+    integration.fx_put(FX_KEY, _fx_entry(None))
+    integration.aot_put(aot_key, b"{}")
+    with fx_config.patch(backed_size_oblivious=True):
+        oblivious = _another(integration)
+        assert _lookup(oblivious, lambda graph: True) is None and oblivious.attempt.flight.role == "leader"
+        assert oblivious.aot_get(aot_key) is None
+        oblivious.end_attempt()
+    default_key = integration.compile_key(FX_KEY)
+    # what torch's keys cover through the graph: dynamo's config (which torch patches around a frame's compile) and
+    # the collectives' (read only where a collective is traced) leave the store key as it was
+    with torch._dynamo.config.patch(assume_static_by_default=False), distributed_config.patch(use_torchcomms=True):
+        assert integration.compile_key(FX_KEY) == default_key
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        assert integration.compile_key(FX_KEY) != default_key
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+    default = _another(integration)
+    assert _lookup(default, lambda graph: True) is not None and default.aot_get(aot_key) is not None
+
+
+def test_an_autograd_entry_saved_at_the_backward_is_stored_under_the_key_its_lookup_asks_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch patches dynamo's config around a frame's compile (``torch.compile(dynamic=False)``): the AOTAutograd
+    entry is looked up inside the frame and saved at the backward, outside it. With dynamo's overrides in the store
+    key (the settings outside torch's keys), the save went under another key than every lookup asked for, and no
+    later process found the entry. Dynamo's config is covered by torch's keys through the graph it shapes."""
+    import torch
+
+    from recipecache import torch_integration
+    from recipecache.torch_integration.graphs import hooks as _hooks
+
+    asked: list[str] = []
+    saved: list[str] = []
+    fetch, put = _hooks.Integration.fetch, _hooks.Integration._put
+
+    def fetching(self: Any, kind: str, key: str) -> Any:
+        if kind == "aot":
+            asked.append(key)
+        return fetch(self, kind, key)
+
+    def putting(self: Any, kind: str, key: str, *args: Any, **kwargs: Any) -> Any:
+        if kind == "aot":
+            saved.append(key)
+        return put(self, kind, key, *args, **kwargs)
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(_hooks.Integration, "fetch", fetching)
+    monkeypatch.setattr(_hooks.Integration, "_put", putting)
+    torch_integration.enable("memory://", namespace=NAMESPACE + "-aot-key")
+    try:
+        compiled = torch.compile(torch.nn.Linear(4, 4), dynamic=False)
+        compiled(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    finally:
+        torch_integration.disable()
+        torch._dynamo.reset()
+    assert asked and saved, "no AOTAutograd entry was looked up and saved: the test proves nothing"
+    assert set(saved) <= set(asked)
+
+
 def test_the_cpu_fingerprint_is_computed_once_and_an_override_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     from recipecache import env
     from recipecache.torch_integration import host_cpu
@@ -644,7 +716,7 @@ def test_a_hit_found_unusable_is_counted_once_as_a_miss_by_the_store_and_the_met
     late.release_all()
 
     aot_key = "pt2:autograd-experimental::akey:c1"
-    late.store.put(late.cpu_key(aot_key), b"not an artifact")
+    late.store.put(late.compile_key(aot_key), b"not an artifact")
     assert late.aot_get(aot_key) is None
     stats = late.store.stats()
     assert (stats["hits"], stats["misses_by_reason"]["bad_artifact"]) == (0, 1)
@@ -679,7 +751,7 @@ def test_a_failed_store_is_one_fallback_not_two(tmp_path: Path, monkeypatch: pyt
 def test_a_compile_that_never_puts_frees_its_lease(integration: Any) -> None:
     assert _lookup(integration, lambda graph: True) is None
     integration.end_attempt()  # what the _compile_fx_inner wrapper does when the compile raised
-    with integration.store.begin(integration.cpu_key(FX_KEY), wait_timeout=0.5) as flight:
+    with integration.store.begin(integration.compile_key(FX_KEY), wait_timeout=0.5) as flight:
         assert flight.role == "leader", "the lease was released, so nobody waits for it"
 
 
@@ -864,7 +936,7 @@ def test_overlap_an_autograd_entry_naming_waiting_graphs_is_saved_once_all_are_l
 
 def test_bad_artifact_in_the_store_falls_back_without_writing(integration: Any, tmp_path: Path) -> None:
     evil = _raw_artifact("fx", [{"path": "../../evil.so", "data": b"x"}])
-    integration.store.put(integration.cpu_key(FX_KEY), evil)  # verified by the store: only our checks stand in the way
+    integration.store.put(integration.compile_key(FX_KEY), evil)  # verified by the store: only our checks stand in the way
     assert _lookup(integration, lambda graph: True) is None
     m = integration.metrics.snapshot()
     assert m["fallbacks"] == {"bad_artifact": 1} and m["cache"]["TotalMiss"] == 1
@@ -943,7 +1015,7 @@ def test_an_unsafe_cache_dir_means_no_install_and_a_counted_fallback(
     integration: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     stored = Artifact.single("fx", _fx_entry(None), [KERNEL])
-    integration.store.put(integration.cpu_key(FX_KEY), stored.pack())
+    integration.store.put(integration.compile_key(FX_KEY), stored.pack())
     root, elsewhere = _private(tmp_path / "inductor"), _private(tmp_path / "elsewhere")
     (root / "ab").symlink_to(elsewhere)
     with caplog.at_level(logging.WARNING):
@@ -1024,7 +1096,7 @@ def test_a_rank_that_waited_builds_the_skipped_header_once_in_the_background(int
     _join_header_builds()
     assert built == [], "a process that never waited (a fresh rank that only hits) builds no header"
 
-    with integration.store.begin(integration.cpu_key(FX_KEY)) as other_rank:  # another rank compiles the graph
+    with integration.store.begin(integration.compile_key(FX_KEY)) as other_rank:  # another rank compiles the graph
         assert other_rank.role == "leader"
         assert _lookup(integration, lambda graph: True) is None  # waited 0.5 s for it, then compiles itself
     integration.end_attempt()

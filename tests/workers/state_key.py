@@ -2,9 +2,10 @@
 process captured (``worker``): what a no-stall worker computes for the rank.
 
 ``python state_key.py rank STATEMENT`` runs STATEMENT (a setting a training script makes), then writes
-to stdout the pickled ``{"key": ..., "state": capture()}``. ``python state_key.py worker`` reads a pickled
+to stdout the pickled ``{"key": ..., "settings": ..., "state": capture()}`` (``settings``: the digest of
+what torch's keys leave out, which the graph store adds to its keys). ``python state_key.py worker`` reads a pickled
 list of such states on stdin and, one after the other in this one process (as a kept worker does),
-applies each and writes the pickled list of ``{"key": ..., "differences": [...]}``.
+applies each and writes the pickled list of ``{"key": ..., "settings": ..., "differences": [...]}``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch.compiler.config
 from torch._inductor.codecache import compiled_fx_graph_hash
 
 from recipecache.torch_integration.no_stall import global_state
+from recipecache.torch_integration.torch_settings import outside_torch_keys
 
 
 def matmul_relu(x, w):  # type: ignore[no-untyped-def] - make_fx keeps annotations, which the key cannot pickle
@@ -41,12 +43,14 @@ def graph_key() -> str:
 def main() -> None:
     if sys.argv[1] == "rank":
         exec(sys.argv[2])  # noqa: S102 - the test's own statement
-        sys.stdout.buffer.write(pickle.dumps({"key": graph_key(), "state": global_state.capture()}))
+        state = global_state.capture()
+        sys.stdout.buffer.write(pickle.dumps({"key": graph_key(), "settings": outside_torch_keys(), "state": state}))
         return
     results: list[dict[str, Any]] = []
     for state in pickle.loads(sys.stdin.buffer.read()):  # noqa: S301 - the test's own bytes
         global_state.apply(state)
-        results.append({"key": graph_key(), "differences": global_state.differences(state)})
+        differences = global_state.differences(state)
+        results.append({"key": graph_key(), "settings": outside_torch_keys(), "differences": differences})
     sys.stdout.buffer.write(pickle.dumps(results))
 
 

@@ -68,6 +68,7 @@ from ...store import Flight, Store
 from .. import deferral, describe, host_cpu, rank_binding
 from ..artifact import Artifact, ArtifactError, Entry, collect, install, torch_pickle
 from ..metrics import Metrics
+from ..torch_settings import outside_torch_keys
 from . import output_strides, pgo
 from .isa_probes import IsaProbes
 
@@ -216,6 +217,13 @@ class Integration:
         """Store key of an artifact that holds or names compiled CPU code: it carries the host-CPU fingerprint."""
         return f"{KEY_PREFIX}cpu-{self.cpu}:{torch_key}"
 
+    def compile_key(self, torch_key: str) -> str:
+        """Store key of a graph or AOTAutograd entry torch names ``torch_key``: :meth:`cpu_key` with the settings
+        the compile reads that torch's key does not hash (:func:`..torch_settings.outside_torch_keys`, e.g.
+        ``torch.fx.experimental._config.backed_size_oblivious``), so a process never gets a graph compiled
+        under another value of them."""
+        return self.cpu_key(f"settings-{outside_torch_keys()}:{torch_key}")
+
     def graph_key(self, torch_key: str) -> tuple[str, rank_binding.Binding | None]:
         """Store key of the graph torch names ``torch_key`` (``pt2:fx-graph-v1::<FX key>:c1``), and its rank binding.
 
@@ -226,8 +234,8 @@ class Integration:
             bindings = list(self._bindings.items())
         for fx_key, binding in bindings:
             if fx_key in torch_key:
-                return self.cpu_key(torch_key.replace(fx_key, binding.key)), binding
-        return self.cpu_key(torch_key), None
+                return self.compile_key(torch_key.replace(fx_key, binding.key)), binding
+        return self.compile_key(torch_key), None
 
     # -- lookups ---------------------------------------------------------------------
     def fetch(self, kind: str, key: str) -> Artifact | None:
@@ -568,7 +576,7 @@ class Integration:
             except rank_binding.RankBound as exc:
                 self.metrics.fallback(Reason.RANK_BOUND, f"{key}: {exc}; published under this rank's own key")
                 self._forget_binding(torch_key)
-                key = self.cpu_key(torch_key)
+                key = self.compile_key(torch_key)
         attempt = self.attempt
         files, missing = collect(attempt.kernels, Path(cache_dir()))
         if missing:
@@ -603,7 +611,7 @@ class Integration:
         An entry naming graphs stored under keys shared across ranks says so (:meth:`aot_put`): their FX keys,
         which this process did not compute (a hit skips the trace), are bound to those keys and to this rank's
         own process groups before torch looks the graphs up."""
-        artifact = self.fetch("aot", self.cpu_key(torch_key))
+        artifact = self.fetch("aot", self.compile_key(torch_key))
         if artifact is None:
             return None
         if artifact.bound:
@@ -627,7 +635,7 @@ class Integration:
             if any(fx_key.encode() in content for fx_key in rank_bound):
                 return
             bound = [(fx_key, binding.key) for fx_key, binding in bindings if fx_key.encode() in content]
-        self._put("aot", self.cpu_key(torch_key), Artifact.single("aot", data, bound=bound).pack())
+        self._put("aot", self.compile_key(torch_key), Artifact.single("aot", data, bound=bound).pack())
 
     def autotune_get(self, torch_key: str) -> bytes | None:
         """A Triton kernel's best config (JSON, never code); torch's key hashes the kernel's source, GPU included."""

@@ -23,7 +23,9 @@ process holds from it:
 
 Two processes that imported the same source (and set the same globals) get the same
 digest; any change of what a process runs changes it, whatever the disk holds. A file
-this process holds no module of has no digest: an artifact naming it is not loaded. This
+this process holds no module of yet is imported by the name it loads under (a model's lazy
+import, which the call checked would make); one that still has none has no digest: an
+artifact naming it is not loaded. This
 module does not import torch.
 """
 
@@ -34,12 +36,18 @@ import dis
 import enum
 import functools
 import hashlib
+import importlib
+import importlib.util
+import logging
+import os
 import sys
 import types
 from collections.abc import Iterable
 from typing import Any
 
 from .compiled_function import SourceFile
+
+log = logging.getLogger(__name__)
 
 #: containers longer than this, or nested deeper, are described by type and length only
 _MAX_ITEMS = 256
@@ -68,9 +76,20 @@ def of_traced(codes: Iterable[types.CodeType]) -> tuple[SourceFile, ...]:
 
 
 def current(sources: Iterable[SourceFile]) -> tuple[SourceFile, ...]:
-    """``sources`` (an artifact's) with the digests of what this process runs from their files."""
+    """``sources`` (an artifact's) with the digests of what this process runs from their files.
+
+    A file no loaded module holds yet is imported first (:func:`_import_file`): a model that imports
+    lazily (``import x`` in a function body, a package's module ``__getattr__``) loads it at the call
+    this check precedes, and without the import every fresh process saw no code there and fell back
+    (``source_changed``, issue 44 item 5).
+    """
     sources = list(sources)
     namespaces = _namespaces(s.path for s in sources)
+    missing = [s.path for s in sources if s.path not in namespaces]
+    if missing:
+        for path in missing:
+            _import_file(path)
+        namespaces = _namespaces(s.path for s in sources)
     return tuple(SourceFile(s.path, _digest(s.path, namespaces.get(s.path, []), s.names, ()), s.names) for s in sources)
 
 
@@ -79,6 +98,36 @@ def stale(sources: Iterable[SourceFile]) -> list[str]:
     sources = list(sources)
     ours = current(sources)
     return [s.path for s, mine in zip(sources, ours, strict=True) if mine.digest == MISSING or mine.digest != s.digest]
+
+
+def _import_file(path: str) -> None:
+    """Import the module this process's import system loads from ``path``, if one does.
+
+    Its name is found from ``sys.path`` (the entry ``path`` lies under, packages as dotted parts)
+    and taken only when ``importlib.util.find_spec`` resolves it to that very file and no module of
+    that name is loaded yet (one loaded from another file is other code: the digest stays MISSING).
+    The module's own import runs, as the program's call would run it; what it then holds is
+    digested, so code edited since the artifact was built still differs. A module that fails to
+    import is left out (its file keeps no digest, the artifact is not loaded).
+    """
+    for entry in sys.path:
+        root = os.path.abspath(entry or os.curdir)
+        if not path.startswith(root + os.sep) or not path.endswith(".py"):
+            continue
+        parts = os.path.relpath(path, root)[: -len(".py")].split(os.sep)
+        if parts[-1] == "__init__":
+            parts.pop()
+        name = ".".join(parts)
+        if not parts or not all(part.isidentifier() for part in parts) or name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.origin is None or os.path.realpath(spec.origin) != os.path.realpath(path):
+                continue
+            importlib.import_module(name)
+        except Exception:  # the user's module fails to import: no code of it runs here
+            log.debug("recipecache: %s (%s) does not import", name, path, exc_info=True)
+        return
 
 
 def _namespaces(paths: Iterable[str]) -> dict[str, list[dict[str, Any]]]:

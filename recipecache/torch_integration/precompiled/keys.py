@@ -23,12 +23,9 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ...reasons import PrecompileDetail
+from ..torch_settings import config_modules, keyed, keyed_overrides, settings, stable_repr
 from .compiled_function import FORMAT
 
-#: config names that only steer caching (recipecache sets some of them), never the generated code
-_PLUMBING = ("cache", "pgo")
-#: config torch itself changes while compiling: AOTInductor fills its metadata into the global dict in place
-_MUTATED_BY_TORCH = frozenset({"aot_inductor.metadata"})
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
@@ -60,25 +57,27 @@ class CompileSettings:
         return None
 
     def fingerprint(self) -> dict[str, str]:
+        """What of this process's torch settings the key holds: every config module and every global flag
+        (:mod:`..torch_settings`), since the compile reads them all and the key is all a loader checks."""
         import torch._dynamo.config as dynamo_config
         import torch._functorch.config as functorch_config
         import torch._inductor.config as inductor_config
 
         def portable(config: Any) -> str:
-            items = config.save_config_portable()
-            return stable_repr(
-                {k: v for k, v in items.items() if k not in _MUTATED_BY_TORCH and not any(p in k for p in _PLUMBING)}
-            )
+            # private ones too (``_micro_pipeline_tp``, ``_unsafe_skip_fsdp_module_guards``): torch's FX key hashes them
+            return stable_repr(keyed(config.save_config_portable(ignore_private_configs=False)))
 
+        # the modules hashed whole from the start, as before; every other one by what differs from its
+        # defaults (``torch.fx.experimental._config``, ``torch.compiler.config``, ...), so default keys stay put
+        whole = {config.__name__ for config in (dynamo_config, inductor_config, functorch_config)}
+        others = keyed_overrides(name for name in config_modules() if name not in whole)
         return {
             "compile": stable_repr((self.mode, self.options or {}, self.dynamic)),
             "dynamo_config": portable(dynamo_config),
             "inductor_config": portable(inductor_config),
             "functorch_config": portable(functorch_config),
-            "threads": str(torch.get_num_threads()),
-            # what AOTInductor generates for devices and process groups depends on it (torch 2.14 puts
-            # it in its own graph keys, not in these configs); only when on, so default keys stay put
-            **({"compile_on_one_rank": "on"} if compile_on_one_rank() else {}),
+            **({"configs": stable_repr(others)} if others else {}),
+            "settings": stable_repr(settings()),
         }
 
 
@@ -92,17 +91,6 @@ def compile_on_one_rank() -> bool:
     import torch.distributed.config as distributed_config
 
     return bool(getattr(distributed_config, "compile_on_one_rank", False))
-
-
-def stable_repr(value: Any) -> str:
-    """``repr`` with sets and dicts in sorted order, so equal settings read the same in every process."""
-    if isinstance(value, (set, frozenset)):
-        return "{" + ", ".join(sorted(stable_repr(v) for v in value)) + "}"
-    if isinstance(value, dict):
-        return "{" + ", ".join(sorted(f"{stable_repr(k)}: {stable_repr(v)}" for k, v in value.items())) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(stable_repr(v) for v in value) + "]"
-    return repr(value)
 
 
 @functools.cache

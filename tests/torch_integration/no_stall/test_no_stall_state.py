@@ -5,6 +5,7 @@
   count, environment), captured in a "rank" process and applied in one kept "worker" process after the other (or, where
   an earlier state stuck, in a fresh one, as no-stall does): the worker computes the rank's FX key for each
   (and the key-relevant ones do change the key);
+* every config module loaded travels (``torch.fx.experimental._config`` did not: issue 44);
 * a config torch's copy leaves out (a custom pass) cannot travel: :class:`Uncarried`;
 * a kept worker in which an earlier job's state stuck is replaced for the job;
 * the lead policy after a failure: the lease left to the others, led again only after a look and a
@@ -95,6 +96,57 @@ def _in_worker(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
     assert worker.returncode == 0, worker.stderr.decode()[-2000:]
     results: list[dict[str, Any]] = pickle.loads(worker.stdout)
     return results
+
+
+@pytest.mark.torch
+def test_every_config_module_travels_to_the_worker() -> None:
+    """Issue 44 item 4: inductor reads ``torch.fx.experimental._config.backed_size_oblivious`` (``sizevars``), which
+    neither travelled (a hand list of five config modules) nor is in torch's FX key: the worker compiled under
+    its default, not the rank's value, under the rank's key. Every config module loaded travels now (the test
+    finds them itself), and a state that holds the rank's value is reproduced and checked."""
+    import sys
+
+    import torch.fx.experimental._config as fx_config
+    from torch.utils._config_module import ConfigModule
+
+    from recipecache.torch_integration.no_stall import global_state
+
+    loaded = {name for name, m in list(sys.modules.items()) if isinstance(m, ConfigModule) and "testing" not in name}
+    assert {"torch.fx.experimental._config", "torch._export.config", "torch.distributed.config"} <= loaded
+    with fx_config.patch(backed_size_oblivious=True):
+        rank = global_state.capture()
+    assert loaded <= set(rank["configs"])
+    assert global_state.differences(rank) == ["torch.fx.experimental._config.backed_size_oblivious"]
+    try:
+        global_state.apply(rank)  # what the worker does with the rank's state
+        assert fx_config.backed_size_oblivious is True and global_state.differences(rank) == []
+    finally:
+        fx_config.backed_size_oblivious = False
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(900)
+def test_a_worker_elsewhere_computes_the_ranks_graph_store_key_under_backed_size_oblivious(tmp_path: Path) -> None:
+    """Issue 44 item 4, across processes: a rank sets ``backed_size_oblivious`` (outside torch's FX key, so the
+    graph store's key holds it); a worker started in another directory, as no-stall's is, reproduces it and
+    computes the rank's store key. Before: the value did not travel (the worker compiled under its default);
+    dynamo's ``debug_dir_root`` (a per-directory default) must not tell the two apart either."""
+    statement = "import torch.fx.experimental._config as c; c.backed_size_oblivious = True"
+    ranks = []
+    for s in ("pass", statement):
+        proc = subprocess.run([sys.executable, str(STATE_KEY), "rank", s], capture_output=True, env=_env(),
+                              timeout=600, check=False)
+        assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+        ranks.append(pickle.loads(proc.stdout))
+    default, oblivious = ranks
+    assert oblivious["settings"] != default["settings"]
+    worker = subprocess.run([sys.executable, str(STATE_KEY), "worker"], input=pickle.dumps([oblivious["state"]]),
+                            capture_output=True, env=_env() | {"PYTHONPATH": os.pathsep.join(sys.path)},
+                            cwd=tmp_path, timeout=600, check=False)
+    assert worker.returncode == 0, worker.stderr.decode()[-2000:]
+    [result] = pickle.loads(worker.stdout)
+    assert result["differences"] == [] and result["settings"] == oblivious["settings"]
+    assert result["key"] == oblivious["key"]
 
 
 @pytest.mark.torch

@@ -273,6 +273,50 @@ def test_a_process_runs_the_code_it_imported_when_the_file_changed_since(base: P
     assert fresh.precompiled == {"hit": 1, "miss": 1, "put": 1}, "v2's own artifact is found under its version"
 
 
+LAZY_MODEL = """import torch
+
+import pv_lazy_pkg
+
+
+def f(x):
+    import pv_lazy_inner  # imported at the first call, as models often do
+
+    return pv_lazy_pkg.scale(pv_lazy_inner.helper(x)).sum()
+"""
+#: a package whose names come from a submodule imported at first access (module ``__getattr__``, as transformers)
+LAZY_PACKAGE = """import importlib
+
+
+def __getattr__(name):
+    return getattr(importlib.import_module(".impl", __name__), name)
+"""
+
+
+@pytest.mark.internals
+def test_a_model_that_imports_lazily_is_served_in_a_fresh_process(base: Path) -> None:
+    """Issue 44 item 5: the files dynamo traces include modules the model imports at its first call (an ``import``
+    in a function body, a package's module ``__getattr__``). A fresh process checks the artifact before that call,
+    holds no module of those files yet, and every one fell back with ``source_changed``. Such a file is now
+    imported by the name that loads it from that very path before its digest is taken (what the call is about
+    to do), so the same code hits; and edited code still misses."""
+    model_dir = base / "lazy"
+    (model_dir / "pv_lazy_pkg").mkdir(parents=True)
+    (model_dir / "pv_model.py").write_text(LAZY_MODEL)
+    (model_dir / "pv_lazy_inner.py").write_text("def helper(x):\n    return x + 2\n")
+    (model_dir / "pv_lazy_pkg" / "__init__.py").write_text(LAZY_PACKAGE)
+    (model_dir / "pv_lazy_pkg" / "impl.py").write_text("def scale(x):\n    return x * 3\n")
+    store = base / "lazy-store"
+    cold = _finish(_start(base, "lazy-cold", "rc", model_dir, "2", store=store, worker=VERSION_WORKER))
+    assert cold.report["results"] == [18.0] and cold.precompiled["put"] == 1
+    fresh = _finish(_start(base, "lazy-fresh", "rc", model_dir, "2", store=store, worker=VERSION_WORKER))
+    assert fresh.report["results"] == [18.0]
+    assert fresh.metrics["stale_sources"] == 0 and fresh.precompiled == {"hit": 1, "miss": 0, "put": 0}
+    (model_dir / "pv_lazy_pkg" / "impl.py").write_text("def scale(x):\n    return x * 5\n")
+    edited = _finish(_start(base, "lazy-edited", "rc", model_dir, "2", store=store, worker=VERSION_WORKER))
+    assert edited.report["results"] == [30.0], "the edited lazily imported code runs, not the artifact"
+    assert edited.precompiled["hit"] == 0 and edited.precompiled["put"] == 1
+
+
 # -- values the traced code reads that are not in its code ----------------------------------------
 VALUES_WORKER = WORKERS / "precompile_values.py"
 VALUES_CFG = """SCALE = 100.0
@@ -877,15 +921,63 @@ def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.Monke
 
 def test_compile_on_one_rank_enters_precompiled_keys_only_when_on() -> None:
     """torch's compile-on-one-rank changes what AOTInductor generates for devices and process groups
-    (2.14 keys its own graphs by it); it is in none of the configs the key covers, so a process with it
+    (2.14 keys its own graphs by it); it is in none of the configs the key hashes whole, so a process with it
     on would have loaded an artifact built with it off. Off (the default) leaves every key as it was."""
     from recipecache.torch_integration.precompiled.keys import CompileSettings
 
     settings = CompileSettings.from_call({})
     off = settings.fingerprint()
-    assert "compile_on_one_rank" not in off
+    assert "configs" not in off
     with compile_on_one_rank():
-        assert settings.fingerprint() == {**off, "compile_on_one_rank": "on"}
+        on = settings.fingerprint()
+    assert on.keys() == {*off, "configs"} and "'compile_on_one_rank': True" in on["configs"]
+    assert {k: v for k, v in on.items() if k != "configs"} == off
+
+
+@pytest.mark.internals
+def test_every_config_module_and_flag_a_compile_reads_enters_precompiled_keys() -> None:
+    """Issue 44 item 4: inductor reads ``torch.fx.experimental._config.backed_size_oblivious`` (``sizevars``),
+    and oneDNN's and cuDNN's precisions (its lowering), none of which the key held (it hashed dynamo's, inductor's
+    and functorch's configs and the thread count): a process that set one loaded an artifact compiled under the
+    other value. Every config module loaded (found, not listed: each one the test finds itself) and every flag
+    now changes the key, and a default leaves it as it was."""
+    import sys
+
+    import torch
+    import torch.fx.experimental._config as fx_config
+    from torch.utils._config_module import ConfigModule
+
+    from recipecache.torch_integration.precompiled.keys import CompileSettings
+
+    settings = CompileSettings.from_call({})
+    default = settings.fingerprint()
+    with fx_config.patch(backed_size_oblivious=True):
+        assert settings.fingerprint() != default
+    found = [name for name, m in list(sys.modules.items()) if isinstance(m, ConfigModule) and "testing" not in name]
+    assert "torch.fx.experimental._config" in found and "torch._export.config" in found
+    for name in found:  # one setting of each module changed: the key sees it
+        module = sys.modules[name]
+        config, value = _another_value(module)
+        with module.patch(config, value):
+            assert settings.fingerprint() != default, f"{name}.{config}"
+    allow_tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = not allow_tf32  # read by inductor's convolution lowering, outside torch's keys
+    try:
+        assert settings.fingerprint() != default
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow_tf32
+    assert settings.fingerprint() == default
+
+
+def _another_value(module: Any) -> tuple[str, Any]:
+    """A setting of config module ``module`` that is no cache switch, and another value for it: a boolean flipped,
+    else a whole number plus one (a backend's codegen config, as the no-stall tests register one, may hold no
+    boolean)."""
+    values = [(config, value) for config, value in sorted(module.save_config_portable(ignore_private_configs=False).items())
+              if not any(p in config for p in ("cache", "pgo")) and config != "TYPE_CHECKING"]
+    flags = [(config, not value) for config, value in values if isinstance(value, bool)]
+    numbers = [(config, value + 1) for config, value in values if type(value) is int]
+    return (flags or numbers)[0]
 
 
 def test_precompile_fallback_details_are_one_vocabulary() -> None:
@@ -1032,7 +1124,7 @@ def test_launcher_precompile_flag_reaches_every_rank(tmp_path: Path) -> None:
     assert "RECIPECACHE_PRECOMPILE" not in LaunchConfig.from_args(args).rank_env({})
 
 
-def test_a_torch_config_entry_the_trace_guards_is_pinned_by_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_torch_config_entry_the_trace_guards_is_pinned_by_its_value() -> None:
     """torch 2.15's functional collectives read ``compile_on_one_rank``; dynamo guards the entry's override, an
     object no description stands for, which made every function calling a collective a verdict on 2.15
     (``unchecked_value``). The tier pins the value the config module gives instead, checked on every call.
@@ -1054,8 +1146,10 @@ def test_a_torch_config_entry_the_trace_guards_is_pinned_by_its_value(monkeypatc
     assert [(pin.source, pin.per_call) for pin in recorder.pins] == [(f"{module}.capture_scalar_outputs", True)]
     values = Values(tuple(recorder.pins), {}, {})
     assert values.changed(dict, every=True) is None
-    monkeypatch.setattr(torch.compiler.config, "capture_scalar_outputs", not torch.compiler.config.capture_scalar_outputs)
-    assert values.changed(dict, every=True) is not None, "a config set since the trace differs"
+    # torch's own patch: the entry is an alias of dynamo's, which monkeypatch's undo would leave set (it deletes
+    # the alias instead), and every later test of this process would compile and key under that value
+    with torch.compiler.config.patch(capture_scalar_outputs=not torch.compiler.config.capture_scalar_outputs):
+        assert values.changed(dict, every=True) is not None, "a config set since the trace differs"
     unreadable = SimpleNamespace(name="L['cfg']._config['x'].user_override", guard_type="ID_MATCH",
                                  derived_guard_types=(), is_global=False, has_value=True, value=object())
     recorder._record(unreadable, kept=False)
