@@ -30,7 +30,7 @@ from torch._inductor.cpu_vec_isa import VecISA
 
 from ..reasons import Reason
 from ..store import Store
-from . import deferral, describe, rank_binding
+from . import compat, deferral, describe, rank_binding
 from .graphs import hooks
 from .graphs.hooks import Integration
 from .metrics import Metrics
@@ -370,6 +370,19 @@ def detach() -> None:
     if _active is not None:
         integration, _active = _active, None
         _uninstall(integration)
+
+
+@contextlib.contextmanager
+def hooked_for_worker(store: Store, metrics: Metrics, wait_timeout: float | None) -> Iterator[Integration]:
+    """torch hooked up for one compile of a no-stall worker (:mod:`.no_stall.worker`, which gets this function by
+    name with each job, :data:`.no_stall.controller.HookUp`): every hook this torch fits but the precompiled tier,
+    never waiting for another process's lease; unhooked at the end."""
+    on = {state.hook.name for state in compat.states() if state.on} - {"precompiled"}
+    integration = attach(store, metrics, wait_timeout, on, wait_for_lease=False)
+    try:
+        yield integration
+    finally:
+        detach()
 
 
 def finish_no_stall() -> None:
