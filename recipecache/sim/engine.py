@@ -138,206 +138,249 @@ def run_policy(w: Workload, policy: str) -> Report:
         raise ConfigError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
     if policy == "no_stall":
         return _run_no_stall(w)
-    sc, costs = w.scenario, w.scenario.costs
-    shares = policy != "none"
-    waits = policy in ("singleflight", "prewarm")
-    prewarms = policy == "prewarm" and not sc.warm  # a warm store has nothing to prewarm
-    tally = _Tally(w.ranks)
-    # compiles of each shape so far: all but the first are wasted work
-    per_shape = [1 if prewarms or (sc.warm and shares) else 0] * w.shapes
-    prewarm_s, keep = _prewarm(w, tally) if prewarms else (0.0, slice(None))
-    step, rank, shape = w.step[keep], w.rank[keep], w.shape[keep]
-    # ready[s]: when the store holds s (prewarm: by the start of step 0)
-    ready = [0.0 if sc.warm and shares else prewarm_s if prewarms else math.inf] * w.shapes
-
-    # fetches: a link shared by everything in flight; a transfer of fetch_mb plus a fixed latency
-    colocated = sc.colocated
-    link = _Link(costs.store_mb_s, math.inf if colocated else costs.bandwidth_mb_s)
-    fetch_mb = w.fetch_mb
-    latency = max(w.fetch_s - fetch_mb / min(costs.store_mb_s, costs.bandwidth_mb_s), 0.0)
-    # the node tier: node_of[i] * S + s -> when the node's copy of s exists, or the ranks waiting for its fetch
-    per_node = sc.ranks_per_node if sc.node_tier and shares else 0
-    node_copy: dict[int, float | list[int]] = {}
-    local_s = fetch_mb / costs.local_mb_s
-    local_mb = fetch_mb * costs.store_mb_s / costs.local_mb_s  # a copy read's share of a colocated link
-    if per_node and prewarms:
-        for s in range(w.shapes):
-            node_copy[(s % w.ranks) // per_node * w.shapes + s] = prewarm_s
-
-    n = len(step)
-    new_step = np.ones(n, dtype=bool)
-    new_step[1:] = step[1:] != step[:-1]
-    head = new_step.copy()  # the first key of its rank in its step
-    head[1:] |= rank[1:] != rank[:-1]
-    heads = np.flatnonzero(head)
-    bounds = [*np.flatnonzero(new_step[heads]).tolist(), len(heads)]
-    compute_before = np.concatenate(([0.0], np.cumsum(w.compute_s))).tolist()
-    heads_l, head_l = heads.tolist(), [*head.tolist(), True]
-    rank_l, shape_l, step_l = rank.tolist(), shape.tolist(), step.tolist()
-    compile_cost = w.compile_s.tolist()
-    t_compiles, t_compile_s = tally.compiles, tally.compile_s
-    t_waits, t_wait_s, t_fetches, t_fetch_s = tally.waits, tally.wait_s, tally.fetches, tally.fetch_s
-    fetch_began: dict[int, float] = {}
-    remote = node_reads = 0
-    MEET, FETCH, COPY = 0, 1, 2  # a first meeting; a fetch after a wait; a node copy read after the node's fetch
-
-    extra = 0.0  # seconds the cache added to the steps played so far
-    delays = 0
-    worst_step = float(w.compute_s.max()) if w.steps else 0.0
-    for a, b in itertools.pairwise(bounds):
-        start = prewarm_s + compute_before[step_l[heads_l[a]]] + extra
-        # every rank's first key is met at the step's start, in rank order; a rank's
-        # further keys, fetches after a wait and copy reads go on a heap at their time
-        later: list[tuple[float, int, int]] = []
-        j = a
-        longest = 0.0
-        compiled_here = False
-        link.now = link.moved = 0.0
-        link.advance(start)
-
-        def done(i: int, end: float) -> None:
-            nonlocal longest
-            if not head_l[i + 1]:
-                heapq.heappush(later, (end, i + 1, MEET))  # noqa: B023 - called within this iteration only
-            elif end - start > longest:  # noqa: B023 - called within this iteration only
-                longest = end - start  # noqa: B023 - called within this iteration only
-
-        def fetched(i: int, end: float) -> None:
-            r = rank_l[i]
-            t_fetches[r] += 1
-            t_fetch_s[r] += end - fetch_began.pop(i)
-            done(i, end)
-
-        def read_copy(i: int, now: float) -> None:
-            nonlocal node_reads
-            node_reads += 1
-            if colocated:
-                link.add(now, local_mb, ~i)
-            else:
-                fetched(i, now + local_s)
-
-        def fetch(i: int, now: float) -> None:
-            nonlocal remote
-            fetch_began[i] = now
-            if per_node:
-                code = rank_l[i] // per_node * w.shapes + shape_l[i]
-                copy = node_copy.get(code)
-                if copy is None:
-                    node_copy[code] = [i]  # this rank fetches for its node
-                elif isinstance(copy, list):
-                    copy.append(i)
-                    return
-                elif copy <= now:
-                    read_copy(i, now)
-                    return
-            remote += 1
-            link.add(now, fetch_mb, i)
-
-        while True:
-            t_link = link.next_end()
-            if later and (j == b or later[0][:2] < (start, heads_l[j])):
-                now, i, kind = later[0]
-                if t_link <= now:
-                    kind = -1
-                else:
-                    heapq.heappop(later)
-            elif j < b:
-                now, i, kind = start, heads_l[j], MEET
-                if t_link <= now:
-                    kind = -1
-                else:
-                    j += 1
-            elif t_link < math.inf:
-                kind = -1
-            else:
-                break
-            if kind == -1:  # a transfer ended
-                now = t_link
-                i = link.pop(now)
-                if i < 0:  # a colocated copy read
-                    fetched(~i, now)
-                    continue
-                end = now + latency
-                if per_node:
-                    code = rank_l[i] // per_node * w.shapes + shape_l[i]
-                    waiting = node_copy[code]
-                    node_copy[code] = end
-                    assert isinstance(waiting, list)
-                    for k in waiting[1:]:
-                        heapq.heappush(later, (end, k, COPY))
-                fetched(i, end)
-                continue
-            if kind == FETCH:
-                fetch(i, now)
-                continue
-            if kind == COPY:
-                read_copy(i, now)
-                continue
-            r, s = rank_l[i], shape_l[i]
-            ready_s = ready[s]
-            if ready_s <= now:
-                fetch(i, now)
-            elif waits and ready_s < math.inf:
-                t_waits[r] += 1
-                t_wait_s[r] += ready_s - now
-                heapq.heappush(later, (ready_s, i, FETCH))
-            else:
-                cost = compile_cost[s]
-                t_compiles[r] += 1
-                t_compile_s[r] += cost
-                per_shape[s] += 1
-                compiled_here = True
-                if shares and now + cost < ready_s:
-                    ready[s] = now + cost
-                if per_node:  # the compiler puts its artifact in its node's directory too
-                    code = r // per_node * w.shapes + s
-                    copy = node_copy.get(code)
-                    if copy is None or (isinstance(copy, float) and now + cost < copy):
-                        node_copy[code] = now + cost
-                done(i, now + cost)
-        extra += longest
-        delays += compiled_here
-        worst_step = max(worst_step, float(w.compute_s[step_l[heads_l[a]]]) + longest)
-
-    compile_total = sum(t_compile_s)
-    compute_total = float(w.compute_s.sum())
-    stall = prewarm_s + extra
-    report = Report(
-        policy=policy,
-        schedule=w.scenario.schedule,
-        ranks=w.ranks,
-        shapes=w.shapes,
-        steps=w.steps,
-        first_meetings=len(w.step),
-        compile_events=sum(t_compiles),
-        compile_delays=delays,
-        worst_case_delays=worst_case_delays(w.ranks, w.shapes),
-        wait_events=sum(t_waits),
-        fetch_events=sum(t_fetches),
-        compile_s=compile_total,
-        wasted_compile_s=float(np.dot(np.maximum(np.asarray(per_shape) - 1, 0), w.compile_s)),
-        wait_s=sum(t_wait_s),
-        fetch_s=sum(t_fetch_s),
-        prewarm_s=prewarm_s,
-        compute_s=compute_total,
-        wall_s=compute_total + stall,
-        stall_s=stall,
-        rank_stall_s=compile_total + sum(t_wait_s),
-        per_rank=tally.figures(),
-        remote_fetches=remote,
-        remote_mb=remote * fetch_mb,
-        node_reads=node_reads,
-        worst_step_s=worst_step,
-    )
+    replay = _Replay(w, policy)
+    for a, b in itertools.pairwise(replay.bounds):
+        replay.play_step(a, b)
+    report = replay.report()
     log.debug(
         "sim %s/%s: %d first meetings, %d compiles, stall %.1f s",
         policy,
         w.scenario.schedule,
         len(w.step),
         report.compile_events,
-        stall,
+        report.stall_s,
     )
     return report
+
+
+#: what an event of a step is: a first meeting; a fetch after a wait; a node copy read after the node's fetch
+#: (those three wait on the step's heap at their time); a transfer's end on the link (the link says when)
+_MEET, _FETCH, _COPY, _TRANSFER = 0, 1, 2, -1
+
+
+class _Replay:
+    """One policy (not no-stall) played over one workload, step after step: the state the steps share.
+
+    Attributes are the run's: what the store holds and when (``ready``), the node tier's copies, the link and
+    its fetches, the tally; and the step's being played (``start``, its heap ``later``, its ``longest`` rank).
+    """
+
+    def __init__(self, w: Workload, policy: str) -> None:
+        sc = w.scenario
+        self.w, self.policy = w, policy
+        self.shares = shares = policy != "none"
+        self.waits = policy in ("singleflight", "prewarm")
+        prewarms = policy == "prewarm" and not sc.warm  # a warm store has nothing to prewarm
+        self.tally = tally = _Tally(w.ranks)
+        # compiles of each shape so far: all but the first are wasted work
+        self.per_shape = [1 if prewarms or (sc.warm and shares) else 0] * w.shapes
+        prewarm_s, keep = _prewarm(w, tally) if prewarms else (0.0, slice(None))
+        self.prewarm_s = prewarm_s
+        step, rank, shape = w.step[keep], w.rank[keep], w.shape[keep]
+        # ready[s]: when the store holds s (prewarm: by the start of step 0)
+        self.ready = [0.0 if sc.warm and shares else prewarm_s if prewarms else math.inf] * w.shapes
+        self._fetches(w, shares, prewarms)
+        self._steps(step, rank, shape)
+        self.compile_cost = w.compile_s.tolist()
+        self.fetch_began: dict[int, float] = {}
+        self.remote = self.node_reads = 0
+        self.extra = 0.0  # seconds the cache added to the steps played so far
+        self.delays = 0
+        self.worst_step = float(w.compute_s.max()) if w.steps else 0.0
+        # the step being played (play_step sets them)
+        self.start = 0.0
+        self.later: list[tuple[float, int, int]] = []
+        self.longest = 0.0
+        self.compiled_here = False
+
+    def _fetches(self, w: Workload, shares: bool, prewarms: bool) -> None:
+        """The link fetches share, a fetch's transfer and latency, and the node tier's copies."""
+        sc, costs = w.scenario, w.scenario.costs
+        # fetches: a link shared by everything in flight; a transfer of fetch_mb plus a fixed latency
+        self.colocated = sc.colocated
+        self.link = _Link(costs.store_mb_s, math.inf if self.colocated else costs.bandwidth_mb_s)
+        self.fetch_mb = fetch_mb = w.fetch_mb
+        self.latency = max(w.fetch_s - fetch_mb / min(costs.store_mb_s, costs.bandwidth_mb_s), 0.0)
+        # the node tier: node_of[i] * S + s -> when the node's copy of s exists, or the ranks waiting for its fetch
+        self.per_node = per_node = sc.ranks_per_node if sc.node_tier and shares else 0
+        self.node_copy: dict[int, float | list[int]] = {}
+        self.local_s = fetch_mb / costs.local_mb_s
+        self.local_mb = fetch_mb * costs.store_mb_s / costs.local_mb_s  # a copy read's share of a colocated link
+        if per_node and prewarms:
+            for s in range(w.shapes):
+                self.node_copy[(s % w.ranks) // per_node * w.shapes + s] = self.prewarm_s
+
+    def _steps(self, step: np.ndarray, rank: np.ndarray, shape: np.ndarray) -> None:
+        """The first meetings to play, as lists, and where each step's (``bounds``) and each rank's first key is."""
+        n = len(step)
+        new_step = np.ones(n, dtype=bool)
+        new_step[1:] = step[1:] != step[:-1]
+        head = new_step.copy()  # the first key of its rank in its step
+        head[1:] |= rank[1:] != rank[:-1]
+        heads = np.flatnonzero(head)
+        self.bounds = [*np.flatnonzero(new_step[heads]).tolist(), len(heads)]
+        self.compute_before = np.concatenate(([0.0], np.cumsum(self.w.compute_s))).tolist()
+        self.heads_l, self.head_l = heads.tolist(), [*head.tolist(), True]
+        self.rank_l, self.shape_l, self.step_l = rank.tolist(), shape.tolist(), step.tolist()
+
+    def play_step(self, a: int, b: int) -> None:
+        """Play the step whose ranks' first keys are ``heads_l[a:b]``, its events in time order; the step then
+        lasts its compute plus its longest rank's time on the cache."""
+        heads_l, link = self.heads_l, self.link
+        start = self.prewarm_s + self.compute_before[self.step_l[heads_l[a]]] + self.extra
+        # every rank's first key is met at the step's start, in rank order; a rank's
+        # further keys, fetches after a wait and copy reads go on a heap at their time
+        self.start, self.later, self.longest, self.compiled_here = start, [], 0.0, False
+        later = self.later
+        j = a
+        link.now = link.moved = 0.0
+        link.advance(start)
+        while True:
+            t_link = link.next_end()
+            if later and (j == b or later[0][:2] < (start, heads_l[j])):
+                now, i, kind = later[0]
+                if t_link <= now:
+                    kind = _TRANSFER
+                else:
+                    heapq.heappop(later)
+            elif j < b:
+                now, i, kind = start, heads_l[j], _MEET
+                if t_link <= now:
+                    kind = _TRANSFER
+                else:
+                    j += 1
+            elif t_link < math.inf:
+                kind = _TRANSFER
+            else:
+                break
+            if kind == _TRANSFER:
+                self._transfer_ended(t_link)
+            elif kind == _FETCH:
+                self._fetch(i, now)
+            elif kind == _COPY:
+                self._read_copy(i, now)
+            else:
+                self._meet(i, now)
+        self.extra += self.longest
+        self.delays += self.compiled_here
+        self.worst_step = max(self.worst_step, float(self.w.compute_s[self.step_l[heads_l[a]]]) + self.longest)
+
+    def _meet(self, i: int, now: float) -> None:
+        """First meeting ``i`` at ``now``: fetch what the store holds, wait for a compile in flight (single-flight
+        policies), else compile."""
+        r, s = self.rank_l[i], self.shape_l[i]
+        ready_s = self.ready[s]
+        tally = self.tally
+        if ready_s <= now:
+            self._fetch(i, now)
+        elif self.waits and ready_s < math.inf:
+            tally.waits[r] += 1
+            tally.wait_s[r] += ready_s - now
+            heapq.heappush(self.later, (ready_s, i, _FETCH))
+        else:
+            cost = self.compile_cost[s]
+            tally.compiles[r] += 1
+            tally.compile_s[r] += cost
+            self.per_shape[s] += 1
+            self.compiled_here = True
+            if self.shares and now + cost < ready_s:
+                self.ready[s] = now + cost
+            if self.per_node:  # the compiler puts its artifact in its node's directory too
+                code = r // self.per_node * self.w.shapes + s
+                copy = self.node_copy.get(code)
+                if copy is None or (isinstance(copy, float) and now + cost < copy):
+                    self.node_copy[code] = now + cost
+            self._done(i, now + cost)
+
+    def _transfer_ended(self, now: float) -> None:
+        """A transfer on the link ended at ``now``: a copy read, or a fetch from the store (its node's waiters then
+        read the node's copy)."""
+        i = self.link.pop(now)
+        if i < 0:  # a colocated copy read
+            self._fetched(~i, now)
+            return
+        end = now + self.latency
+        if self.per_node:
+            code = self.rank_l[i] // self.per_node * self.w.shapes + self.shape_l[i]
+            waiting = self.node_copy[code]
+            self.node_copy[code] = end
+            assert isinstance(waiting, list)
+            for k in waiting[1:]:
+                heapq.heappush(self.later, (end, k, _COPY))
+        self._fetched(i, end)
+
+    def _done(self, i: int, end: float) -> None:
+        """First meeting ``i`` was dealt with at ``end``: its rank meets its next key then, or its step ends."""
+        if not self.head_l[i + 1]:
+            heapq.heappush(self.later, (end, i + 1, _MEET))
+        elif end - self.start > self.longest:
+            self.longest = end - self.start
+
+    def _fetched(self, i: int, end: float) -> None:
+        r = self.rank_l[i]
+        self.tally.fetches[r] += 1
+        self.tally.fetch_s[r] += end - self.fetch_began.pop(i)
+        self._done(i, end)
+
+    def _read_copy(self, i: int, now: float) -> None:
+        """Read the node's copy: on the link when it is the store's own (colocated), else at local speed."""
+        self.node_reads += 1
+        if self.colocated:
+            self.link.add(now, self.local_mb, ~i)
+        else:
+            self._fetched(i, now + self.local_s)
+
+    def _fetch(self, i: int, now: float) -> None:
+        """Fetch for first meeting ``i`` at ``now``: from the store, or (node tier) the node's copy, or wait for the
+        fetch another rank of the node made."""
+        self.fetch_began[i] = now
+        if self.per_node:
+            code = self.rank_l[i] // self.per_node * self.w.shapes + self.shape_l[i]
+            copy = self.node_copy.get(code)
+            if copy is None:
+                self.node_copy[code] = [i]  # this rank fetches for its node
+            elif isinstance(copy, list):
+                copy.append(i)
+                return
+            elif copy <= now:
+                self._read_copy(i, now)
+                return
+        self.remote += 1
+        self.link.add(now, self.fetch_mb, i)
+
+    def report(self) -> Report:
+        """What the run cost, once every step was played."""
+        w, tally = self.w, self.tally
+        compile_total = sum(tally.compile_s)
+        compute_total = float(w.compute_s.sum())
+        stall = self.prewarm_s + self.extra
+        return Report(
+            policy=self.policy,
+            schedule=w.scenario.schedule,
+            ranks=w.ranks,
+            shapes=w.shapes,
+            steps=w.steps,
+            first_meetings=len(w.step),
+            compile_events=sum(tally.compiles),
+            compile_delays=self.delays,
+            worst_case_delays=worst_case_delays(w.ranks, w.shapes),
+            wait_events=sum(tally.waits),
+            fetch_events=sum(tally.fetches),
+            compile_s=compile_total,
+            wasted_compile_s=float(np.dot(np.maximum(np.asarray(self.per_shape) - 1, 0), w.compile_s)),
+            wait_s=sum(tally.wait_s),
+            fetch_s=sum(tally.fetch_s),
+            prewarm_s=self.prewarm_s,
+            compute_s=compute_total,
+            wall_s=compute_total + stall,
+            stall_s=stall,
+            rank_stall_s=compile_total + sum(tally.wait_s),
+            per_rank=tally.figures(),
+            remote_fetches=self.remote,
+            remote_mb=self.remote * self.fetch_mb,
+            node_reads=self.node_reads,
+            worst_step_s=self.worst_step,
+        )
 
 
 def _stretched(begin: np.ndarray, work: np.ndarray, lo: float, hi: float, rate: float) -> np.ndarray:

@@ -117,7 +117,7 @@ def enable(
             if want_no_stall and "no_stall" in on:
                 from .no_stall.controller import NoStall
 
-                compiles_behind = NoStall(store, metrics, grace, no_stall_timeout)
+                compiles_behind = NoStall(store, metrics, grace, no_stall_timeout, hook_up=patches.hooked_for_worker)
             integration = patches.attach(store, metrics, wait_timeout, on, no_stall=compiles_behind)
         except (ImportError, AttributeError) as exc:
             # a torch that lacks even what the hooks module imports

@@ -30,7 +30,7 @@ from torch._inductor.cpu_vec_isa import VecISA
 
 from ..reasons import Reason
 from ..store import Store
-from . import deferral, describe, rank_binding
+from . import compat, deferral, describe, rank_binding
 from .graphs import hooks
 from .graphs.hooks import Integration
 from .metrics import Metrics
@@ -51,71 +51,37 @@ _active: Integration | None = None
 _originals: list[tuple[Any, str, Any]] = []
 
 
-def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str, Any]]:
+#: one change enable() makes in torch: (owner, attribute, new value)
+Patch = tuple[Any, str, Any]
+
+
+def table(integration: Integration, on: Collection[str]) -> list[Patch]:
     """(owner, attribute, new value) for everything enable() changes in torch, for the hooks ``on``.
 
     ``on``: names of :data:`.compat.HOOKS` whose interface this torch has. The originals
-    of the others may be missing (None here); their wrappers are never installed.
+    of the others may be missing (None here); their wrappers are never installed. Every
+    group is built (each resolves the torch attributes it names), then those of ``on`` kept.
     """
-    original_write: Any = getattr(codecache, "write", None)
-    original_check_build: Any = getattr(VecISA, "check_build", None)
-    original_codegen: Any = getattr(compile_fx, "fx_codegen_and_compile", None)
+    groups: dict[str, list[Patch]] = {
+        "compile_scope": _compile_scope(integration),
+        "graphs": _graphs(integration),
+        "autograd": _autograd(integration),
+        "pgo": _pgo(on),
+        "kernels": _kernels(integration),
+        "precompiled_header": _precompiled_header(integration),
+        "cpu_probes": _cpu_probes(integration),
+        "autotune": _autotune(),
+        "compile_count": _compile_count(integration),
+        "overlap": _overlap(integration),
+        "key_records": _key_records(integration),
+    }
+    return [patch for name, patches in groups.items() if name in on for patch in patches]
+
+
+def _compile_scope(integration: Integration) -> list[Patch]:
+    """Hook ``compile_scope``: each ``_compile_fx_inner`` runs in the graph's cache scope, and a graph deferred inside
+    it (no-stall, overlap) comes back as its stand-in, which compiles it again later."""
     original_inner: Any = getattr(compile_fx, "_compile_fx_inner", None)
-    original_iterate: Any = getattr(getattr(codecache.FxGraphCache, "iterate_over_candidates", None), "__func__", None)
-    # how torch names a graph in a remote cache
-    remote_key: Any = getattr(remote_cache.RemoteFxGraphCache, "_get_key", None)
-    original_hash: Any = getattr(codecache, "compiled_fx_graph_hash", None)
-    original_precompile_header: Any = getattr(codecache, "_precompile_header", None)
-    original_valid_isas: Any = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
-    original_probe_load: Any = getattr(VecISA, "_probe_load", None)
-    original_reduce_fake: Any = getattr(codecache.FxGraphCachePickler, "_reduce_fake_script_object", None)
-    original_lowered: Any = getattr(compile_fx, "_check_triton_bf16_support", None)
-    original_backward_stage: Any = getattr(graph_compile, "_aot_stage2b_bw_compile", None)
-    original_cache_info: Any = getattr(graph_compile, "_cache_autograd_info", None)
-
-    def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
-        result = original_write(content, extension, *args, **kwargs)
-        integration.guarded(integration.record_write, extension, result[1])
-        return result
-
-    def check_build(isa: VecISA, code: str) -> bool:
-        integration.guarded(integration.probes.install_isa_probe)
-        return integration.probes.probe(original_check_build, isa, code)
-
-    def _probe_load(isa: VecISA, output_path: str) -> bool:
-        return integration.probes.probe_load(original_probe_load, isa, output_path)
-
-    def valid_vec_isa_list() -> list[VecISA]:
-        integration.guarded(integration.probes.probe_cpu_in_rank_order)
-        return original_valid_isas()
-
-    def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
-        if integration.guarded(integration.kernel_is_built):
-            # nothing is compiled against it: torch loads the library as it is. Should a
-            # build happen after all, -include of the plain header is still correct.
-            integration.guarded(
-                integration.warm_header,
-                lambda: original_precompile_header(header, hashable_cmd_line, **compile_command),
-                (header, hashable_cmd_line, frozenset(compile_command.items())),
-            )
-            return header
-        return original_precompile_header(header, hashable_cmd_line, **compile_command)
-
-    def fx_codegen_and_compile(*args: Any, **kwargs: Any) -> Any:
-        if integration.no_stall is not None or integration.overlap:
-            deferred = integration.guarded(integration.defer, args, kwargs)
-            if deferred is not None:
-                raise deferred  # _compile_fx_inner returns the graph's stand-in (no-stall's, or overlap's)
-        start = time.perf_counter()
-        try:
-            return original_codegen(*args, **kwargs)
-        finally:
-            integration.guarded(integration.compiled, time.perf_counter() - start)
-
-    def compiled_fx_graph_hash(*args: Any, **kwargs: Any) -> tuple[str, list[str]]:
-        key, details = original_hash(*args, **kwargs)
-        integration.guarded(integration.describe_key, key, details, args, kwargs)
-        return key, details
 
     def run_inner(*args: Any, **kwargs: Any) -> Any:
         integration.guarded(integration.end_attempt)
@@ -143,6 +109,152 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
             if no_stall is not None:  # no-stall: eager meanwhile
                 return no_stall.graph(deferred, compile_again, args[0], args[1])
             return integration.waiting_graph(deferred, compile_again)  # overlap: waits at its first call
+
+    return [(compile_fx, "_compile_fx_inner", _compile_fx_inner)]
+
+
+def _graphs(integration: Integration) -> list[Patch]:
+    """Hook ``graphs``: the FX graph cache's remote tier is the store, and torch's guards see every stored variant."""
+    original_iterate: Any = getattr(getattr(codecache.FxGraphCache, "iterate_over_candidates", None), "__func__", None)
+    # how torch names a graph in a remote cache
+    remote_key: Any = getattr(remote_cache.RemoteFxGraphCache, "_get_key", None)
+
+    def iterate_over_candidates(cls: type, local: bool, remote: Any, key: str) -> Iterator[tuple[Any, bytes, bool]]:
+        ours = remote is not None and isinstance(remote.backend, FxBackend)
+        yield from original_iterate(cls, local, None if ours else remote, key)  # local candidates first
+        if ours:
+            yield from integration.fx_candidates(remote_key(remote, key))
+
+    return [
+        (inductor_config, "fx_graph_remote_cache", True),
+        (remote_cache.RemoteFxGraphCache, "backend_override_cls", FxBackend),
+        # torch reads one remote entry per graph key; this offers its guards every stored variant
+        (codecache.FxGraphCache, "iterate_over_candidates", classmethod(iterate_over_candidates)),
+    ]
+
+
+def _autograd(integration: Integration) -> list[Patch]:
+    """Hook ``autograd``: AOTAutograd's remote cache is the store; graphs taking a device mesh get keys every job
+    shares."""
+    original_reduce_fake: Any = getattr(codecache.FxGraphCachePickler, "_reduce_fake_script_object", None)
+
+    def reduce_fake_script_object(pickler: Any, fake: Any) -> Any:
+        """torch's keys of graphs taking a device mesh: the mesh as what the code depends on, the same in every job
+        (:func:`.rank_binding.rank_mesh_reduction`); AOTAutograd's entries of those graphs then hit in later jobs."""
+        real = object.__getattribute__(fake, "real_obj")
+        reduced = integration.guarded(rank_binding.rank_mesh_reduction, real) if rank_binding.is_mesh(real) else None
+        return original_reduce_fake(pickler, fake) if reduced is None else reduced
+
+    return [
+        (functorch_config, "enable_remote_autograd_cache", True),
+        (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
+        (codecache.FxGraphCachePickler, "_reduce_fake_script_object", reduce_fake_script_object),
+    ]
+
+
+def _pgo(on: Collection[str]) -> list[Patch]:
+    """Hook ``pgo``: dynamo's profile-guided dynamism travels through the store (under a job id, set if none is)."""
+    return [
+        (dynamo_config, "automatic_dynamic_remote_pgo", True),
+        (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
+        *([(torch.compiler.config, "job_id", JOB_ID)] if "pgo" in on and torch.compiler.config.job_id is None else []),
+    ]
+
+
+def _kernels(integration: Integration) -> list[Patch]:
+    """Hook ``kernels``: every kernel source torch writes is recorded, to ship with the graph that built it."""
+    original_write: Any = getattr(codecache, "write", None)
+
+    def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
+        result = original_write(content, extension, *args, **kwargs)
+        integration.guarded(integration.record_write, extension, result[1])
+        return result
+
+    return [(codecache, "write", write)]
+
+
+def _precompiled_header(integration: Integration) -> list[Patch]:
+    """Hook ``precompiled_header``: the header is skipped for a kernel already built (and built in the background)."""
+    original_precompile_header: Any = getattr(codecache, "_precompile_header", None)
+
+    def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
+        if integration.guarded(integration.kernel_is_built):
+            # nothing is compiled against it: torch loads the library as it is. Should a
+            # build happen after all, -include of the plain header is still correct.
+            integration.guarded(
+                integration.warm_header,
+                lambda: original_precompile_header(header, hashable_cmd_line, **compile_command),
+                (header, hashable_cmd_line, frozenset(compile_command.items())),
+            )
+            return header
+        return original_precompile_header(header, hashable_cmd_line, **compile_command)
+
+    return [
+        # part of the FX key, so it must be equal on every rank: torch's default, whose
+        # precompiled header makes every cold kernel's g++ fast (a hit skips the header)
+        (inductor_config, "cpp_cache_precompile_headers", True),
+        (codecache, "_precompile_header", _precompile_header),
+    ]
+
+
+def _cpu_probes(integration: Integration) -> list[Patch]:
+    """Hook ``cpu_probes``: the CPU-feature probe libraries are shared through the store, probed in rank order."""
+    original_check_build: Any = getattr(VecISA, "check_build", None)
+    original_valid_isas: Any = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
+    original_probe_load: Any = getattr(VecISA, "_probe_load", None)
+
+    def check_build(isa: VecISA, code: str) -> bool:
+        integration.guarded(integration.probes.install_isa_probe)
+        return integration.probes.probe(original_check_build, isa, code)
+
+    def _probe_load(isa: VecISA, output_path: str) -> bool:
+        return integration.probes.probe_load(original_probe_load, isa, output_path)
+
+    def valid_vec_isa_list() -> list[VecISA]:
+        integration.guarded(integration.probes.probe_cpu_in_rank_order)
+        return original_valid_isas()
+
+    return [
+        (VecISA, "check_build", check_build),
+        (VecISA, "_probe_load", _probe_load),
+        (cpu_vec_isa, "valid_vec_isa_list", valid_vec_isa_list),
+    ]
+
+
+def _autotune() -> list[Patch]:
+    """Hook ``autotune``: a GPU kernel's runtime autotuning result travels through the store."""
+    return [
+        # a fresh node loads it instead of benchmarking every config again at its first call
+        # (its FX hit ships the kernels, not their choice)
+        (inductor_config, "autotune_remote_cache", True),
+        (remote_cache.RemoteAutotuneCache, "backend_override_cls", AutotuneBackend),
+    ]
+
+
+def _compile_count(integration: Integration) -> list[Patch]:
+    """Hook ``compile_count``: each inductor compile is timed and counted; a graph that missed may be deferred here."""
+    original_codegen: Any = getattr(compile_fx, "fx_codegen_and_compile", None)
+
+    def fx_codegen_and_compile(*args: Any, **kwargs: Any) -> Any:
+        if integration.no_stall is not None or integration.overlap:
+            deferred = integration.guarded(integration.defer, args, kwargs)
+            if deferred is not None:
+                raise deferred  # _compile_fx_inner returns the graph's stand-in (no-stall's, or overlap's)
+        start = time.perf_counter()
+        try:
+            return original_codegen(*args, **kwargs)
+        finally:
+            integration.guarded(integration.compiled, time.perf_counter() - start)
+
+    return [(compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile)]
+
+
+def _overlap(integration: Integration) -> list[Patch]:
+    """Hook ``overlap``: a forward's output strides are published once lowered, a backward is compiled ahead after a
+    forward left for its first call, and AOTAutograd's entries naming a waiting graph are saved once it loads."""
+    original_lowered: Any = getattr(compile_fx, "_check_triton_bf16_support", None)
+    original_backward_stage: Any = getattr(graph_compile, "_aot_stage2b_bw_compile", None)
+    original_cache_info: Any = getattr(graph_compile, "_cache_autograd_info", None)
 
     def _check_triton_bf16_support(graph: Any) -> None:
         """Called by ``fx_codegen_and_compile`` right after inductor lowered the graph, before its kernels are
@@ -205,68 +317,23 @@ def table(integration: Integration, on: Collection[str]) -> list[tuple[Any, str,
 
         return save
 
-    def reduce_fake_script_object(pickler: Any, fake: Any) -> Any:
-        """torch's keys of graphs taking a device mesh: the mesh as what the code depends on, the same in every job
-        (:func:`.rank_binding.rank_mesh_reduction`); AOTAutograd's entries of those graphs then hit in later jobs."""
-        real = object.__getattribute__(fake, "real_obj")
-        reduced = integration.guarded(rank_binding.rank_mesh_reduction, real) if rank_binding.is_mesh(real) else None
-        return original_reduce_fake(pickler, fake) if reduced is None else reduced
+    return [
+        (compile_fx, "_check_triton_bf16_support", _check_triton_bf16_support),
+        (graph_compile, "_aot_stage2b_bw_compile", _aot_stage2b_bw_compile),
+        (graph_compile, "_cache_autograd_info", _cache_autograd_info),
+    ]
 
-    def iterate_over_candidates(cls: type, local: bool, remote: Any, key: str) -> Iterator[tuple[Any, bytes, bool]]:
-        ours = remote is not None and isinstance(remote.backend, FxBackend)
-        yield from original_iterate(cls, local, None if ours else remote, key)  # local candidates first
-        if ours:
-            yield from integration.fx_candidates(remote_key(remote, key))
 
-    table: dict[str, list[tuple[Any, str, Any]]] = {
-        "compile_scope": [(compile_fx, "_compile_fx_inner", _compile_fx_inner)],
-        "graphs": [
-            (inductor_config, "fx_graph_remote_cache", True),
-            (remote_cache.RemoteFxGraphCache, "backend_override_cls", FxBackend),
-            # torch reads one remote entry per graph key; this offers its guards every stored variant
-            (codecache.FxGraphCache, "iterate_over_candidates", classmethod(iterate_over_candidates)),
-        ],
-        "autograd": [
-            (functorch_config, "enable_remote_autograd_cache", True),
-            (remote_cache.RemoteAOTAutogradCache, "backend_override_cls", AotBackend),
-            (codecache.FxGraphCachePickler, "_reduce_fake_script_object", reduce_fake_script_object),
-        ],
-        "pgo": [
-            (dynamo_config, "automatic_dynamic_remote_pgo", True),
-            (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
-            *(
-                [(torch.compiler.config, "job_id", JOB_ID)]
-                if "pgo" in on and torch.compiler.config.job_id is None
-                else []
-            ),
-        ],
-        "kernels": [(codecache, "write", write)],
-        "precompiled_header": [
-            # part of the FX key, so it must be equal on every rank: torch's default, whose
-            # precompiled header makes every cold kernel's g++ fast (a hit skips the header)
-            (inductor_config, "cpp_cache_precompile_headers", True),
-            (codecache, "_precompile_header", _precompile_header),
-        ],
-        "cpu_probes": [
-            (VecISA, "check_build", check_build),
-            (VecISA, "_probe_load", _probe_load),
-            (cpu_vec_isa, "valid_vec_isa_list", valid_vec_isa_list),
-        ],
-        "autotune": [
-            # a GPU kernel's runtime autotuning result: a fresh node loads it instead of benchmarking
-            # every config again at its first call (its FX hit ships the kernels, not their choice)
-            (inductor_config, "autotune_remote_cache", True),
-            (remote_cache.RemoteAutotuneCache, "backend_override_cls", AutotuneBackend),
-        ],
-        "compile_count": [(compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile)],
-        "overlap": [
-            (compile_fx, "_check_triton_bf16_support", _check_triton_bf16_support),
-            (graph_compile, "_aot_stage2b_bw_compile", _aot_stage2b_bw_compile),
-            (graph_compile, "_cache_autograd_info", _cache_autograd_info),
-        ],
-        "key_records": [(codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash)],
-    }
-    return [patch for name, patches in table.items() if name in on for patch in patches]
+def _key_records(integration: Integration) -> list[Patch]:
+    """Hook ``key_records``: what each FX key is made of is recorded beside the event log."""
+    original_hash: Any = getattr(codecache, "compiled_fx_graph_hash", None)
+
+    def compiled_fx_graph_hash(*args: Any, **kwargs: Any) -> tuple[str, list[str]]:
+        key, details = original_hash(*args, **kwargs)
+        integration.guarded(integration.describe_key, key, details, args, kwargs)
+        return key, details
+
+    return [(codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash)]
 
 
 def _install(integration: Integration, on: frozenset[str]) -> None:
@@ -370,6 +437,19 @@ def detach() -> None:
     if _active is not None:
         integration, _active = _active, None
         _uninstall(integration)
+
+
+@contextlib.contextmanager
+def hooked_for_worker(store: Store, metrics: Metrics, wait_timeout: float | None) -> Iterator[Integration]:
+    """torch hooked up for one compile of a no-stall worker (:mod:`.no_stall.worker`, which gets this function by
+    name with each job, :data:`.no_stall.controller.HookUp`): every hook this torch fits but the precompiled tier,
+    never waiting for another process's lease; unhooked at the end."""
+    on = {state.hook.name for state in compat.states() if state.on} - {"precompiled"}
+    integration = attach(store, metrics, wait_timeout, on, wait_for_lease=False)
+    try:
+        yield integration
+    finally:
+        detach()
 
 
 def finish_no_stall() -> None:

@@ -7,9 +7,9 @@ import os
 import signal
 import time
 
-from recipecache.torch_integration.no_stall import controller
+from recipecache.torch_integration.no_stall import pool
 
-worker = controller._Worker()
+worker = pool._Worker()
 os.kill(worker.proc.pid, signal.SIGSTOP)
 print(worker.proc.pid, flush=True)
 time.sleep(600)

@@ -1,11 +1,12 @@
 """The worker of no-stall compiles: ``python -m recipecache.torch_integration.no_stall.worker RANK_PID``.
 
 Started by :mod:`.controller` in a fresh interpreter (never the user's script), once per
-process, and kept for all its graphs. Each frame on its stdin (:func:`.controller.read_frame`) is
+process, and kept for all its graphs. Each frame on its stdin (:func:`.protocol.read_frame`) is
 one job, pickled (the store settings, the graph's store key, torch's wire-format input of one
-graph compile, the parent's global torch state (:mod:`.global_state`) and ``sys.path``); nothing
-of it is on disk, where the store's secret would outlive a killed rank. It enables recipecache on
-the same store, applies the parent's state (every config value, flag and environment variable
+graph compile, the parent's global torch state (:mod:`.global_state`), ``sys.path`` and how to hook torch up,
+which the rank hands by name: :data:`.controller.HookUp`, so that this module imports nothing above its
+feature); nothing of it is on disk, where the store's secret would outlive a killed rank. It enables
+recipecache on the same store, applies the parent's state (every config value, flag and environment variable
 that torch's FX key or inductor's lowering reads: the worker compiles under exactly the rank's),
 and runs torch's whole ``_compile_fx_inner`` on the graph in the context torch's own
 out-of-process compile sets up (``_SerializedFxCompile._run_in_child``: inductor config, from
@@ -31,9 +32,12 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...parent_death import die_with_parent
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
 
 
 @contextlib.contextmanager
@@ -61,13 +65,8 @@ def compile_context(wire: Any) -> Iterator[None]:
 
 def compile_job(job: dict[str, Any], first: bool = True) -> dict[str, Any]:
     """Compile and publish the graph of ``job`` (``first``: this process's first job); what the parent reads back."""
-    from torch._inductor import compile_fx
-    from torch._inductor.compile_fx_ext import _WireProtocolPickledInput
-
     from ...store import Store
-    from .. import compat, patches
     from ..metrics import Metrics
-    from . import global_state
 
     # the graph's pickle names the modules it was traced from (a model class in the node metadata and
     # the tracing context): importable from where the rank imported them. Only what the pickle names
@@ -75,40 +74,48 @@ def compile_job(job: dict[str, Any], first: bool = True) -> dict[str, Any]:
     sys.path[:0] = [p for p in job["sys_path"] if p and p not in sys.path]
     store = Store.open(job["settings"])
     metrics = Metrics(store, None, flush=False)
-    on = {state.hook.name for state in compat.states() if state.on} - {"precompiled"}
-    integration = patches.attach(store, metrics, job["settings"].wait_timeout, on, wait_for_lease=False)
     try:
-        # after attach: the rank's state was captured with recipecache's hooks on as well
-        global_state.apply(job["state"])
-        unreproduced = global_state.differences(job["state"])
-        if unreproduced:
-            # after an earlier job, what stuck of its state may be the cause (torch's legacy and new precision
-            # APIs keep a history): a fresh worker starts from torch's defaults. Fresh already: none can
-            why = f"the worker cannot reproduce the rank's {', '.join(unreproduced[:3])}"
-            return {"error": why, "inline": True} if first else {"error": why, "stale_worker": True}
-        wire = _WireProtocolPickledInput(job["wire"]).deserialize()
-        with compile_context(wire):
-            start = time.perf_counter()
-            compile_fx._compile_fx_inner(wire.gm, wire.example_inputs, **wire.graph_kwargs)
-            seconds = time.perf_counter() - start
-        published = metrics.snapshot()["lookups"]["fx"]
-        key = integration.last_key
-        if key is None:  # torch's local cache (shared with the rank) had it: nothing to publish
-            return {"compile_s": seconds}
-        if key != job["key"]:
-            return {
-                "error": f"the worker computed key {key}, the rank {job['key']}",
-                "inline": True,
-                "key_mismatch": True,
-            }
-        if not published["put"] and not published["hit"]:
-            # the store failed (an outage, a full store): the compiled graph is in torch's local cache,
-            # which the rank shares, so the rank still switches to it; the store's reasons go with it
-            return {"compile_s": seconds, "unpublished": sorted(metrics.snapshot()["fallbacks"])}
-        return {"compile_s": seconds}
+        with job["hook_up"](store, metrics, job["settings"].wait_timeout) as integration:
+            return _compile_hooked(job, first, integration, metrics)
     finally:
-        patches.detach()
         store.close()
+
+
+def _compile_hooked(job: dict[str, Any], first: bool, integration: Any, metrics: Metrics) -> dict[str, Any]:
+    """:func:`compile_job` once torch is hooked up to the store (``integration``, counting into ``metrics``)."""
+    from torch._inductor import compile_fx
+    from torch._inductor.compile_fx_ext import _WireProtocolPickledInput
+
+    from . import global_state
+
+    # after attach: the rank's state was captured with recipecache's hooks on as well
+    global_state.apply(job["state"])
+    unreproduced = global_state.differences(job["state"])
+    if unreproduced:
+        # after an earlier job, what stuck of its state may be the cause (torch's legacy and new precision
+        # APIs keep a history): a fresh worker starts from torch's defaults. Fresh already: none can
+        why = f"the worker cannot reproduce the rank's {', '.join(unreproduced[:3])}"
+        return {"error": why, "inline": True} if first else {"error": why, "stale_worker": True}
+    wire = _WireProtocolPickledInput(job["wire"]).deserialize()
+    with compile_context(wire):
+        start = time.perf_counter()
+        compile_fx._compile_fx_inner(wire.gm, wire.example_inputs, **wire.graph_kwargs)
+        seconds = time.perf_counter() - start
+    published = metrics.snapshot()["lookups"]["fx"]
+    key = integration.last_key
+    if key is None:  # torch's local cache (shared with the rank) had it: nothing to publish
+        return {"compile_s": seconds}
+    if key != job["key"]:
+        return {
+            "error": f"the worker computed key {key}, the rank {job['key']}",
+            "inline": True,
+            "key_mismatch": True,
+        }
+    if not published["put"] and not published["hit"]:
+        # the store failed (an outage, a full store): the compiled graph is in torch's local cache,
+        # which the rank shares, so the rank still switches to it; the store's reasons go with it
+        return {"compile_s": seconds, "unpublished": sorted(metrics.snapshot()["fallbacks"])}
+    return {"compile_s": seconds}
 
 
 #: how much the worker (and the compilers it starts) yields the CPU to the rank's own steps
@@ -134,7 +141,7 @@ def main() -> int:
     # end with the rank (argv[1]: its pid): a rank killed mid-job leaves no compile running on; its lease
     # then expires and another process compiles the graph (at a normal exit the rank waits for us itself)
     die_with_parent(signal.SIGKILL, int(sys.argv[1]))
-    from .controller import read_frame, write_frame
+    from .protocol import read_frame, write_frame
 
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # prints of the compile go to the log, never into the replies

@@ -218,7 +218,9 @@ def _no_stall_graph(reload: Any) -> tuple[Any, Any, Any]:
     import torch
     from concurrent.futures import Future
 
-    from recipecache.torch_integration.no_stall.controller import NoStall, Deferred
+    from recipecache.torch_integration import patches
+    from recipecache.torch_integration.deferral import Deferred
+    from recipecache.torch_integration.no_stall.controller import NoStall
     from recipecache.torch_integration.metrics import Metrics
 
     class Double(torch.nn.Module):
@@ -226,7 +228,7 @@ def _no_stall_graph(reload: Any) -> tuple[Any, Any, Any]:
             return (x * 2,)
 
     store = Store.open(StoreSettings("memory://", namespace="behind-unit"))
-    no_stall = NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0)
+    no_stall = NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0, hook_up=patches.hooked_for_worker)
     job: Future[float] = Future()
     graph = no_stall.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()), [])
     return graph, job, no_stall
@@ -334,12 +336,13 @@ def _no_stall_with_jobs(tmp_path: Path, keys: list[str], secret: bytes | None = 
     (its wire input is not torch's), so the worker fails it after starting."""
     import pickle
 
+    from recipecache.torch_integration import patches
     from recipecache.torch_integration.no_stall import global_state
     from recipecache.torch_integration.no_stall.controller import NoStall
     from recipecache.torch_integration.metrics import Metrics
 
     store = Store.open(StoreSettings(f"file://{tmp_path / 'store'}", namespace="jobs", secret=secret))
-    no_stall = NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0)
+    no_stall = NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0, hook_up=patches.hooked_for_worker)
     for key in keys:
         flight = store.begin(key, wait=False)
         assert flight.role is Role.LEADER

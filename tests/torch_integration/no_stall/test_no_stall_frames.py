@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-no_stall = pytest.importorskip("recipecache.torch_integration.no_stall.controller")
+pool = pytest.importorskip("recipecache.torch_integration.no_stall.pool")
 
 ANSWERS = {
     "huge frame": struct.pack("!Q", 1 << 40) + b"x" * 64,
@@ -35,8 +35,8 @@ def test_a_reply_that_is_not_a_result_ends_the_worker(answer: str, monkeypatch: 
     def popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         return real_popen([sys.executable, "-c", stand_in], **kwargs)
 
-    monkeypatch.setattr(no_stall.subprocess, "Popen", popen)
-    worker = no_stall._Worker()
+    monkeypatch.setattr(pool.subprocess, "Popen", popen)
+    worker = pool._Worker()
     try:
         with pytest.raises(RuntimeError, match="its worker was ended"):
             worker.compile(b"job", timeout=120)

@@ -172,7 +172,8 @@ def test_a_custom_pass_cannot_travel_to_a_worker() -> None:
 @pytest.mark.torch
 def test_a_job_a_kept_worker_cannot_reproduce_runs_again_in_a_fresh_one(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from recipecache.torch_integration.no_stall.controller import _Job, _Worker
+    from recipecache.torch_integration.no_stall.controller import _Job
+    from recipecache.torch_integration.no_stall.pool import _Worker
 
     answers = [{"error": "the worker cannot reproduce the rank's float32_matmul_precision", "stale_worker": True},
                {"compile_s": 1.5}]
@@ -194,13 +195,15 @@ def test_a_job_a_kept_worker_cannot_reproduce_runs_again_in_a_fresh_one(
 
 
 def _no_stall(monkeypatch: pytest.MonkeyPatch, retry_s: float, url: str = "memory://") -> Any:
-    from recipecache.torch_integration.no_stall import controller
+    from recipecache.torch_integration import patches
+    from recipecache.torch_integration.no_stall import controller, graph
     from recipecache.torch_integration.metrics import Metrics
 
-    monkeypatch.setattr(controller, "POLL_S", 0.0)
+    monkeypatch.setattr(graph, "POLL_S", 0.0)
+    monkeypatch.setattr(graph, "RETRY_S", retry_s)
     monkeypatch.setattr(controller, "RETRY_S", retry_s)
     store = Store.open(StoreSettings(url, namespace="behind-policy"))
-    return controller.NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0)
+    return controller.NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0, hook_up=patches.hooked_for_worker)
 
 
 @pytest.mark.torch
@@ -237,7 +240,7 @@ def test_a_graph_whose_compile_failed_switches_once_another_process_publishes_it
     import torch
     from concurrent.futures import Future
 
-    from recipecache.torch_integration.no_stall.controller import Deferred
+    from recipecache.torch_integration.deferral import Deferred
 
     # this process will not lead it again during the test; the other process shares the store
     no_stall = _no_stall(monkeypatch, retry_s=3600.0, url=f"file://{tmp_path / 'store'}")
@@ -299,7 +302,7 @@ def test_a_registered_backends_codegen_config_reaches_the_worker_and_its_key(mon
     from torch._inductor.compile_fx_ext import _WireProtocolInput, _WireProtocolPickledInput
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from recipecache.torch_integration.no_stall.controller import wire_input
+    from recipecache.torch_integration.no_stall.protocol import wire_input
     from recipecache.torch_integration.no_stall.worker import compile_context
 
     if "backend_configs" not in _WireProtocolInput.__dataclass_fields__:

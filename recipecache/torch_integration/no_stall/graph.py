@@ -1,0 +1,224 @@
+"""The switching callable of no-stall: what ``_compile_fx_inner`` returns for a graph compiled behind the steps.
+
+It runs the traced graph eagerly until the compiled graph exists, then loads it through torch's FX cache path
+and runs it, for the inputs its guards accept (:class:`NoStallGraph`). Which graphs are compiled behind, and by
+whom, is :mod:`.controller`'s; this module only looks, calls and switches, and reports what it did there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import deferral
+from ..deferral import Deferred, deferred_of
+
+if TYPE_CHECKING:
+    from .controller import NoStall
+
+log = logging.getLogger(__name__)
+
+#: seconds between two looks of a ``busy`` process at the key's lease
+POLL_S = 0.5
+#: seconds a process whose compile of a graph failed leaves its lead to the others before it takes it
+#: again, and between two looks for the artifact of a graph it may no longer lead while nobody compiles it
+RETRY_S = 5.0
+
+
+class CpuProbeWarmer:
+    """Picks the CPU's vector ISA in the background, once, at the first CPU graph deferred.
+
+    Loading a compiled CPU graph asks for it, and a process that never compiled has not
+    picked it yet: on torch 2.13 that runs torch's probe libraries, seconds, which would
+    otherwise land in the step that switches. It runs g++ or the probe in child processes,
+    so the thread mostly waits without the interpreter lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._warmed = False
+
+    def warm(self, example_inputs: Any) -> None:
+        """Start the pick now if ``example_inputs`` (a deferred graph's) hold a CPU tensor and none started yet."""
+        with self._lock:
+            if self._warmed or not any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in example_inputs):
+                return
+            self._warmed = True
+        threading.Thread(target=_pick_vec_isa, name="recipecache-isa", daemon=True).start()
+
+
+def _pick_vec_isa() -> None:
+    from torch._inductor import cpu_vec_isa
+
+    try:
+        cpu_vec_isa.pick_vec_isa()
+    except Exception:  # the switch picks it itself
+        log.debug("recipecache: background ISA pick failed", exc_info=True)
+
+
+class NoStallGraph:
+    """Inductor's output for one graph while it compiles elsewhere: eager until the compiled graph exists.
+
+    Boxed calling convention (``_boxed_call``), like the ``OutputCode`` it stands for; an
+    instance attribute, since torch wraps the backward's callable (``functools.wraps`` copies
+    the instance's ``__dict__``, not its class's). It carries no ``_fx_graph_cache_key``, so
+    AOTAutograd does not save an entry pointing at it; the next process finds the graph's FX
+    entry through its own trace.
+    """
+
+    def __init__(
+        self,
+        no_stall: NoStall,
+        deferred: Deferred,
+        reload: Callable[[], Any],
+        gm: torch.fx.GraphModule,
+        example_inputs: list[Any],
+    ) -> None:
+        from torch._inductor.codecache import FxGraphCache
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+
+        self._boxed_call = True
+        self._no_stall = no_stall
+        self._key = deferred.key
+        self._what = deferred.what
+        self._reload = reload
+        #: the first attempt, whose inductor config and tracing context the load runs under
+        self._deferred = deferred
+        self._job = deferred.job
+        self._next_poll = time.monotonic() + POLL_S
+        #: when this process last looked the graph up again, and whether it saw another one compile it since
+        self._looked = time.monotonic()
+        self._saw_lease = False
+        self._lock = threading.Lock()
+        self._compiled: Callable[[list[Any]], Any] | None = None
+        #: our own compile published the graph, yet it did not load (or the process is exiting): eager for good
+        self._given_up = False
+        _LazyGraphModule.force_recompile(gm)  # as torch's own eager output of an empty graph
+        self._eager = gm.forward
+        # the inputs the FX cache's guards speak of (torch's ``_filter_backed_symints``), by position
+        symints = FxGraphCache._filter_backed_symints(example_inputs)
+        self._symint_positions = [i for i, x in enumerate(example_inputs) if any(x is s for s in symints)]
+        self._shape_env = symints[0].node.shape_env if symints else None
+        #: the compiled graph's guards (``guards_expr``), set at the switch; None: it accepts every input
+        self._guards: str | None = None
+        #: the same, compiled once: ``eval`` of the text would compile it at every call (~7x slower)
+        self._guards_code: Any = None
+
+    def __call__(self, args: list[Any]) -> Any:
+        compiled = self._compiled
+        if compiled is None and not self._given_up and self._due():
+            compiled = self._switch()
+        if compiled is not None:
+            if self._accepts(args):
+                return compiled(args)
+            return self._rejected(args)
+        start = time.perf_counter()
+        out = self._eager(*args)
+        seconds = time.perf_counter() - start
+        self._no_stall.store.events.record("eager", self._key, seconds)
+        self._no_stall.metrics.no_stall(eager_calls=1, eager_s=seconds)
+        with self._no_stall._lock:
+            graph = self._no_stall.graphs[self._key]
+            graph.eager_calls += 1
+            graph.eager_s += seconds
+        return out
+
+    def _accepts(self, args: list[Any]) -> bool:
+        """Whether the compiled graph's guards accept these inputs.
+
+        Inductor adds guards to the shape environment while it compiles (a lowering that
+        specializes a dynamic size: ``Eq(s0, 32)``); inline, they join dynamo's guards, so an
+        input they reject recompiles. Compiled behind, they stay in the worker's shape
+        environment, and dynamo's guards were built without them: the FX cache's
+        ``guards_expr`` of the loaded graph holds them, evaluated here on the call's sizes.
+        """
+        if self._guards_code is None or self._shape_env is None:
+            return True
+        values = [args[i] for i in self._symint_positions]
+        return bool(self._shape_env.evaluate_guards_expression(self._guards_code, values))
+
+    def _rejected(self, args: list[Any]) -> Any:
+        """A call the compiled graph's guards reject: run it without inductor (right, if slower), counted."""
+        no_stall = self._no_stall
+        no_stall.metrics.no_stall(guard_rejected=1)
+        with no_stall._lock:
+            graph = no_stall.graphs[self._key]
+            graph.guard_rejected += 1
+            first = graph.guard_rejected == 1
+        if first:
+            log.warning(
+                "recipecache: %s %s: inductor specialized the graph compiled behind (%s); inputs it rejects "
+                "run without inductor",
+                *self._what,
+                self._guards,
+            )
+        return self._eager(*args)
+
+    def _due(self) -> bool:
+        """Whether to try the switch now: our job ended; or (looked at every POLL_S) the key's lease is gone and the
+        artifact may be there or ours to make: another process's compile just ended, this process may lead the
+        graph, or it last looked the graph up RETRY_S ago."""
+        if self._job is not None:
+            return self._job.done()
+        now = time.monotonic()
+        if now < self._next_poll:
+            return False
+        self._next_poll = now + POLL_S
+        no_stall = self._no_stall
+        if no_stall.store.compiling(self._key):
+            self._saw_lease = True
+            return False
+        no_stall.looked_after_failure(self._key)
+        saw_lease, self._saw_lease = self._saw_lease, False
+        if saw_lease or no_stall.may_lead(self._key) or now >= self._looked + RETRY_S:
+            self._looked = now
+            return True
+        return False
+
+    def _switch(self) -> Callable[[list[Any]], Any] | None:
+        with self._lock:
+            if self._compiled is not None or self._given_up:
+                return self._compiled
+            no_stall = self._no_stall
+            job, self._job = self._job, None
+            if job is not None:
+                if job.cancelled():  # the process is exiting
+                    self._given_up = True
+                    return None
+                if job.exception() is not None:  # counted by the job: eager until a process publishes the graph
+                    self._looked = time.monotonic()
+                    return None
+            start = time.perf_counter()
+            try:
+                compiled = self._load()
+            except Exception as exc:  # noqa: BLE001 - Deferred included: see below
+                deferred = deferred_of(exc)
+                if deferred is None or job is not None:
+                    # our own compile published it, yet loading missed or raised: do not try again
+                    self._given_up = True
+                    why = "its artifact was not found after the compile" if deferred is not None else repr(exc)
+                    no_stall._failed(self._key, self._what, f"cannot load the compiled graph ({why})")
+                    return None
+                # not there yet (the holder failed, or its lease expired): we lead now, or wait for the new holder
+                self._job = deferred.job
+                return None
+            seconds = time.perf_counter() - start
+            self._guards = getattr(compiled, "guards_expr", None) or None
+            self._guards_code = None if self._guards is None else compile(self._guards, "<inductor guards>", "eval")
+            self._compiled = compiled
+            no_stall.store.events.record("switch", self._key, seconds)
+            no_stall.metrics.no_stall(switches=1)
+            with no_stall._lock:
+                graph = no_stall.graphs[self._key]
+                graph.switched_at, graph.switch_s = time.time(), seconds
+            log.info("recipecache: %s %s now runs compiled (switch took %.3f s)", *self._what, seconds)
+            return compiled
+
+    def _load(self) -> Callable[[list[Any]], Any]:
+        """torch's ``_compile_fx_inner`` again, in the context of the first attempt (:func:`..deferral.reload`)."""
+        return deferral.reload(self._deferred, self._reload)
