@@ -862,7 +862,7 @@ class WaitingGraph:
     torch's ``_compile_fx_inner`` again, whose lookup waits as a compile's would: a hit, or, if the
     holder died or the wait timed out, the take-over or a local compile, counted); every call then runs
     the loaded graph. Boxed calling convention, as an instance attribute (see
-    :class:`..no_stall.controller.NoStallGraph`). What AOTAutograd's cache entry reads of a compiled
+    :class:`..no_stall.graph.NoStallGraph`). What AOTAutograd's cache entry reads of a compiled
     graph (its FX key, debug lines and guards) is the loaded graph's, so the entry is saved once every
     graph it names is loaded (:meth:`when_loaded`, :func:`save_when_loaded`): a later job of fresh
     ranks skips AOTAutograd's trace as after an inline compile.
