@@ -230,22 +230,17 @@ def _item_of(text: str, at: int) -> tuple[GuardPath, int] | None:
 
 def reader(steps: tuple[tuple[str, Any], ...]) -> tuple[Callable[[Any], Any], ...]:
     """``steps`` of a :class:`GuardPath` as one callable each (made once per pin, applied on every call)."""
-    return tuple(
-        operator.attrgetter(arg)
-        if kind == "attr"
-        else operator.itemgetter(arg)
-        if kind == "item"
-        else functools.partial(_item_at, arg)
-        if kind == "key_at"
-        else functools.partial(_key_at, arg)
-        if kind == "key"
-        else functools.partial(_dict_item_at, arg)
-        if kind == "dict_key_at"
-        else type
-        if kind == "type"
-        else dict
-        for kind, arg in steps
-    )
+    return tuple(_step(kind, arg) for kind, arg in steps)
+
+
+def _step(kind: str, arg: Any) -> Callable[[Any], Any]:
+    if kind == "attr":
+        return operator.attrgetter(arg)
+    if kind == "item":
+        return operator.itemgetter(arg)
+    if kind in _BY_POSITION:
+        return functools.partial(_BY_POSITION[kind], arg)
+    return type if kind == "type" else dict
 
 
 def _key_at(position: int, mapping: Any) -> Any:
@@ -253,14 +248,19 @@ def _key_at(position: int, mapping: Any) -> Any:
     return list(dict.keys(mapping))[position]
 
 
+def _item_at(position: int, mapping: Any) -> Any:
+    """The item of ``mapping``'s key at ``position``."""
+    return mapping[_key_at(position, mapping)]
+
+
 def _dict_item_at(position: int, mapping: Any) -> Any:
     """:func:`_item_at` past a dict subclass's own ``__getitem__``, as dynamo reads it (``dict.__getitem__``)."""
-    return dict.__getitem__(mapping, list(dict.keys(mapping))[position])
+    return dict.__getitem__(mapping, _key_at(position, mapping))
 
 
-def _item_at(position: int, mapping: Any) -> Any:
-    """The item of ``mapping``'s key at ``position``, as dynamo reads it (``dict.keys``: insertion order)."""
-    return mapping[list(dict.keys(mapping))[position]]
+#: the steps that read a dict by a key's position: its item (``key_at``), the key itself, its item past a
+#: subclass's ``__getitem__`` (``dict_key_at``)
+_BY_POSITION: dict[str, Callable[[int, Any], Any]] = {"key_at": _item_at, "key": _key_at, "dict_key_at": _dict_item_at}
 
 
 class Recorder:
