@@ -62,12 +62,12 @@ LOCAL_WORLD_SIZE_VARIABLES = (
 )
 #: the launchers' own job identities, the first set wins: ``(variable, prefix of the run directory's name)``.
 #: torchrun's run id is ``none`` unless given (``--rdzv-id``; ``--standalone`` makes one up); a Slurm job's
-#: steps are apart (one allocation may run several jobs, one ``srun`` each)
+#: steps are apart (one allocation may run several jobs, one ``srun`` each). Ray's job id is not one: it counts
+#: the jobs of one cluster, so every new local cluster's first job is ``01000000`` (:func:`fallback_job_name`)
 JOB_IDENTITIES = (
     ("TORCHELASTIC_RUN_ID", "torchelastic"),
     ("SLURM_JOB_ID", "slurm"),
     ("PMIX_NAMESPACE", "mpi"),
-    ("RAY_JOB_ID", "ray"),
 )
 #: where run directories go without ``RECIPECACHE_RUNS_DIR``, as recipecache-run's default ``--run-dir``
 DEFAULT_RUNS_DIR = "recipecache-runs"
@@ -117,9 +117,13 @@ def job_name(environ: Mapping[str, str]) -> str | None:
 
 
 def fallback_job_name(environ: Mapping[str, str], now: float | None = None) -> str:
-    """``<MASTER_ADDR>-<MASTER_PORT>-<time>``: rank 0's proposal when the launcher names no job. The address and
-    port alone would be the next job's too (torchrun's default port is 29500 for every job)."""
+    """``<MASTER_ADDR>-<MASTER_PORT>-<time>``, or ``ray-<job id>-<time>`` in a Ray job: rank 0's proposal when the
+    launcher names no job. The address and port alone would be the next job's too (torchrun's default port is
+    29500 for every job), and so would Ray's job id alone."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
+    ray_job = _clean(environ.get("RAY_JOB_ID", ""))
+    if ray_job:
+        return f"ray-{ray_job}-{stamp}"
     where = _clean(f"{environ.get('MASTER_ADDR', 'localhost')}-{environ.get('MASTER_PORT', '0')}")
     return f"{where or 'job'}-{stamp}"
 
@@ -157,12 +161,18 @@ def rank_environment(
         env.EVENT_LOG: str(directory / env.RUN_EVENTS_NAME),
         env.NODE_DIR: str(default_node_dir()),
     }
-    if script and script not in ("-c", "-m", "-"):
+    if script and script not in ("-c", "-m", "-") and not _installed(Path(script)):
         wanted[env.NAMESPACE] = namespace_for(Path(script))
     threads = default_threads(environ, several_per_node=(local_world_size(environ) or 1) > 1)
     if threads is not None:
         wanted["OMP_NUM_THREADS"] = str(threads)
     return {name: value for name, value in wanted.items() if name not in environ}
+
+
+def _installed(script: Path) -> bool:
+    """Whether ``script`` is an installed package's, not the user's: a rank Ray starts runs Ray's
+    ``default_worker.py``, whose name would be every Ray job's namespace."""
+    return any(part in ("site-packages", "dist-packages") for part in script.parts)
 
 
 def use_rank_dirs(environ: MutableMapping[str, str]) -> None:

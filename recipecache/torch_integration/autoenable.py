@@ -137,8 +137,31 @@ def _enable_if_rank() -> bool:
     from . import enable
 
     enable()
+    if dist.is_available():
+        _write_metrics_on_leaving_group(dist)
     log.info("recipecache: enabled by %s=1 (run directory %s)", env.ENABLE, environ[env.RUN_DIR])
     return True
+
+
+def _write_metrics_on_leaving_group(dist: Any) -> None:
+    """Write the rank's metrics file when it destroys its process group, as well as at exit.
+
+    recipecache-run's bootstrap writes it when the script returns; a rank the hook enabled has no such point, and
+    Ray ends its workers without running their exit handlers (Ray Train destroys each worker's group first)."""
+    from torch.distributed import distributed_c10d
+
+    from . import write_metrics
+
+    destroy = distributed_c10d.destroy_process_group
+
+    @functools.wraps(destroy)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        if (args[0] if args else kwargs.get("group")) is None:  # the default group: the rank leaves the job
+            write_metrics()
+        return destroy(*args, **kwargs)
+
+    for module in (dist, distributed_c10d):
+        module.destroy_process_group = destroy_process_group
 
 
 def agreed_job_name(dist: Any, proposal: str) -> str:

@@ -305,6 +305,16 @@ HOOKS: tuple[Hook, ...] = (
         ),
         requires=("graphs", "compile_count"),
     ),
+    Hook(
+        "every_thread",
+        "the settings enable() makes in torch's config reach every thread, not only the one enable() ran in "
+        "(Ray Train compiles in a thread of its own)",
+        (
+            _i("utils._config_module", "ConfigModule"),
+            _i("utils._config_module", "_ConfigEntry.env_value_default"),
+            _i("_inductor.config", "_config"),
+        ),
+    ),
 )
 
 

@@ -30,7 +30,7 @@ from torch._inductor.cpu_vec_isa import VecISA
 
 from ..reasons import Reason
 from ..store import Store
-from . import compat, deferral, describe, rank_binding
+from . import compat, deferral, describe, every_thread, rank_binding
 from .graphs import hooks
 from .graphs.hooks import Integration
 from .metrics import Metrics
@@ -49,6 +49,8 @@ _INHERITED = object()
 _active: Integration | None = None
 #: (owner, attribute, value before enable()) of every patch installed, in installation order
 _originals: list[tuple[Any, str, Any]] = []
+#: (config entry, its every-thread value before enable()) of every setting hook ``every_thread`` made
+_defaults: list[tuple[Any, Any]] = []
 
 
 #: one change enable() makes in torch: (owner, attribute, new value)
@@ -345,7 +347,10 @@ def _install(integration: Integration, on: frozenset[str]) -> None:
         # a class's own attribute as stored (a classmethod stays one); an inherited one is deleted again
         original = vars(owner).get(name, _INHERITED) if isinstance(owner, type) else getattr(owner, name)
         _originals.append((owner, name, original))
-        setattr(owner, name, value)
+        setattr(owner, name, value)  # this thread's setting: it wins over one the user made here before
+        entry = every_thread.entry(owner, name) if "every_thread" in on else None
+        if entry is not None:
+            _defaults.append((entry, every_thread.swap_default(entry, value)))
     if "autograd" in on:
         # functools.cache'd: it may hold a backend (or None) from before the override
         AOTAutogradCache.get_remote_cache.cache_clear()
@@ -358,6 +363,9 @@ def _uninstall(integration: Integration) -> None:
     if integration.no_stall is not None:
         integration.guarded(integration.no_stall.close)
     integration.close()
+    for entry, before in reversed(_defaults):
+        every_thread.swap_default(entry, before)
+    _defaults.clear()
     for owner, name, value in reversed(_originals):
         if value is _INHERITED:
             delattr(owner, name)

@@ -107,7 +107,7 @@ def test_the_line_is_one_import_line_that_checks_the_variable_first() -> None:
     ({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2"}, "slurm-7.2"),
     ({"SLURM_JOB_ID": "7"}, "slurm-7"),
     ({"PMIX_NAMESPACE": "prterun-host-1234@1"}, "mpi-prterun-host-1234-1"),
-    ({"RAY_JOB_ID": "02000000"}, "ray-02000000"),
+    ({"RAY_JOB_ID": "01000000"}, None),
     ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, None),
 ])
 def test_the_run_directory_is_named_after_the_launchers_job(environ: dict[str, str], name: str | None) -> None:
@@ -117,6 +117,12 @@ def test_the_run_directory_is_named_after_the_launchers_job(environ: dict[str, s
 def test_without_a_job_identity_rank_0_proposes_address_port_and_time() -> None:
     name = autoenable.fallback_job_name({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, now=0.0)
     assert name.startswith("10.0.0.1-29500-19") or name.startswith("10.0.0.1-29500-20")  # the local date of 0
+
+
+def test_a_ray_job_is_named_by_its_id_and_rank_0s_time() -> None:
+    """Ray's job id counts the jobs of one cluster: every new local cluster's first job is 01000000."""
+    name = autoenable.fallback_job_name({"RAY_JOB_ID": "01000000", "MASTER_ADDR": "10.0.0.1"}, now=0.0)
+    assert name.startswith(("ray-01000000-19", "ray-01000000-20"))
 
 
 @pytest.mark.parametrize(("environ", "rank"), [
@@ -143,3 +149,11 @@ def test_what_the_environment_says_wins() -> None:
                "RANK": "1", "WORLD_SIZE": "2"}
     got = autoenable.rank_environment(environ, rank=1, world=2, job="ignored", script="-c")
     assert got == {env.METRICS_FILE: "/runs/x/metrics-rank{rank}.json", env.EVENT_LOG: "/runs/x/events"}
+
+
+def test_a_rank_running_an_installed_packages_script_keeps_the_default_namespace(tmp_path: Path) -> None:
+    """Ray starts its ranks as ``.../site-packages/ray/_private/workers/default_worker.py``: that name would be every
+    Ray job's namespace, so such a rank keeps enable()'s default, as without the hook."""
+    script = "/venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py"
+    got = autoenable.rank_environment({env.RUNS_DIR: str(tmp_path)}, rank=0, world=2, job="ray-01", script=script)
+    assert env.NAMESPACE not in got and got["RANK"] == "0"

@@ -3,7 +3,9 @@ of a script that knows nothing of recipecache (``tests/workers/plain_ranks.py``)
 
 * by plain torchrun (its run id names the run directory), and
 * one process per rank as ``srun python`` starts them: plain ``python`` with RANK, WORLD_SIZE, LOCAL_RANK,
-  MASTER_ADDR and MASTER_PORT set and no job identity, so rank 0 names the run directory through the group's store.
+  MASTER_ADDR and MASTER_PORT set and no job identity, so rank 0 names the run directory through the group's store;
+  these ranks end as Ray ends its workers, without exit handlers once their process group is destroyed (their
+  metrics are written then).
 
 For each: a cold job fills a fresh store, a fresh job (each rank its own empty torch caches) compiles nothing, and
 ``recipecache report RUN_DIR --json`` gives the figures of the ranks' metrics files. Then the same, fewer checks,
@@ -98,7 +100,7 @@ def srun_job(python: Path, tmp: Path, name: str, store: str) -> Job:
             LOCAL_RANK=str(rank), WORLD_SIZE=str(RANKS), LOCAL_WORLD_SIZE=str(RANKS), MASTER_ADDR="127.0.0.1",
             MASTER_PORT=port, TORCHINDUCTOR_CACHE_DIR=str(local / "inductor"), TMPDIR=str(local / "tmp"),
         )
-        procs.append(subprocess.Popen([str(python), str(WORKER), str(out)], stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen([str(python), str(WORKER), str(out), "--no-exit-handlers"], stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, env=environ, cwd=tmp))
     for proc in procs:
         output, _ = proc.communicate(timeout=JOB_TIMEOUT_S)

@@ -1234,6 +1234,42 @@ def test_on_an_unchecked_release_the_hooks_that_fit_are_on_and_one_warning_names
     assert codecache.write is original_write and inductor_config.fx_graph_remote_cache == before
 
 
+
+def test_the_settings_enable_makes_reach_every_thread_and_disable_takes_them_back() -> None:
+    """torch keeps a setting made in code per thread. Ray Train enables in one thread (at ``init_process_group``)
+    and trains in another: before, that thread's compiles never asked the store and a fresh Ray job compiled
+    everything again. A thread's own setting still wins."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    from recipecache import torch_integration
+
+    def in_a_thread(before_reading: Callable[[], None] = lambda: None) -> tuple[Any, Any]:
+        seen: list[tuple[Any, Any]] = []
+
+        def read() -> None:
+            before_reading()
+            seen.append((inductor_config.fx_graph_remote_cache, functorch_config.enable_remote_autograd_cache))
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        thread.join()
+        return seen[0]
+
+    before = in_a_thread()
+    assert before != (True, True), "torch's defaults leave the remote caches off"
+    torch_integration.enable("memory://", namespace=NAMESPACE)
+    try:
+        assert in_a_thread() == (True, True)
+
+        def opt_out() -> None:
+            inductor_config.fx_graph_remote_cache = False
+
+        assert in_a_thread(opt_out) == (False, True)
+    finally:
+        torch_integration.disable()
+    assert in_a_thread() == before
+
 def test_metrics_say_when_enable_ran_and_how_long_it_took() -> None:
     """A job's timeline (cold_bench) separates enable() (mostly torch's imports) from the rest of a rank's start."""
     from recipecache import torch_integration

@@ -3,14 +3,17 @@
 It joins a gloo group the way any launcher's rank does (``init_process_group`` from the environment: RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT), compiles one tiny forward (one graph, one C++ kernel: seconds of
 compile, not minutes), runs it, and writes to ``OUT/rank<R>.json`` its result and whether the start-up hook enabled
-recipecache in it (torch's FX graphs go to a remote cache, which only recipecache's enable() sets here).
+recipecache in it (torch's FX graphs go to a remote cache, which only recipecache's enable() sets here). With
+``--no-exit-handlers`` it ends as Ray ends its workers: right after destroying its process group, without running
+exit handlers.
 
-usage: plain_ranks.py OUT
+usage: plain_ranks.py OUT [--no-exit-handlers]
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -38,6 +41,8 @@ def main() -> None:
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     dist.barrier()
     dist.destroy_process_group()
+    if "--no-exit-handlers" in sys.argv:
+        os._exit(0)
 
 
 if __name__ == "__main__":
