@@ -16,7 +16,7 @@ graph another rank's build compiled loads it). So a cold job with the tier compi
 without it compiles, and the artifact runs the kernels torch would run (bitwise).
 AOTInductor, the first mechanism, compiled every signature a second time on the critical
 path (its own static graphs, none shared with the normal path); the measurements are in
-docs/torch-integration-notes.md ("The precompiled tier", "Shapes that vary").
+docs/history/torch-integration-notes-to-issue-44.md ("The precompiled tier", "Shapes that vary").
 
 Shapes that vary: sizes are in the key unless the user asked for ``dynamic=True`` (or marked
 dimensions dynamic). The first size a process meets is a static graph, as in torch; once a
