@@ -336,6 +336,15 @@ def test_the_reference_is_checked_and_the_history_is_not() -> None:
     assert history and not checked & set(history)
 
 
+def test_the_reference_has_a_section_per_hook_in_installation_order() -> None:
+    """A hook added to, renamed in or dropped from ``compat.HOOKS`` changes its section in the reference too."""
+    from recipecache.torch_integration.compat import HOOKS
+
+    text = (REPO / "docs" / "torch-integration-notes.md").read_text()
+    part = text.split("## The hooks", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^### `(\w+)`$", part, flags=re.M) == [hook.name for hook in HOOKS]
+
+
 def test_the_reader_finds_the_references() -> None:
     """Each kind of reference is recognised in the docs as they are (a change to the patterns that finds nothing
     would pass the test above vacuously)."""
