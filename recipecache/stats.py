@@ -19,6 +19,8 @@ import threading
 from collections import Counter, defaultdict
 from typing import Any
 
+from .metrics_schema import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PUT, OUTCOMES
+
 _COUNTS = (
     "hits",
     "misses",
@@ -55,7 +57,7 @@ class Stats:
         self._counts: Counter[str] = Counter()
         self._seconds: dict[str, float] = dict.fromkeys(_SECONDS, 0.0)
         self._reasons: dict[str, Counter[str]] = {name: Counter() for name in _BY_REASON}
-        #: kind -> {"hit", "miss", "put"}
+        #: kind -> {"hit", "miss", "put"} (:data:`~recipecache.metrics_schema.OUTCOMES`: the metrics' ``lookups``)
         self._kinds: defaultdict[str, Counter[str]] = defaultdict(Counter)
 
     def count(self, name: str, n: int = 1) -> None:
@@ -96,7 +98,7 @@ class Stats:
             self._counts["misses"] += n
             self._reasons["misses_by_reason"][miss] += n
         if kind is not None:
-            self._kinds[kind]["hit" if miss is None else "miss"] += n
+            self._kinds[kind][(LOOKUP_HIT if miss is None else LOOKUP_MISS).key] += n
 
     def put(self, kind: str | None, nbytes: int) -> None:
         """One value written (``nbytes`` of payload), under ``kind`` if given."""
@@ -104,14 +106,12 @@ class Stats:
             self._counts["puts"] += 1
             self._counts["bytes_written"] += nbytes
             if kind is not None:
-                self._kinds[kind]["put"] += 1
+                self._kinds[kind][LOOKUP_PUT.key] += 1
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = {name: self._counts[name] for name in _COUNTS}
             out.update({name: round(value, 6) for name, value in self._seconds.items()})
             out.update({name: dict(counter) for name, counter in self._reasons.items()})
-            out["by_kind"] = {
-                kind: {name: counts[name] for name in ("hit", "miss", "put")} for kind, counts in self._kinds.items()
-            }
+            out["by_kind"] = {kind: {name: counts[name] for name in OUTCOMES} for kind, counts in self._kinds.items()}
         return out

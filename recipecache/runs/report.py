@@ -4,9 +4,9 @@
 directory that ranks of any launcher wrote (:mod:`recipecache.torch_integration.autoenable`), so it lives with the run analysis
 both can import.
 
-Pure functions over the metrics format of ``docs/DEVELOPING.md`` so they can be tested
-on synthetic files. A rank whose file is missing (it crashed, or was killed before it
-could write) or unreadable is listed as such, never silently dropped: a report that
+Pure functions over the metrics format of :mod:`recipecache.metrics_schema` (every field read here is
+one of its fields) so they can be tested on synthetic files. A rank whose file is missing (it crashed, or
+was killed before it could write) or unreadable is listed as such, never silently dropped: a report that
 quietly covers fewer ranks would understate the job's stall.
 
 Per rank:
@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import metrics_schema as schema
 from ..fsutil import write_output_file
 from ..reasons import Reason
 from .events import Skipped, is_seconds, open_regular
@@ -58,27 +59,25 @@ log = logging.getLogger(__name__)
 RANK_BOUND = str(Reason.RANK_BOUND)
 _METRICS_FILE = re.compile(r"^metrics-rank(\d+)\.json\Z")
 
-#: report field -> path in the metrics file
-_COUNTS: dict[str, tuple[str, ...]] = {
-    "compiles": ("graph_compilation", "TotalNumber"),
-    "hits": ("cache", "TotalHit"),
+#: report field -> the metrics field it sums
+_COUNTS: dict[str, schema.Field] = {
+    "compiles": schema.COMPILES,
+    "hits": schema.HITS,
     # graphs torch's own local cache served (the store was not asked)
-    "local_hits": ("local_hits", "fx"),
-    "misses": ("cache", "TotalMiss"),
-    "puts": ("store", "puts"),
-    "waits": ("waits",),
+    "local_hits": schema.LOCAL_FX_HITS,
+    "misses": schema.MISSES,
+    "puts": schema.STORE_PUTS,
+    "waits": schema.WAITS,
     # artifacts refused for a bad checksum or signature (forged or tampered); compiled locally instead
-    "refused": ("refused",),
+    "refused": schema.REFUSED,
 }
-_SECONDS: dict[str, tuple[str, ...]] = {
-    "compile_s": ("graph_compilation", "TotalTime"),
-    "wait_s": ("wait_s",),
-    "saved_s": ("saved_s",),
+_SECONDS: dict[str, schema.Field] = {
+    "compile_s": schema.COMPILE_S,
+    "wait_s": schema.WAIT_S,
+    "saved_s": schema.SAVED_S,
 }
 #: fields every rank row and the total carry, in print order
 FIELDS = (*_COUNTS, *_SECONDS, "stall_s")
-#: what the metrics' ``lookups`` count per artifact kind
-OUTCOMES = ("hit", "miss", "put")
 #: the most ranks a job's metrics may say it has (``world_size``): the report lists every one it lacks
 MOST_RANKS = 1 << 20
 
@@ -130,36 +129,37 @@ def _damage(data: Any) -> str | None:
     """What makes ``data`` no metrics file (a field the report reads of the wrong type or range), or None."""
     if not isinstance(data, dict):
         return "not a JSON object"
-    for name, path in (*_COUNTS.items(), *_SECONDS.items()):
-        value = _lookup(data, path)
+    for name, field in (*_COUNTS.items(), *_SECONDS.items()):
+        value = field.read(data)
         if value is not None and not (_count(value) if name in _COUNTS else is_seconds(value)):
-            return f"{'.'.join(path)} is not a {'count' if name in _COUNTS else 'number of seconds'}"
-    fallbacks = data.get("fallbacks")
+            return f"{field.name} is not a {'count' if name in _COUNTS else 'number of seconds'}"
+    fallbacks = schema.FALLBACKS.read(data)
     if fallbacks is not None and not (isinstance(fallbacks, dict) and all(map(_count, fallbacks.values()))):
-        return "fallbacks is not a map of counts"
-    details = data.get("fallback_details")
+        return f"{schema.FALLBACKS.name} is not a map of counts"
+    details = schema.FALLBACK_DETAILS.read(data)
     if details is not None and not (isinstance(details, dict) and all(isinstance(v, str) for v in details.values())):
-        return "fallback_details is not a map of texts"
-    lookups = data.get("lookups")
+        return f"{schema.FALLBACK_DETAILS.name} is not a map of texts"
+    lookups = schema.LOOKUPS.read(data)
     if lookups is not None and not (
         isinstance(lookups, dict)
         and all(
-            isinstance(counts, dict) and all(_count(counts.get(name, 0)) for name in OUTCOMES)
+            isinstance(counts, dict) and all(_count(counts.get(name, 0)) for name in schema.OUTCOMES)
             for counts in lookups.values()
         )
     ):
-        return "lookups is not a map of hit/miss/put counts by kind"
-    settings = data.get("settings")
+        return f"{schema.LOOKUPS.name} is not a map of {'/'.join(schema.OUTCOMES)} counts by kind"
+    settings = schema.SETTINGS.read(data)
     if settings is not None and not (
         isinstance(settings, dict) and all(v is None or type(v) in (str, int, bool) for v in settings.values())
     ):
-        return "settings is not a map of texts, numbers and switches"
-    world = data.get("world_size")
+        return f"{schema.SETTINGS.name} is not a map of texts, numbers and switches"
+    world = schema.WORLD_SIZE.read(data)
     if world is not None and not (_count(world) and 1 <= world <= MOST_RANKS):
-        return f"world_size is not a number of ranks from 1 to {MOST_RANKS}"
-    for name, ok in (("host", lambda v: type(v) is str), ("pid", _count), ("wall_s", is_seconds)):
-        if data.get(name) is not None and not ok(data[name]):
-            return f"{name} is of the wrong type"
+        return f"{schema.WORLD_SIZE.name} is not a number of ranks from 1 to {MOST_RANKS}"
+    for field, ok in ((schema.HOST, lambda v: type(v) is str), (schema.PID, _count), (schema.WALL_S, is_seconds)):
+        value = field.read(data)
+        if value is not None and not ok(value):
+            return f"{field.name} is of the wrong type"
     return None
 
 
@@ -176,37 +176,28 @@ def load_graphs(events_dir: Path, *, since: float | None = None) -> dict[str, An
     return {**graphs, "skipped": asdict(skipped)}
 
 
-def _lookup(data: Mapping[str, Any], path: tuple[str, ...]) -> Any:
-    value: Any = data
-    for part in path:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(part)
-    return value
-
-
 def rank_row(rank: int, data: Mapping[str, Any]) -> dict[str, Any]:
     """One rank's line of the report from its metrics; absent fields count as 0."""
     row: dict[str, Any] = {
         "rank": rank,
         "status": "ok",
-        "host": data.get("host"),
-        "pid": data.get("pid"),
-        "wall_s": data.get("wall_s"),
+        "host": schema.HOST.read(data),
+        "pid": schema.PID.read(data),
+        "wall_s": schema.WALL_S.read(data),
     }
-    row.update({name: int(_lookup(data, path) or 0) for name, path in _COUNTS.items()})
-    row.update({name: float(_lookup(data, path) or 0.0) for name, path in _SECONDS.items()})
+    row.update({name: int(field.read(data) or 0) for name, field in _COUNTS.items()})
+    row.update({name: float(field.read(data) or 0.0) for name, field in _SECONDS.items()})
     row["stall_s"] = row["compile_s"] + row["wait_s"]
     # the integration's own count: the store's fallbacks plus lookups that failed and bad artifacts
-    fallbacks = data.get("fallbacks")
+    fallbacks = schema.FALLBACKS.read(data)
     row["fallbacks"] = {str(k): int(v) for k, v in fallbacks.items()} if isinstance(fallbacks, Mapping) else {}
-    details = data.get("fallback_details")
+    details = schema.FALLBACK_DETAILS.read(data)
     row["fallback_details"] = {str(k): str(v) for k, v in details.items()} if isinstance(details, Mapping) else {}
-    settings = data.get("settings")
+    settings = schema.SETTINGS.read(data)
     row["settings"] = dict(settings) if isinstance(settings, Mapping) else {}
-    lookups = data.get("lookups")
+    lookups = schema.LOOKUPS.read(data)
     row["lookups"] = (
-        {str(kind): {name: int(counts.get(name, 0)) for name in OUTCOMES} for kind, counts in lookups.items()}
+        {str(kind): {name: int(counts.get(name, 0)) for name in schema.OUTCOMES} for kind, counts in lookups.items()}
         if isinstance(lookups, Mapping)
         else {}
     )
@@ -250,7 +241,7 @@ def build_report(
             lookups.setdefault(kind, Counter()).update(counts)
     total["fallbacks"] = dict(fallbacks)
     total["per_rank_graphs"] = per_rank_graphs(ok)
-    total["lookups"] = {kind: {name: counts[name] for name in OUTCOMES} for kind, counts in lookups.items()}
+    total["lookups"] = {kind: {name: counts[name] for name in schema.OUTCOMES} for kind, counts in lookups.items()}
     total["ranks_reported"] = len(ok)
     total["settings_differ"] = settings_differ(ok)
     if hpu:
@@ -276,7 +267,11 @@ def build_report(
 def world_ranks(metrics: Mapping[int, Mapping[str, Any] | Unreadable]) -> list[int] | None:
     """Every rank of the job, from the world size its ranks' metrics give (the largest), so a rank that left no
     metrics is listed as missing; None when no metrics file says (an older release's)."""
-    sizes = [data["world_size"] for data in metrics.values() if isinstance(data, Mapping) and "world_size" in data]
+    sizes = [
+        size
+        for data in metrics.values()
+        if isinstance(data, Mapping) and (size := schema.WORLD_SIZE.read(data)) is not None
+    ]
     return list(range(max(sizes))) if sizes else None
 
 
@@ -293,18 +288,18 @@ def settings_differ(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[st
 
 
 def _no_stall_rows(data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """A rank's well-formed no-stall graph rows (``no_stall.graphs`` of its metrics, ``behind.graphs`` in metrics
-    an older release wrote); damaged ones left out."""
-    graphs = _lookup(data, ("no_stall", "graphs")) or _lookup(data, ("behind", "graphs"))
+    """A rank's well-formed no-stall graph rows (:data:`~recipecache.metrics_schema.NO_STALL_GRAPHS`, at its former
+    path in metrics an older release wrote); damaged ones left out."""
+    graphs = schema.NO_STALL_GRAPHS.read(data)
     if not isinstance(graphs, Mapping):
         return {}
     return {
         str(key): row
         for key, row in graphs.items()
         if isinstance(row, Mapping)
-        and _count(row.get("eager_calls"))
-        and is_seconds(row.get("compile_s"))
-        and (row.get("switched_at") is None or is_seconds(row.get("switched_at")))
+        and _count(row.get(schema.GRAPH_EAGER_CALLS.key))
+        and is_seconds(row.get(schema.GRAPH_COMPILE_S.key))
+        and (row.get(schema.GRAPH_SWITCHED_AT.key) is None or is_seconds(row.get(schema.GRAPH_SWITCHED_AT.key)))
     }
 
 
@@ -321,22 +316,25 @@ def no_stall_graphs(metrics: Mapping[int, Mapping[str, Any] | Unreadable]) -> li
                 key,
                 {
                     "key": key,
-                    "name": str(row.get("name", "graph")),
-                    "shapes": str(row.get("shapes", "")),
+                    "name": str(row.get(schema.GRAPH_NAME.key, "graph")),
+                    "shapes": str(row.get(schema.GRAPH_SHAPES.key, "")),
                     "compiled_by": [],
                     "compile_s": 0.0,
                     "ranks": {},
                 },
             )
-            if row["compile_s"]:
+            compile_s = row[schema.GRAPH_COMPILE_S.key]
+            if compile_s:
                 graph["compiled_by"].append(rank)
-                graph["compile_s"] += float(row["compile_s"])
+                graph["compile_s"] += float(compile_s)
+            eager_s: Any = row.get(schema.GRAPH_EAGER_S.key)
+            failed, unfinished = row.get(schema.GRAPH_FAILED.key), row.get(schema.GRAPH_UNFINISHED.key)
             graph["ranks"][str(rank)] = {
-                "eager_calls": int(row["eager_calls"]),
-                "eager_s": float(row["eager_s"]) if is_seconds(row.get("eager_s")) else 0.0,
-                "switched_at": row.get("switched_at"),
-                **({"failed": str(row["failed"])} if row.get("failed") else {}),
-                **({"unfinished": str(row["unfinished"])} if row.get("unfinished") else {}),
+                "eager_calls": int(row[schema.GRAPH_EAGER_CALLS.key]),
+                "eager_s": float(eager_s) if is_seconds(eager_s) else 0.0,
+                "switched_at": row.get(schema.GRAPH_SWITCHED_AT.key),
+                **({"failed": str(failed)} if failed else {}),
+                **({"unfinished": str(unfinished)} if unfinished else {}),
             }
     return list(out.values())
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .. import metrics_schema as schema
 from ..keylog import cpu_summary
 
 #: label parts are cut to this many characters (they travel in envelope headers and event logs)
@@ -108,6 +109,10 @@ def process_context() -> dict[str, Any]:
     }
 
 
+#: torch's local caches by the metrics field that counts their hits
+_LOCAL_CACHES = {schema.LOCAL_FX_HITS: "LocalFxGraphCache", schema.LOCAL_AOT_HITS: "LocalAOTAutogradCache"}
+
+
 def local_hits() -> dict[str, int]:
     """Graphs (FX) and AOTAutograd entries torch served from its own local cache in this process.
 
@@ -120,9 +125,8 @@ def local_hits() -> dict[str, int]:
         from torch._inductor.remote_cache import cache_stats
 
         stats = cache_stats._stats
-        return {
-            "fx": int(stats["LocalFxGraphCache"].hit) if "LocalFxGraphCache" in stats else 0,
-            "aot": int(stats["LocalAOTAutogradCache"].hit) if "LocalAOTAutogradCache" in stats else 0,
-        }
+        return schema.record(
+            {field: int(stats[name].hit) if name in stats else 0 for field, name in _LOCAL_CACHES.items()}
+        )
     except Exception:  # noqa: BLE001 - another torch: the report shows no local hits rather than failing
         return {}

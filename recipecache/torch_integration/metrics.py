@@ -1,4 +1,4 @@
-"""Per-process metrics of the torch integration, in the format of docs/DEVELOPING.md.
+"""Per-process metrics of the torch integration, in the format of :mod:`recipecache.metrics_schema`.
 
 The launcher's report sums these files over ranks, so every number is about *this*
 process: graphs it compiled (inductor codegen that actually ran here), seconds it
@@ -28,20 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import metrics_schema as schema
 from ..env import process_rank, process_world_size
 from ..fsutil import write_atomic
 from ..reasons import REFUSED, PrecompileDetail, PrecompileShapes, Reason
 from ..store import Store
 
 log = logging.getLogger(__name__)
-
-#: artifact kinds looked up and published (the store's ``kind``); ``precompiled`` is a whole function (the
-#: precompiled tier), ``strides`` a forward's output strides (overlap: what a rank needs to compile the backward
-#: of a forward another rank compiles)
-LOOKUP_KINDS = ("fx", "aot", "pgo", "isa", "autotune", "precompiled", "strides")
-#: the kinds of ``cache`` TotalHit/TotalMiss: lookups that stand for a compile (FX graphs, precompiled functions)
-GRAPH_KINDS = ("fx", "precompiled")
-
 
 #: fallbacks of the precompiled tier listed with their cause per process (the counts go on past it)
 MAX_FALLBACK_DETAILS = 32
@@ -51,10 +44,10 @@ MAX_DETAIL_CHARS = 500
 
 def fallback_record(detail: PrecompileDetail | Reason, message: str, error: BaseException | None) -> dict[str, str]:
     """One line of ``precompile_fallback_details``: the detail, the tier's message and the exception behind it."""
-    record = {"detail": str(detail), "message": _bounded(message)}
-    if error is not None:
-        record["error"] = _bounded(describe_error(error))
-    return record
+    cause = {schema.PRECOMPILE_FALLBACK_ERROR: _bounded(describe_error(error))} if error is not None else {}
+    return schema.record(
+        {schema.PRECOMPILE_FALLBACK_DETAIL: str(detail), schema.PRECOMPILE_FALLBACK_MESSAGE: _bounded(message), **cause}
+    )
 
 
 def describe_error(error: BaseException) -> str:
@@ -66,6 +59,11 @@ def describe_error(error: BaseException) -> str:
 
 def _bounded(text: str) -> str:
     return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
+
+
+def _rounded(figure: float) -> float:
+    """A no-stall figure as the file gives it: seconds to the microsecond, counts as they are."""
+    return round(figure, 6) if isinstance(figure, float) else figure
 
 
 def metrics_path(template: str | None, rank: int) -> Path | None:
@@ -90,8 +88,7 @@ class Metrics:
         self._flush = flush and path is not None
         self._lock = threading.Lock()
         self._started = time.monotonic()
-        #: when enable() started and ended (Unix times), so a job's timeline shows what enabling cost
-        #: when enable() began and ended (Unix seconds; :meth:`enabled`)
+        #: when enable() began and ended (Unix seconds; :meth:`enabled`), so a job's timeline shows what enabling cost
         self._enable_span: tuple[float, float] | None = None
         self._saved_s = 0.0
         self._fallbacks: Counter[str] = Counter()
@@ -99,7 +96,7 @@ class Metrics:
         self._warned: set[str] = set()
         #: reason -> what its first fallback here said (the warning's text): the report says why, not only how often
         self._fallback_details: dict[str, str] = {}
-        self._kernels = {"installed": 0, "shipped": 0}
+        self._kernels = dict.fromkeys((schema.KERNELS_INSTALLED, schema.KERNELS_SHIPPED), 0)
         #: the job's ranks when enable() ran: a framework may drop its variables before the last write at exit
         #: (Lightning's teardown deletes ``WORLD_SIZE``)
         self._world_size = process_world_size()
@@ -110,26 +107,8 @@ class Metrics:
         self._precompile_fallback_details: list[dict[str, str]] = []
         self._precompile_shapes: Counter[str] = Counter()
         self._stale_sources = 0
-        #: no-stall (:mod:`.no_stall.controller`): calls run without inductor and their seconds, switches to the
-        #: compiled graph, compiles run behind the steps and their seconds, those that failed, those ended
-        #: unfinished at exit (past the exit grace), and calls after a switch whose inputs the compiled graph's
-        #: guards rejected (run without inductor)
-        self._no_stall: dict[str, float] = dict.fromkeys(
-            (
-                "eager_calls",
-                "eager_s",
-                "switches",
-                "compiles",
-                "compile_s",
-                "failed",
-                "unfinished",
-                "workers",
-                "retries",
-                "key_mismatches",
-                "guard_rejected",
-            ),
-            0,
-        )
+        #: no-stall's counters (:mod:`.no_stall.controller`; :data:`~recipecache.metrics_schema.NO_STALL_COUNTS`)
+        self._no_stall: dict[str, float] = dict.fromkeys((field.key for field in schema.NO_STALL_COUNTS), 0)
         #: per graph key, what no-stall did with it here (:meth:`follow_no_stall`; the report's rows)
         self._no_stall_graphs: Callable[[], dict[str, Any]] | None = None
         self._write_failed = False
@@ -223,74 +202,74 @@ class Metrics:
         self.changed()
 
     def no_stall(self, **counts: float) -> None:
-        """No-stall figures to add (``eager_calls``, ``eager_s``, ``switches``, ``compiles``, ``compile_s``, ``failed``,
-        ``unfinished`` (ended at exit),
-        ``workers`` started, ``retries`` of a failed compile, ``key_mismatches`` (a worker computed another key),
-        ``guard_rejected`` calls).
+        """No-stall figures to add, by their names in the file (:data:`~recipecache.metrics_schema.NO_STALL_COUNTS`:
+        ``eager_calls``, ``switches``, ``compiles``, ``failed``, ...).
 
         An eager call changes only counters the report sums at the end, so it rewrites no file.
         """
         with self._lock:
             for name, n in counts.items():
                 self._no_stall[name] += n
-        if set(counts) - {"eager_calls", "eager_s"}:
+        if set(counts) - {schema.NO_STALL_EAGER_CALLS.key, schema.NO_STALL_EAGER_S.key}:
             self.changed()
 
     def kernels(self, *, installed: int = 0, shipped: int = 0) -> None:
         with self._lock:
-            self._kernels["installed"] += installed
-            self._kernels["shipped"] += shipped
+            self._kernels[schema.KERNELS_INSTALLED] += installed
+            self._kernels[schema.KERNELS_SHIPPED] += shipped
         self.changed()
 
     # -- output ----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
+        """This process's figures, as its metrics file gives them (:func:`~recipecache.metrics_schema.document`)."""
         store = self.store.stats()
         compiles, compile_s, wait_s = store["compiles"], store["compile_s"], store["wait_s"]
-        misses = store["misses_by_reason"]
+        misses_by_reason = store["misses_by_reason"]
         # the store's fallbacks (it could not coordinate) and the integration's own: each event is in one of them
         fallbacks = Counter({str(k): v for k, v in store["fallback_by_reason"].items()})
-        lookups = {kind: store["by_kind"].get(kind, {"hit": 0, "miss": 0, "put": 0}) for kind in LOOKUP_KINDS}
+        lookups = {kind: store["by_kind"].get(kind, dict.fromkeys(schema.OUTCOMES, 0)) for kind in schema.LOOKUP_KINDS}
         # graph lookups, and whole functions the precompiled tier looked up
-        graphs = {k: sum(lookups[kind][k] for kind in GRAPH_KINDS) for k in ("hit", "miss")}
+        hits, misses = (
+            sum(lookups[kind][field.key] for kind in schema.GRAPH_KINDS)
+            for field in (schema.LOOKUP_HIT, schema.LOOKUP_MISS)
+        )
         local = self._local_hits() if self._local_hits is not None else {}
         no_stall_graphs = self._no_stall_graphs() if self._no_stall_graphs is not None else {}
         with self._lock:
             fallbacks.update({str(k): v for k, v in self._fallbacks.items()})
-            out: dict[str, Any] = {
-                "rank": process_rank(),
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "world_size": self._world_size,
-                "settings": dict(self._settings),
-                "wall_s": round(time.monotonic() - self._started, 6),
-                "enable": self._enable_record(),
-                "graph_compilation": {
-                    "TotalNumber": compiles,
-                    "TotalTime": round(compile_s, 6),
-                    "AvgTime": round(compile_s / compiles, 6) if compiles else 0.0,
-                },
-                "cache": {"TotalHit": graphs["hit"], "TotalMiss": graphs["miss"]},
-                "local_hits": local,
-                "waits": store["waits"],
-                "wait_s": round(wait_s, 6),
-                "stall_s": round(compile_s + wait_s, 6),
-                "saved_s": round(self._saved_s, 6),
-                "refused": sum(n for reason, n in misses.items() if reason in REFUSED),
-                "fallbacks": dict(fallbacks),
-                "fallback_details": dict(self._fallback_details),
-                "lookups": lookups,
-                "kernels": dict(self._kernels),
-                "precompile_fallbacks": {str(k): v for k, v in self._precompile_fallbacks.items()},
-                "precompile_fallback_details": [dict(d) for d in self._precompile_fallback_details],
-                "precompile_shapes": {str(k): v for k, v in self._precompile_shapes.items()},
-                "stale_sources": self._stale_sources,
-                "no_stall": {
-                    **{k: round(v, 6) if isinstance(v, float) else v for k, v in self._no_stall.items()},
-                    "graphs": no_stall_graphs,
-                },
-                "store": store,
-            }
-        return out
+            return schema.document(
+                {
+                    schema.RANK: process_rank(),
+                    schema.HOST: socket.gethostname(),
+                    schema.PID: os.getpid(),
+                    schema.WORLD_SIZE: self._world_size,
+                    schema.SETTINGS: dict(self._settings),
+                    schema.WALL_S: round(time.monotonic() - self._started, 6),
+                    schema.ENABLE: self._enable_record(),
+                    schema.COMPILES: compiles,
+                    schema.COMPILE_S: round(compile_s, 6),
+                    schema.AVERAGE_COMPILE_S: round(compile_s / compiles, 6) if compiles else 0.0,
+                    schema.HITS: hits,
+                    schema.MISSES: misses,
+                    schema.LOCAL_HITS: local,
+                    schema.WAITS: store["waits"],
+                    schema.WAIT_S: round(wait_s, 6),
+                    schema.STALL_S: round(compile_s + wait_s, 6),
+                    schema.SAVED_S: round(self._saved_s, 6),
+                    schema.REFUSED: sum(n for reason, n in misses_by_reason.items() if reason in REFUSED),
+                    schema.FALLBACKS: dict(fallbacks),
+                    schema.FALLBACK_DETAILS: dict(self._fallback_details),
+                    schema.LOOKUPS: lookups,
+                    **self._kernels,
+                    schema.PRECOMPILE_FALLBACKS: {str(k): v for k, v in self._precompile_fallbacks.items()},
+                    schema.PRECOMPILE_FALLBACK_DETAILS: [dict(d) for d in self._precompile_fallback_details],
+                    schema.PRECOMPILE_SHAPES: {str(k): v for k, v in self._precompile_shapes.items()},
+                    schema.STALE_SOURCES: self._stale_sources,
+                    **{field: _rounded(self._no_stall[field.key]) for field in schema.NO_STALL_COUNTS},
+                    schema.NO_STALL_GRAPHS: no_stall_graphs,
+                    schema.STORE: store,
+                }
+            )
 
     def settings(self, **chosen: str | int | bool | None) -> None:
         """What this rank runs with that the ranks of a job must agree on (thread count, namespace, ...), whichever
@@ -317,7 +296,7 @@ class Metrics:
         if self._enable_span is None:
             return None
         start, end = self._enable_span
-        return {"start": round(start, 6), "s": round(end - start, 6)}
+        return schema.record({schema.ENABLE_START: round(start, 6), schema.ENABLE_S: round(end - start, 6)})
 
     def write(self, *, if_changed: bool = False) -> None:
         """Write the snapshot atomically to :attr:`path`; a failure is logged once and never raised.
@@ -327,7 +306,7 @@ class Metrics:
         if self.path is None:
             return
         snapshot = self.snapshot()
-        figures = {name: value for name, value in snapshot.items() if name != "wall_s"}
+        figures = {name: value for name, value in snapshot.items() if name != schema.WALL_S.key}
         if if_changed and figures == self._written:
             return
         try:

@@ -70,6 +70,7 @@ from typing import Any
 
 import torch
 
+from ... import metrics_schema as schema
 from ...reasons import Reason, Role
 from ...store import Flight, Store
 from ..deferral import Deferred
@@ -112,18 +113,24 @@ class _Graph:
     guard_rejected: int = 0
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "shapes": self.shapes,
-            "eager_calls": self.eager_calls,
-            "eager_s": round(self.eager_s, 6),
-            "switched_at": self.switched_at,
-            "switch_s": round(self.switch_s, 6),
-            "compile_s": round(self.compile_s, 6),
-            **({"failed": self.failed} if self.failed else {}),
-            **({"unfinished": self.unfinished} if self.unfinished else {}),
-            **({"guard_rejected": self.guard_rejected} if self.guard_rejected else {}),
+        """The row in the metrics (:data:`~recipecache.metrics_schema.NO_STALL_GRAPHS`); what did not happen left out."""
+        happened = {
+            schema.GRAPH_FAILED: self.failed,
+            schema.GRAPH_UNFINISHED: self.unfinished,
+            schema.GRAPH_GUARD_REJECTED: self.guard_rejected,
         }
+        return schema.record(
+            {
+                schema.GRAPH_NAME: self.name,
+                schema.GRAPH_SHAPES: self.shapes,
+                schema.GRAPH_EAGER_CALLS: self.eager_calls,
+                schema.GRAPH_EAGER_S: round(self.eager_s, 6),
+                schema.GRAPH_SWITCHED_AT: self.switched_at,
+                schema.GRAPH_SWITCH_S: round(self.switch_s, 6),
+                schema.GRAPH_COMPILE_S: round(self.compile_s, 6),
+                **{field: value for field, value in happened.items() if value},
+            }
+        )
 
 
 @dataclass
@@ -270,7 +277,7 @@ class NoStall:
             return self.graphs.setdefault(key, _Graph(key, *what))
 
     def snapshot(self) -> dict[str, Any]:
-        """Per graph key, what no-stall did with it in this process (the metrics' ``behind.graphs``)."""
+        """Per graph key, what no-stall did with it in this process (the metrics' ``no_stall.graphs``)."""
         with self._lock:
             return {key: graph.as_json() for key, graph in self.graphs.items()}
 

@@ -34,6 +34,7 @@ import traceback
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from ... import metrics_schema as schema
 from ...parent_death import die_with_parent
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def _compile_hooked(job: dict[str, Any], first: bool, integration: Any, metrics:
         start = time.perf_counter()
         compile_fx._compile_fx_inner(wire.gm, wire.example_inputs, **wire.graph_kwargs)
         seconds = time.perf_counter() - start
-    published = metrics.snapshot()["lookups"]["fx"]
+    published = schema.LOOKUPS.read(metrics.snapshot())["fx"]
     key = integration.last_key
     if key is None:  # torch's local cache (shared with the rank) had it: nothing to publish
         return {"compile_s": seconds}
@@ -111,10 +112,10 @@ def _compile_hooked(job: dict[str, Any], first: bool, integration: Any, metrics:
             "inline": True,
             "key_mismatch": True,
         }
-    if not published["put"] and not published["hit"]:
+    if not published[schema.LOOKUP_PUT.key] and not published[schema.LOOKUP_HIT.key]:
         # the store failed (an outage, a full store): the compiled graph is in torch's local cache,
         # which the rank shares, so the rank still switches to it; the store's reasons go with it
-        return {"compile_s": seconds, "unpublished": sorted(metrics.snapshot()["fallbacks"])}
+        return {"compile_s": seconds, "unpublished": sorted(schema.FALLBACKS.read(metrics.snapshot()))}
     return {"compile_s": seconds}
 
 
