@@ -244,6 +244,7 @@ def build_report(
     total["lookups"] = {kind: {name: counts[name] for name in schema.OUTCOMES} for kind, counts in lookups.items()}
     total["ranks_reported"] = len(ok)
     total["settings_differ"] = settings_differ(ok)
+    total["compile_balance"] = compile_balance(ok)
     if hpu:
         figures: Counter[str] = Counter()
         for r in ok:
@@ -285,6 +286,47 @@ def settings_differ(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[st
             entry = values.setdefault(name, {}).setdefault(json.dumps(value), {"value": value, "ranks": []})
             entry["ranks"].append(row["rank"])
     return {name: list(by_value.values()) for name, by_value in sorted(values.items()) if len(by_value) > 1}
+
+
+def compile_balance(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """How the job's compile seconds fell on its ranks and nodes (issue 47): a cold job's wall is set by the rank
+    with the most compile work on its path, not by the job's total. ``largest_over_mean`` is the busiest rank's
+    seconds over the mean of all reporting ranks (1.0: evenly spread), ``by_node`` the seconds and ranks per host,
+    with the same ratio over nodes. None with fewer than two ranks or no compile."""
+    ranks = [r for r in rows if r.get("status", "ok") == "ok"]
+    total = sum(r["compile_s"] for r in ranks)
+    if len(ranks) < 2 or total <= 0:
+        return None
+    busiest = max(ranks, key=lambda r: (r["compile_s"], -r["rank"]))
+    by_node: dict[str, dict[str, Any]] = {}
+    for r in ranks:
+        node = by_node.setdefault(str(r.get("host") or "?"), {"compile_s": 0.0, "ranks": []})
+        node["compile_s"] += r["compile_s"]
+        node["ranks"].append(r["rank"])
+    node_mean = total / len(by_node)
+    return {
+        "mean_s": total / len(ranks),
+        "largest_s": busiest["compile_s"],
+        "largest_rank": busiest["rank"],
+        "largest_over_mean": busiest["compile_s"] / (total / len(ranks)),
+        "by_node": dict(sorted(by_node.items())),
+        "node_largest_over_mean": max(node["compile_s"] for node in by_node.values()) / node_mean,
+    }
+
+
+def format_compile_balance(balance: Mapping[str, Any] | None) -> list[str]:
+    if balance is None:
+        return []
+    nodes = "; ".join(
+        f"{host} {node['compile_s']:.1f} s (rank{'s' if len(node['ranks']) > 1 else ''} "
+        f"{', '.join(map(str, node['ranks']))})"
+        for host, node in balance["by_node"].items()
+    )
+    return [
+        f"compile seconds: rank {balance['largest_rank']} compiled longest, {balance['largest_s']:.1f} s, "
+        f"{balance['largest_over_mean']:.2f}x the mean of {balance['mean_s']:.1f} s per rank; by node: {nodes}"
+        + (f" (largest {balance['node_largest_over_mean']:.2f}x the mean)" if len(balance["by_node"]) > 1 else "")
+    ]
 
 
 def _no_stall_rows(data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -379,6 +421,7 @@ def format_report(report: Mapping[str, Any]) -> str:
             + ", ".join(f"{kind} {counts['hit']}/{counts['miss']}/{counts['put']}" for kind, counts in kinds.items())
             + " (the hits and misses columns count graph lookups, the puts column every kind)"
         )
+    lines += format_compile_balance(report["total"].get("compile_balance"))
     if report["expected_ranks"] is None:
         lines.append(
             f"ranks of this node unknown before the job (elastic rendezvous): "

@@ -12,9 +12,11 @@ from typing import Any
 from recipecache.runs.report import build_report, format_report, load_metrics, world_ranks
 
 
-def metrics(rank: int, *, threads: int = 1, world_size: int = 3, compiles: int = 1) -> dict[str, Any]:
+def metrics(
+    rank: int, *, threads: int = 1, world_size: int = 3, compiles: int = 1, host: str = "h"
+) -> dict[str, Any]:
     return {
-        "rank": rank, "world_size": world_size, "host": "h", "pid": 100 + rank, "wall_s": 1.0,
+        "rank": rank, "world_size": world_size, "host": host, "pid": 100 + rank, "wall_s": 1.0,
         "graph_compilation": {"TotalNumber": compiles, "TotalTime": 2.5 * compiles},
         "cache": {"TotalHit": 1, "TotalMiss": compiles}, "store": {"puts": compiles},
         "settings": {"threads": threads, "namespace": "train", "cache": "file:///s", "node_tier": True},
@@ -80,3 +82,28 @@ def test_a_run_directory_that_does_not_exist_is_one_line_and_exit_2(tmp_path: Pa
     proc = cli("report", str(tmp_path / "nope"))
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == f"recipecache: error: {tmp_path / 'nope'}: no such run directory\n"
+
+
+def test_compile_seconds_are_shown_per_rank_and_node_with_the_largest_over_the_mean(tmp_path: Path) -> None:
+    """Issue 47: a cold job's wall is set by the rank with the most compile work, so the report says who that was."""
+    for rank, (compiles, host) in enumerate(((4, "a"), (2, "a"), (1, "b"), (1, "b"))):
+        write(tmp_path, rank, metrics(rank, compiles=compiles, world_size=4, host=host))
+    found = load_metrics(tmp_path)
+    report = build_report(found, world_ranks(found))
+    balance = report["total"]["compile_balance"]
+    assert balance["largest_rank"] == 0 and balance["largest_s"] == 10.0 and balance["mean_s"] == 5.0
+    assert balance["largest_over_mean"] == 2.0
+    assert balance["by_node"] == {"a": {"compile_s": 15.0, "ranks": [0, 1]}, "b": {"compile_s": 5.0, "ranks": [2, 3]}}
+    assert balance["node_largest_over_mean"] == 1.5
+    assert ("compile seconds: rank 0 compiled longest, 10.0 s, 2.00x the mean of 5.0 s per rank; by node: "
+            "a 15.0 s (ranks 0, 1); b 5.0 s (ranks 2, 3) (largest 1.50x the mean)") in format_report(report)
+
+
+def test_no_balance_without_compiles_or_with_one_rank(tmp_path: Path) -> None:
+    write(tmp_path, 0, metrics(0, world_size=1))
+    found = load_metrics(tmp_path)
+    assert build_report(found, world_ranks(found))["total"]["compile_balance"] is None
+    write(tmp_path, 1, metrics(1, world_size=2, compiles=0))
+    write(tmp_path, 0, metrics(0, world_size=2, compiles=0))
+    found = load_metrics(tmp_path)
+    assert build_report(found, world_ranks(found))["total"]["compile_balance"] is None
