@@ -22,7 +22,11 @@ process holds from it:
   artifact a miss.
 
 Two processes that imported the same source (and set the same globals) get the same
-digest; any change of what a process runs changes it, whatever the disk holds. A file
+digest; any change of what a process runs changes it, whatever the disk holds. A module
+generated at run time into the temporary directory (torch_geometric renders each
+``MessagePassing``'s ``propagate`` into ``$TMPDIR/<module>_<random>.py``) is named by its module,
+``module:<name>``, not by a path no other process has: the module of that name in the
+loading process is digested instead, from whatever file it was generated into. A file
 this process holds no module of yet is imported by the name it loads under (a model's lazy
 import, which the call checked would make); one that still has none has no digest: an
 artifact naming it is not loaded. This
@@ -41,6 +45,7 @@ import importlib.util
 import logging
 import os
 import sys
+import tempfile
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -71,8 +76,37 @@ def of_traced(codes: Iterable[types.CodeType]) -> tuple[SourceFile, ...]:
     out = []
     for path in sorted(by_file):
         names = tuple(sorted({name for code in by_file[path] for c in _nested(code) for name in _globals_read(c)}))
-        out.append(SourceFile(path, _digest(path, namespaces.get(path, []), names, by_file[path]), names))
+        digest = _digest(path, namespaces.get(path, []), names, by_file[path])
+        out.append(SourceFile(_generated_name(path) or path, digest, names))
     return tuple(out)
+
+
+#: how a module generated into the temporary directory is named among an artifact's sources
+GENERATED = "module:"
+
+
+def _generated_name(path: str) -> str | None:
+    """``module:<name>`` for a file in this process's temporary directory that a loaded module was generated into
+    under a file name of its own (not ``<name>.py``: a temporary file's), else None: that path is this process's
+    alone. A module or script that merely lives there keeps its path."""
+    if not path.startswith(os.path.join(tempfile.gettempdir(), "")):
+        return None
+    stem = os.path.splitext(os.path.basename(path))[0]
+    names = sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if getattr(module, "__file__", None) == path and name != "__main__" and name.rpartition(".")[2] != stem
+    )
+    return f"{GENERATED}{names[0]}" if names else None
+
+
+def _current_generated(source: SourceFile) -> SourceFile:
+    """The digest of the module ``source`` names (``module:<name>``), from the file this process generated it into."""
+    module = sys.modules.get(source.path[len(GENERATED) :])
+    path = getattr(module, "__file__", None)
+    if module is None or not isinstance(path, str):
+        return SourceFile(source.path, MISSING, source.names)
+    return SourceFile(source.path, _digest(path, [vars(module)], source.names, ()), source.names)
 
 
 def current(sources: Iterable[SourceFile]) -> tuple[SourceFile, ...]:
@@ -84,13 +118,19 @@ def current(sources: Iterable[SourceFile]) -> tuple[SourceFile, ...]:
     (``source_changed``, issue 44 item 5).
     """
     sources = list(sources)
-    namespaces = _namespaces(s.path for s in sources)
-    missing = [s.path for s in sources if s.path not in namespaces]
+    files = [s.path for s in sources if not s.path.startswith(GENERATED)]
+    namespaces = _namespaces(files)
+    missing = [path for path in files if path not in namespaces]
     if missing:
         for path in missing:
             _import_file(path)
-        namespaces = _namespaces(s.path for s in sources)
-    return tuple(SourceFile(s.path, _digest(s.path, namespaces.get(s.path, []), s.names, ()), s.names) for s in sources)
+        namespaces = _namespaces(files)
+    return tuple(
+        _current_generated(s)
+        if s.path.startswith(GENERATED)
+        else SourceFile(s.path, _digest(s.path, namespaces.get(s.path, []), s.names, ()), s.names)
+        for s in sources
+    )
 
 
 def stale(sources: Iterable[SourceFile]) -> list[str]:

@@ -587,6 +587,39 @@ def test_code_digests_follow_the_code_this_process_runs_not_the_file(tmp_path: P
     assert code_digest.stale([gone]) == [gone.path], "a file this process holds no code of"
 
 
+def test_a_module_generated_into_the_temporary_directory_is_named_by_its_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch_geometric renders each MessagePassing's ``propagate`` into ``$TMPDIR/<module>_<random>.py`` under a fixed
+    module name: a path no other process has, so every artifact naming it was ``source_changed`` elsewhere and a
+    fresh job compiled again. Such a file is named by its module; the loader digests its own module of that name."""
+    import importlib.util
+    import tempfile
+
+    from recipecache.torch_integration.precompiled import code_digest
+
+    def generate(directory: Path, suffix: str, code: str) -> Any:
+        directory.mkdir(exist_ok=True)
+        monkeypatch.setattr(tempfile, "tempdir", str(directory))
+        path = directory / f"gen_propagate_{suffix}.py"
+        path.write_text(code)
+        spec = importlib.util.spec_from_file_location("gen_propagate", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, "gen_propagate", module)
+        spec.loader.exec_module(module)
+        return module
+
+    built = code_digest.of_traced([generate(tmp_path / "producer", "n9e_gi6a", CODE_V1).f.__code__])
+    assert [s.path for s in built] == ["module:gen_propagate"]
+    generate(tmp_path / "loader", "vx5d_0uq", CODE_V1)  # another process: the same code, another file name
+    assert code_digest.stale(built) == [] and code_digest.current(built) == built
+    generate(tmp_path / "loader", "k2p_7zz", CODE_V1.replace("x + SHIFT", "x - 5"))  # other code under that name
+    assert code_digest.stale(built) == ["module:gen_propagate"]
+    monkeypatch.delitem(sys.modules, "gen_propagate")
+    assert code_digest.stale(built) == ["module:gen_propagate"], "a process without the module"
+
+
 UNIT_CFG = """import torch
 
 SCALE = 2.0
