@@ -1,9 +1,9 @@
 """The patch table: what enable() changes in torch, how it is put back, and the backend classes torch builds.
 
 torch builds its remote-cache backends itself, with no arguments, so they find the
-enabled :class:`~.graphs.hooks.Integration` through this module's ``_active``; every wrapper
+enabled :class:`~.graphs.integration.Integration` through this module's ``_active``; every wrapper
 here does torch's own work and hands what it learned to that integration, which knows
-keys, flights and artifacts (:mod:`.graphs.hooks`). Which hooks are installed is
+keys, flights and artifacts (:mod:`.graphs.integration`). Which hooks are installed is
 :mod:`.compat`'s call; the table is grouped by its hook names, each entry one
 ``(owner, attribute, new value)``.
 """
@@ -31,8 +31,7 @@ from torch._inductor.cpu_vec_isa import VecISA
 from ..reasons import Reason
 from ..store import Store
 from . import compat, deferral, describe, rank_binding
-from .graphs import hooks
-from .graphs.hooks import Integration
+from .graphs.integration import Integration, WaitingGraph, save_when_loaded, waiting_graph_in
 from .metrics import Metrics
 
 if TYPE_CHECKING:
@@ -283,12 +282,12 @@ def _overlap(integration: Integration) -> list[Patch]:
 
     def _cache_autograd_info(*args: Any, **kwargs: Any) -> Any:
         """AOTAutograd's cache entry of a compile: saved now, or (the backward compiled lazily) after that compile.
-        An entry naming a graph that waits for its first call (overlap, :class:`.graphs.hooks.WaitingGraph`) is saved
+        An entry naming a graph that waits for its first call (overlap, :class:`.graphs.integration.WaitingGraph`) is saved
         once that graph is loaded: the entry names the loaded graph's key and guards."""
         bound = inspect.signature(original_cache_info).bind(*args, **kwargs)
-        forward = hooks.waiting_graph_in(bound.arguments["compiled_fw_func"])
+        forward = waiting_graph_in(bound.arguments["compiled_fw_func"])
         backward_func = bound.arguments["compiled_bw_func"]
-        backward = hooks.waiting_graph_in(backward_func)
+        backward = waiting_graph_in(backward_func)
         if forward is None and backward is None:
             try_save, entry = original_cache_info(*args, **kwargs)
             return (None if try_save is None else _saving_when_loaded(try_save, [])), entry
@@ -305,15 +304,15 @@ def _overlap(integration: Integration) -> list[Patch]:
             bound.arguments["aot_config"],
         )
         waiting = [g for g in (forward, backward) if g is not None]
-        return None, hooks.save_when_loaded(functools.partial(try_save, *arguments), waiting)
+        return None, save_when_loaded(functools.partial(try_save, *arguments), waiting)
 
-    def _saving_when_loaded(try_save: Any, waiting: list[hooks.WaitingGraph]) -> Any:
+    def _saving_when_loaded(try_save: Any, waiting: list[WaitingGraph]) -> Any:
         """AOTAutograd's function saving an entry after a lazy backward compile, which may give a WaitingGraph."""
 
         def save(compiled_bw_func: Any, *rest: Any) -> Any:
-            backward = hooks.waiting_graph_in(compiled_bw_func)
+            backward = waiting_graph_in(compiled_bw_func)
             graphs = [*waiting, *([backward] if backward is not None else [])]
-            return hooks.save_when_loaded(functools.partial(try_save, backward or compiled_bw_func, *rest), graphs)
+            return save_when_loaded(functools.partial(try_save, backward or compiled_bw_func, *rest), graphs)
 
         return save
 

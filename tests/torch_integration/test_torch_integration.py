@@ -465,11 +465,11 @@ def test_pgo_merge_keeps_another_ranks_dynamic_decision() -> None:
 @pytest.fixture
 def integration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The hooks' shared state on a memory store, without touching torch's settings."""
-    from recipecache.torch_integration.graphs import hooks as _hooks
+    from recipecache.torch_integration.graphs import integration as _integration
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     store = recipecache.open_store("memory://", namespace=NAMESPACE)
-    it = _hooks.Integration(store, Metrics(store, None, flush=False), wait_timeout=0.5)
+    it = _integration.Integration(store, Metrics(store, None, flush=False), wait_timeout=0.5)
     yield it
     it.end_attempt()
 
@@ -481,10 +481,10 @@ def _another(integration: Any, *, wait_timeout: float = 0.5) -> Any:
     """Another process's integration on the same backend: its own store (whose counters its metrics view), metrics
     and per-thread attempt."""
     from recipecache.store import Store
-    from recipecache.torch_integration.graphs import hooks as _hooks
+    from recipecache.torch_integration.graphs import integration as _integration
 
     store = Store(integration.store.backend, integration.store.settings)
-    return _hooks.Integration(store, Metrics(store, None, flush=False), wait_timeout=wait_timeout)
+    return _integration.Integration(store, Metrics(store, None, flush=False), wait_timeout=wait_timeout)
 
 
 def _fx_entry(guards: str | None) -> bytes:
@@ -633,11 +633,11 @@ def test_an_autograd_entry_saved_at_the_backward_is_stored_under_the_key_its_loo
     import torch
 
     from recipecache import torch_integration
-    from recipecache.torch_integration.graphs import hooks as _hooks
+    from recipecache.torch_integration.graphs import integration as _integration
 
     asked: list[str] = []
     saved: list[str] = []
-    fetch, put = _hooks.Integration.fetch, _hooks.Integration._put
+    fetch, put = _integration.Integration.fetch, _integration.Integration._put
 
     def fetching(self: Any, kind: str, key: str) -> Any:
         if kind == "aot":
@@ -650,8 +650,8 @@ def test_an_autograd_entry_saved_at_the_backward_is_stored_under_the_key_its_loo
         return put(self, kind, key, *args, **kwargs)
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(_hooks.Integration, "fetch", fetching)
-    monkeypatch.setattr(_hooks.Integration, "_put", putting)
+    monkeypatch.setattr(_integration.Integration, "fetch", fetching)
+    monkeypatch.setattr(_integration.Integration, "_put", putting)
     torch_integration.enable("memory://", namespace=NAMESPACE + "-aot-key")
     try:
         compiled = torch.compile(torch.nn.Linear(4, 4), dynamic=False)
@@ -683,7 +683,7 @@ def test_the_cpu_fingerprint_is_computed_once_and_an_override_is_checked(monkeyp
 def test_pgo_state_is_merged_with_compare_and_set_and_only_news_are_written(integration: Any) -> None:
     from torch._dynamo.pgo import CodeId, CodeState, FrameStateSizeEntry, auto_dynamic
 
-    from recipecache.torch_integration.graphs.hooks import KEY_PREFIX
+    from recipecache.torch_integration.graphs.integration import KEY_PREFIX
 
     def encode(code_id: CodeId, size: tuple[Any, ...]) -> bytes:
         table: defaultdict[CodeId, CodeState] = defaultdict(CodeState)
@@ -737,11 +737,11 @@ def test_a_hit_found_unusable_is_counted_once_as_a_miss_by_the_store_and_the_met
 def test_a_failed_store_is_one_fallback_not_two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 19: a CPU probe's flight that the store could not coordinate is the store's fallback, counted once
     (it was counted by the store and again by the metrics)."""
-    from recipecache.torch_integration.graphs import hooks as _hooks
+    from recipecache.torch_integration.graphs import integration as _integration
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     store = recipecache.open_store(DOWN_URL, namespace=NAMESPACE)
-    it = _hooks.Integration(store, Metrics(store, None, flush=False), wait_timeout=0.5)
+    it = _integration.Integration(store, Metrics(store, None, flush=False), wait_timeout=0.5)
     flight = it.probes.probe_flight("torch3:isa-probe1:k")
     assert flight is not None and flight.reason == "backend_down"
     m = it.metrics.snapshot()
@@ -816,7 +816,7 @@ def _reload_counting(waiter: Any, loads: list[str]) -> Callable[[], Any]:
 def test_overlap_a_busy_forward_gets_its_leaders_strides_and_waits_at_its_first_call_a_dead_leader_taken_over(
     integration: Any,
 ) -> None:
-    from recipecache.torch_integration.graphs.hooks import WaitingGraph
+    from recipecache.torch_integration.graphs.integration import WaitingGraph
 
     leader, waiter = _overlapping(integration)
     deferred: list[Any] = []
@@ -914,7 +914,7 @@ def test_overlap_a_busy_backward_is_waited_for_at_its_first_call_and_loads_the_l
 
 def test_overlap_an_autograd_entry_naming_waiting_graphs_is_saved_once_all_are_loaded_with_their_keys() -> None:
     from recipecache.torch_integration import deferral
-    from recipecache.torch_integration.graphs.hooks import WaitingGraph, save_when_loaded, waiting_graph_in
+    from recipecache.torch_integration.graphs.integration import WaitingGraph, save_when_loaded, waiting_graph_in
 
     def waiting(key: str) -> WaitingGraph:
         def compiled(args: list[Any]) -> str:
@@ -1309,11 +1309,11 @@ def test_torch_integration_layers_import_downwards_only() -> None:
         prefix = "recipecache.torch_integration."
         return {m.removeprefix(prefix) for m in out if m.startswith(prefix)}
 
-    assert "graphs.hooks" in imported("patches") and "patches" not in imported("graphs.hooks")
-    assert "graphs.isa_probes" in imported("graphs.hooks")
-    assert not imported("graphs.isa_probes") & {"graphs.hooks", "patches", "precompiled.tier"}
+    assert "graphs.integration" in imported("patches") and "patches" not in imported("graphs.integration")
+    assert "graphs.isa_probes" in imported("graphs.integration")
+    assert not imported("graphs.isa_probes") & {"graphs.integration", "patches", "precompiled.tier"}
     assert "precompiled.keys" in imported("precompiled.tier")
-    assert not imported("precompiled.keys") & {"graphs.hooks", "precompiled.tier"}
+    assert not imported("precompiled.keys") & {"graphs.integration", "precompiled.tier"}
     features = ("graphs", "precompiled", "no_stall")
     modules = [p.relative_to(package).with_suffix("").as_posix().replace("/", ".") for p in package.rglob("*.py")]
     assert {m.split(".")[0] for m in modules if "." in m} == set(features)
@@ -1322,7 +1322,7 @@ def test_torch_integration_layers_import_downwards_only() -> None:
         if "." not in module:
             continue
         others = {m for m in imported(module) if m.split(".")[0] in features and m.split(".")[0] != feature}
-        assert others <= ({"no_stall.controller"} if module == "graphs.hooks" else set()), (module, others)
+        assert others <= ({"no_stall.controller"} if module == "graphs.integration" else set()), (module, others)
 
 
 def test_enable_says_when_graphs_with_collectives_will_be_compiled_per_rank(

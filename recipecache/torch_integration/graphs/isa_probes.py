@@ -6,7 +6,7 @@ artifacts like any other: a process installs the set another one built (``isa_ke
 and the ranks of a cold job single-flight each probe as they build it, starting at
 their own share of the list. This module knows only the probes; how artifacts are
 fetched, published and keyed is handed in (``fetch``/``take``/``put``/``cpu_key`` of
-:class:`~.hooks.Integration`), so it imports nothing of the hooks.
+:class:`~.integration.Integration`), so it imports nothing of the hooks.
 """
 
 from __future__ import annotations
