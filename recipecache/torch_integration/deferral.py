@@ -36,7 +36,7 @@ class Deferred(Exception):
         self.config = config
         self.context = context
         #: overlap: False when the graph is to be waited for at once, in the compile (its stand-in could not be
-        #: made safely: :meth:`.graphs.integration.Integration.waiting_graph`)
+        #: made safely: :meth:`.graphs.overlap.Overlap.waiting_graph`)
         self.later = True
 
     @classmethod

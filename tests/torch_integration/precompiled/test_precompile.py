@@ -900,7 +900,7 @@ def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.Monke
     import torch
 
     from recipecache import env, torch_integration
-    from recipecache.torch_integration.graphs import integration as _integration
+    from recipecache.torch_integration.graphs.artifacts import KEY_PREFIX
     from recipecache.torch_integration.precompiled.keys import signature
 
     keys = []
@@ -914,8 +914,8 @@ def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.Monke
             keys.append(dispatcher.key(dispatcher.target(module), signature(module, args, {})))
         finally:
             torch_integration.disable()
-    assert keys[0].startswith(f"{_integration.KEY_PREFIX}cpu-avx512-amx-host:precompiled:")
-    assert keys[1].startswith(f"{_integration.KEY_PREFIX}cpu-avx2-host:precompiled:")
+    assert keys[0].startswith(f"{KEY_PREFIX}cpu-avx512-amx-host:precompiled:")
+    assert keys[1].startswith(f"{KEY_PREFIX}cpu-avx2-host:precompiled:")
     assert keys[0].split(":")[-1] == keys[1].split(":")[-1], "only the CPU part differs"
 
 
