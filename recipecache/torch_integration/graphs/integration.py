@@ -82,7 +82,7 @@ class Integration:
             guarded=self.guarded,
         )
         self.kernels = Kernels(self.attempt, self.probes)
-        self.overlap = Overlap(store, metrics, wait_timeout, self.attempt, self.leases)
+        self.overlap = Overlap(store, metrics, wait_timeout, self.leases)
         self.graphs = GraphFlights(
             store,
             metrics,

@@ -36,14 +36,12 @@ class Overlap:
     """The overlap of one enabled store: graphs left for their first call, and the output strides that let this
     process compile a backward while another compiles its forward."""
 
-    def __init__(
-        self, store: Store, metrics: Metrics, wait_timeout: float | None, attempt: Attempt, leases: Leases
-    ) -> None:
+    def __init__(self, store: Store, metrics: Metrics, wait_timeout: float | None, leases: Leases) -> None:
         self.store = store
         self.metrics = metrics
         self.wait_timeout = wait_timeout
-        self.attempt = attempt
         self.leases = leases
+        self.attempt: Attempt = leases.attempt
         #: set at install, where its hooks are on: a graph whose lease another process holds is waited for at its
         #: first call, not in the compile, so this process goes on to lead the next graph meanwhile
         #: (:meth:`defer_busy`, :class:`WaitingGraph`)
