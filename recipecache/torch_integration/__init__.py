@@ -141,7 +141,7 @@ def enable(
                 from .precompiled import tier
 
                 _session.tier = tier.attach(
-                    store, metrics, wait_timeout, integration.cpu_key, integration.kernels_loaded
+                    store, metrics, wait_timeout, integration.keys.cpu_key, integration.kernels.kernels_loaded
                 )
             except (ImportError, AttributeError) as exc:  # beyond what compat checks
                 metrics.fallback(Reason.TORCH_INTERNALS, f"no precompiled tier on this torch ({exc!r})")

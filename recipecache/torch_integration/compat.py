@@ -1,6 +1,6 @@
 """Which of the integration's hooks fit the installed torch, and why.
 
-The hooks (:mod:`.patches` and :mod:`.graphs.hooks`, :mod:`.precompiled.tier`) patch and call torch's private internals,
+The hooks (:mod:`.patches` and :mod:`.graphs.integration`, :mod:`.precompiled.tier`) patch and call torch's private internals,
 which change between releases without notice. Each hook names the releases it was
 checked on (read against their sources and run by the test suite) and the interface it
 relies on: the attributes it patches or calls, and the leading parameters of the

@@ -2,7 +2,7 @@
 
 Two features keep a rank from compiling a graph inline when its FX lookup missed: no-stall
 (:mod:`.no_stall.controller`: the graph runs without inductor while a worker compiles it) and the
-graph store's overlap (:mod:`.graphs.hooks`: another process compiles it, this one goes on tracing
+graph store's overlap (:mod:`.graphs.integration`: another process compiles it, this one goes on tracing
 and waits at the graph's first call). Both raise :class:`Deferred` from inside torch's
 ``fx_codegen_and_compile``, the patched ``_compile_fx_inner`` turns it into a boxed callable, and
 that callable later runs torch's ``_compile_fx_inner`` again (:func:`reload`), which then hits.
@@ -36,7 +36,7 @@ class Deferred(Exception):
         self.config = config
         self.context = context
         #: overlap: False when the graph is to be waited for at once, in the compile (its stand-in could not be
-        #: made safely: :meth:`.graphs.hooks.Integration.waiting_graph`)
+        #: made safely: :meth:`.graphs.overlap.Overlap.waiting_graph`)
         self.later = True
 
     @classmethod

@@ -2,7 +2,7 @@
 
 Everything here reads torch internals that may change between releases, so every
 function is total: a missing attribute gives a vaguer answer (``graph``, ``{}``), never an
-exception into a compile (callers still run these under ``Integration.guarded``).
+exception into a compile (callers still run these under the graph store's ``Guard``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The patch table: what enable() changes in torch, how it is put back, and the backend classes torch builds.
 
 torch builds its remote-cache backends itself, with no arguments, so they find the
-enabled :class:`~.graphs.hooks.Integration` through this module's ``_active``; every wrapper
-here does torch's own work and hands what it learned to that integration, which knows
-keys, flights and artifacts (:mod:`.graphs.hooks`). Which hooks are installed is
+enabled :class:`~.graphs.integration.Integration` through this module's ``_active``; every wrapper
+here does torch's own work and hands what it learned to that integration's parts, which know
+keys, flights and artifacts (:mod:`.graphs.integration`). Which hooks are installed is
 :mod:`.compat`'s call; the table is grouped by its hook names, each entry one
 ``(owner, attribute, new value)``.
 """
@@ -31,8 +31,8 @@ from torch._inductor.cpu_vec_isa import VecISA
 from ..reasons import Reason
 from ..store import Store
 from . import compat, deferral, describe, every_thread, rank_binding
-from .graphs import hooks
-from .graphs.hooks import Integration
+from .graphs.integration import Integration
+from .graphs.overlap import WaitingGraph, save_when_loaded, waiting_graph_in
 from .metrics import Metrics
 
 if TYPE_CHECKING:
@@ -86,20 +86,20 @@ def _compile_scope(integration: Integration) -> list[Patch]:
     original_inner: Any = getattr(compile_fx, "_compile_fx_inner", None)
 
     def run_inner(*args: Any, **kwargs: Any) -> Any:
-        integration.guarded(integration.end_attempt)
-        scope = integration.guarded(integration.graph_cache_scope, args[0] if args else kwargs.get("gm"))
+        integration.guarded(integration.leases.end_attempt)
+        scope = integration.guarded(integration.kernels.graph_cache_scope, args[0] if args else kwargs.get("gm"))
         try:
             with scope or contextlib.nullcontext():
                 return original_inner(*args, **kwargs)
         finally:
-            integration.guarded(integration.end_attempt)
+            integration.guarded(integration.leases.end_attempt)
 
     def _compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
         no_stall = integration.no_stall
-        if no_stall is None and not integration.overlap:
+        if no_stall is None and not integration.overlap.enabled:
             return run_inner(*args, **kwargs)
         try:
-            with integration.may_defer(kwargs):
+            with integration.overlap.may_defer(kwargs):
                 return run_inner(*args, **kwargs)
         except Exception as exc:
             deferred = deferral.deferred_of(exc)
@@ -110,7 +110,7 @@ def _compile_scope(integration: Integration) -> list[Patch]:
             compile_again = functools.partial(run_inner, *args, **kwargs)
             if no_stall is not None:  # no-stall: eager meanwhile
                 return no_stall.graph(deferred, compile_again, args[0], args[1])
-            return integration.waiting_graph(deferred, compile_again)  # overlap: waits at its first call
+            return integration.overlap.waiting_graph(deferred, compile_again)  # overlap: waits at its first call
 
     return [(compile_fx, "_compile_fx_inner", _compile_fx_inner)]
 
@@ -125,7 +125,7 @@ def _graphs(integration: Integration) -> list[Patch]:
         ours = remote is not None and isinstance(remote.backend, FxBackend)
         yield from original_iterate(cls, local, None if ours else remote, key)  # local candidates first
         if ours:
-            yield from integration.fx_candidates(remote_key(remote, key))
+            yield from integration.graphs.fx_candidates(remote_key(remote, key))
 
     return [
         (inductor_config, "fx_graph_remote_cache", True),
@@ -169,7 +169,7 @@ def _kernels(integration: Integration) -> list[Patch]:
 
     def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
         result = original_write(content, extension, *args, **kwargs)
-        integration.guarded(integration.record_write, extension, result[1])
+        integration.guarded(integration.kernels.record_write, extension, result[1])
         return result
 
     return [(codecache, "write", write)]
@@ -180,11 +180,11 @@ def _precompiled_header(integration: Integration) -> list[Patch]:
     original_precompile_header: Any = getattr(codecache, "_precompile_header", None)
 
     def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
-        if integration.guarded(integration.kernel_is_built):
+        if integration.guarded(integration.kernels.kernel_is_built):
             # nothing is compiled against it: torch loads the library as it is. Should a
             # build happen after all, -include of the plain header is still correct.
             integration.guarded(
-                integration.warm_header,
+                integration.kernels.warm_header,
                 lambda: original_precompile_header(header, hashable_cmd_line, **compile_command),
                 (header, hashable_cmd_line, frozenset(compile_command.items())),
             )
@@ -238,7 +238,7 @@ def _compile_count(integration: Integration) -> list[Patch]:
     original_codegen: Any = getattr(compile_fx, "fx_codegen_and_compile", None)
 
     def fx_codegen_and_compile(*args: Any, **kwargs: Any) -> Any:
-        if integration.no_stall is not None or integration.overlap:
+        if integration.no_stall is not None or integration.overlap.enabled:
             deferred = integration.guarded(integration.defer, args, kwargs)
             if deferred is not None:
                 raise deferred  # _compile_fx_inner returns the graph's stand-in (no-stall's, or overlap's)
@@ -246,7 +246,7 @@ def _compile_count(integration: Integration) -> list[Patch]:
         try:
             return original_codegen(*args, **kwargs)
         finally:
-            integration.guarded(integration.compiled, time.perf_counter() - start)
+            integration.guarded(integration.graphs.compiled, time.perf_counter() - start)
 
     return [(compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile)]
 
@@ -260,16 +260,16 @@ def _overlap(integration: Integration) -> list[Patch]:
 
     def _check_triton_bf16_support(graph: Any) -> None:
         """Called by ``fx_codegen_and_compile`` right after inductor lowered the graph, before its kernels are
-        built: where a forward's leader publishes its output strides (overlap: :meth:`Integration.lowered`)."""
-        integration.guarded(integration.lowered, graph)
+        built: where a forward's leader publishes its output strides (overlap: :meth:`.graphs.overlap.Overlap.lowered`)."""
+        integration.guarded(integration.overlap.lowered, graph)
         original_lowered(graph)
 
     def _aot_stage2b_bw_compile(*args: Any, **kwargs: Any) -> Any:
         """AOTAutograd's backward stage, which leaves the backward's compile to its first call (after the forward
-        ran) unless told otherwise: after a forward left for its first call (overlap, :meth:`Integration.backward_now`)
+        ran) unless told otherwise: after a forward left for its first call (overlap, :meth:`.graphs.overlap.Overlap.backward_now`)
         the backward is compiled now, by torch's own eager path (the one it takes for backwards that save sizes);
         should that raise, the stage runs again as torch's default, the backward compiled at its first call."""
-        if not integration.guarded(integration.backward_now):
+        if not integration.guarded(integration.overlap.backward_now):
             return original_backward_stage(*args, **kwargs)
         bound = inspect.signature(original_backward_stage).bind(*args, **kwargs)
         aot_config = bound.arguments["aot_config"]
@@ -285,12 +285,12 @@ def _overlap(integration: Integration) -> list[Patch]:
 
     def _cache_autograd_info(*args: Any, **kwargs: Any) -> Any:
         """AOTAutograd's cache entry of a compile: saved now, or (the backward compiled lazily) after that compile.
-        An entry naming a graph that waits for its first call (overlap, :class:`.graphs.hooks.WaitingGraph`) is saved
+        An entry naming a graph that waits for its first call (overlap, :class:`.graphs.overlap.WaitingGraph`) is saved
         once that graph is loaded: the entry names the loaded graph's key and guards."""
         bound = inspect.signature(original_cache_info).bind(*args, **kwargs)
-        forward = hooks.waiting_graph_in(bound.arguments["compiled_fw_func"])
+        forward = waiting_graph_in(bound.arguments["compiled_fw_func"])
         backward_func = bound.arguments["compiled_bw_func"]
-        backward = hooks.waiting_graph_in(backward_func)
+        backward = waiting_graph_in(backward_func)
         if forward is None and backward is None:
             try_save, entry = original_cache_info(*args, **kwargs)
             return (None if try_save is None else _saving_when_loaded(try_save, [])), entry
@@ -307,15 +307,15 @@ def _overlap(integration: Integration) -> list[Patch]:
             bound.arguments["aot_config"],
         )
         waiting = [g for g in (forward, backward) if g is not None]
-        return None, hooks.save_when_loaded(functools.partial(try_save, *arguments), waiting)
+        return None, save_when_loaded(functools.partial(try_save, *arguments), waiting)
 
-    def _saving_when_loaded(try_save: Any, waiting: list[hooks.WaitingGraph]) -> Any:
+    def _saving_when_loaded(try_save: Any, waiting: list[WaitingGraph]) -> Any:
         """AOTAutograd's function saving an entry after a lazy backward compile, which may give a WaitingGraph."""
 
         def save(compiled_bw_func: Any, *rest: Any) -> Any:
-            backward = hooks.waiting_graph_in(compiled_bw_func)
+            backward = waiting_graph_in(compiled_bw_func)
             graphs = [*waiting, *([backward] if backward is not None else [])]
-            return hooks.save_when_loaded(functools.partial(try_save, backward or compiled_bw_func, *rest), graphs)
+            return save_when_loaded(functools.partial(try_save, backward or compiled_bw_func, *rest), graphs)
 
         return save
 
@@ -332,7 +332,7 @@ def _key_records(integration: Integration) -> list[Patch]:
 
     def compiled_fx_graph_hash(*args: Any, **kwargs: Any) -> tuple[str, list[str]]:
         key, details = original_hash(*args, **kwargs)
-        integration.guarded(integration.describe_key, key, details, args, kwargs)
+        integration.guarded(integration.keys.describe_key, key, details, args, kwargs)
         return key, details
 
     return [(codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash)]
@@ -341,7 +341,8 @@ def _key_records(integration: Integration) -> list[Patch]:
 def _install(integration: Integration, on: frozenset[str]) -> None:
     """Install the hooks named in ``on`` (those whose interface this torch has, :func:`.compat.states`)."""
     integration.on = on
-    integration.overlap = "overlap" in on and integration.wait_for_lease
+    integration.overlap.enabled = "overlap" in on and integration.wait_for_lease
+    integration.keys.binds_ranks = "rank_binding" in on
     patches = table(integration, on)  # resolves every torch attribute before anything changes
     for owner, name, value in patches:
         # a class's own attribute as stored (a classmethod stays one); an inherited one is deleted again
@@ -381,22 +382,32 @@ class _StoreBackend(remote_cache.RemoteCacheBackend[bytes]):
 
     kind = ""
 
+    @staticmethod
+    def _caches(integration: Integration) -> Any:
+        """The part of ``integration`` that gets and puts this kind (``<kind>_get``, ``<kind>_put``)."""
+        return integration.side_caches
+
     def _get(self, key: str) -> bytes | None:
         integration = _active
         if integration is None:
             return None
-        return integration.guarded(getattr(integration, f"{self.kind}_get"), key)
+        return integration.guarded(getattr(self._caches(integration), f"{self.kind}_get"), key)
 
     def _put(self, key: str, data: bytes) -> None:
         integration = _active
         if integration is not None:
-            integration.guarded(getattr(integration, f"{self.kind}_put"), key, data)
+            integration.guarded(getattr(self._caches(integration), f"{self.kind}_put"), key, data)
 
 
 class FxBackend(_StoreBackend):
-    """Publishes graphs; lookups go through :meth:`Integration.fx_candidates`, so torch's guards see every variant."""
+    """Publishes graphs; lookups go through :meth:`.graphs.fx.GraphFlights.fx_candidates`, so torch's guards see every
+    variant."""
 
     kind = "fx"
+
+    @staticmethod
+    def _caches(integration: Integration) -> Any:
+        return integration.graphs
 
     def _get(self, key: str) -> bytes | None:
         return None
@@ -469,4 +480,4 @@ def finish_no_stall() -> None:
 def release_leases() -> None:
     """Free the leases of compiles still running at interpreter exit, so waiters need not wait for the TTL."""
     if _active is not None:
-        _active.release_all()
+        _active.leases.release_all()

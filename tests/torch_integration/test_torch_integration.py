@@ -465,13 +465,13 @@ def test_pgo_merge_keeps_another_ranks_dynamic_decision() -> None:
 @pytest.fixture
 def integration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The hooks' shared state on a memory store, without touching torch's settings."""
-    from recipecache.torch_integration.graphs import hooks as _hooks
+    from recipecache.torch_integration.graphs import integration as _integration
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     store = recipecache.open_store("memory://", namespace=NAMESPACE)
-    it = _hooks.Integration(store, Metrics(store, None, flush=False), wait_timeout=0.5)
+    it = _integration.Integration(store, Metrics(store, None, flush=False), wait_timeout=0.5)
     yield it
-    it.end_attempt()
+    it.leases.end_attempt()
 
 
 FX_KEY = "pt2:fx-graph-v1::fkey:c1"
@@ -481,10 +481,10 @@ def _another(integration: Any, *, wait_timeout: float = 0.5) -> Any:
     """Another process's integration on the same backend: its own store (whose counters its metrics view), metrics
     and per-thread attempt."""
     from recipecache.store import Store
-    from recipecache.torch_integration.graphs import hooks as _hooks
+    from recipecache.torch_integration.graphs import integration as _integration
 
     store = Store(integration.store.backend, integration.store.settings)
-    return _hooks.Integration(store, Metrics(store, None, flush=False), wait_timeout=wait_timeout)
+    return _integration.Integration(store, Metrics(store, None, flush=False), wait_timeout=wait_timeout)
 
 
 def _fx_entry(guards: str | None) -> bytes:
@@ -495,7 +495,7 @@ def _fx_entry(guards: str | None) -> bytes:
 
 def _lookup(integration: Any, accepts: Callable[[Any], bool]) -> Any:
     """What torch's ``find_guarded_entry`` does with the remote candidates: the first its guards accept."""
-    for graph, _content, local in integration.fx_candidates(FX_KEY):
+    for graph, _content, local in integration.graphs.fx_candidates(FX_KEY):
         assert local is False
         if accepts(graph):
             return graph
@@ -509,10 +509,10 @@ def _guards(expr: str) -> Callable[[Any], bool]:
 def test_fx_miss_leads_and_the_put_publishes_through_the_flight(integration: Any) -> None:
     assert _lookup(integration, lambda graph: True) is None
     assert integration.attempt.flight.role == "leader"
-    integration.compiled(2.5)  # what the codegen wrapper reports
-    integration.fx_put(FX_KEY, _fx_entry(None))
+    integration.graphs.compiled(2.5)  # what the codegen wrapper reports
+    integration.graphs.fx_put(FX_KEY, _fx_entry(None))
     assert integration.attempt.flight is None
-    stored = Artifact.unpack(integration.store.get(integration.compile_key(FX_KEY)), "fx")
+    stored = Artifact.unpack(integration.store.get(integration.keys.compile_key(FX_KEY)), "fx")
     assert stored.entries == (Entry(_fx_entry(None), 2.5, (), ""),)
     assert _lookup(integration, lambda graph: True).guards_expr is None
     m = integration.metrics.snapshot()
@@ -523,12 +523,12 @@ def test_fx_miss_leads_and_the_put_publishes_through_the_flight(integration: Any
 def test_guard_variants_of_one_key_are_all_kept_and_each_is_hit(integration: Any) -> None:
     small, large = "2 <= L['t0'] and L['t0'] <= 4096", "4097 <= L['t0']"
     assert _lookup(integration, _guards(small)) is None
-    integration.fx_put(FX_KEY, _fx_entry(small))
+    integration.graphs.fx_put(FX_KEY, _fx_entry(small))
     other = _another(integration)
     assert _lookup(other, _guards(large)) is None, "the stored variant was offered and its guards said no"
     assert other.attempt.flight.role == "leader", "so this process compiles the next variant, under the lease"
-    other.fx_put(FX_KEY, _fx_entry(large))
-    stored = Artifact.unpack(integration.store.get(integration.compile_key(FX_KEY)), "fx")
+    other.graphs.fx_put(FX_KEY, _fx_entry(large))
+    stored = Artifact.unpack(integration.store.get(integration.keys.compile_key(FX_KEY)), "fx")
     assert [e.guards for e in stored.entries] == [large, small]
     fresh = _another(integration)
     assert _lookup(fresh, _guards(small)).guards_expr == small
@@ -542,7 +542,7 @@ def _wait_for_a_variant(integration: Any, stored: str, compiled: str, wanted: st
     wanting ``wanted``, rejects ``stored`` and waits on that lease until ``compiled`` lands.
     Returns the waiting process and what its lookup found."""
     assert _lookup(integration, _guards(stored)) is None
-    integration.fx_put(FX_KEY, _fx_entry(stored))
+    integration.graphs.fx_put(FX_KEY, _fx_entry(stored))
     leader, waiter = _another(integration), _another(integration, wait_timeout=30)
     assert _lookup(leader, _guards(compiled)) is None and leader.attempt.flight.role == "leader"
     found: list[Any] = []
@@ -550,7 +550,7 @@ def _wait_for_a_variant(integration: Any, stored: str, compiled: str, wanted: st
     waiting = threading.Thread(target=lambda: found.append(_lookup(waiter, _guards(wanted))))
     waiting.start()
     assert on_the_lease.wait(60), "the waiter never rejected the stored variant to wait on the leader's lease"
-    leader.fx_put(FX_KEY, _fx_entry(compiled))
+    leader.graphs.fx_put(FX_KEY, _fx_entry(compiled))
     waiting.join(timeout=30)
     return waiter, found
 
@@ -574,18 +574,18 @@ def test_cpu_fingerprints_keep_artifacts_apart(integration: Any, tmp_path: Path,
     kernel.write_bytes(b"an AMX kernel")
     assert _lookup(producer, lambda graph: True) is None
     producer.attempt.kernels.add(str(kernel))
-    producer.fx_put(FX_KEY, _fx_entry(None))
-    producer.aot_put("pt2:autograd-experimental::akey:c1", b"{}")
+    producer.graphs.fx_put(FX_KEY, _fx_entry(None))
+    producer.side_caches.aot_put("pt2:autograd-experimental::akey:c1", b"{}")
 
     monkeypatch.setenv(env.CPU_FINGERPRINT, "avx2-host")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "avx2-inductor"))
     consumer = _another(integration)
-    assert consumer.cpu_key(FX_KEY) != producer.cpu_key(FX_KEY) and consumer.probes.isa_key() != producer.probes.isa_key()
+    assert consumer.keys.cpu_key(FX_KEY) != producer.keys.cpu_key(FX_KEY) and consumer.probes.isa_key() != producer.probes.isa_key()
     assert _lookup(consumer, lambda graph: True) is None and consumer.attempt.flight.role == "leader"
-    assert consumer.aot_get("pt2:autograd-experimental::akey:c1") is None
+    assert consumer.side_caches.aot_get("pt2:autograd-experimental::akey:c1") is None
     assert not (tmp_path / "avx2-inductor" / "ab").exists()
     assert consumer.metrics.snapshot()["kernels"]["installed"] == 0
-    consumer.end_attempt()
+    consumer.leases.end_attempt()
     monkeypatch.setenv(env.CPU_FINGERPRINT, "avx512-amx-host")
     assert _lookup(_another(integration), lambda graph: True) is not None, "the same kind still hits"
     assert (tmp_path / "avx2-inductor" / "ab" / "cdef.main.so").read_bytes() == b"an AMX kernel"
@@ -603,25 +603,25 @@ def test_settings_outside_torchs_keys_keep_graphs_apart(integration: Any) -> Non
 
     aot_key = "pt2:autograd-experimental::akey:c1"
     assert _lookup(integration, lambda graph: True) is None
-    integration.fx_put(FX_KEY, _fx_entry(None))
-    integration.aot_put(aot_key, b"{}")
+    integration.graphs.fx_put(FX_KEY, _fx_entry(None))
+    integration.side_caches.aot_put(aot_key, b"{}")
     with fx_config.patch(backed_size_oblivious=True):
         oblivious = _another(integration)
         assert _lookup(oblivious, lambda graph: True) is None and oblivious.attempt.flight.role == "leader"
-        assert oblivious.aot_get(aot_key) is None
-        oblivious.end_attempt()
-    default_key = integration.compile_key(FX_KEY)
+        assert oblivious.side_caches.aot_get(aot_key) is None
+        oblivious.leases.end_attempt()
+    default_key = integration.keys.compile_key(FX_KEY)
     # what torch's keys cover through the graph: dynamo's config (which torch patches around a frame's compile) and
     # the collectives' (read only where a collective is traced) leave the store key as it was
     with torch._dynamo.config.patch(assume_static_by_default=False), distributed_config.patch(use_torchcomms=True):
-        assert integration.compile_key(FX_KEY) == default_key
+        assert integration.keys.compile_key(FX_KEY) == default_key
     torch.backends.cudnn.allow_tf32 = False
     try:
-        assert integration.compile_key(FX_KEY) != default_key
+        assert integration.keys.compile_key(FX_KEY) != default_key
     finally:
         torch.backends.cudnn.allow_tf32 = True
     default = _another(integration)
-    assert _lookup(default, lambda graph: True) is not None and default.aot_get(aot_key) is not None
+    assert _lookup(default, lambda graph: True) is not None and default.side_caches.aot_get(aot_key) is not None
 
 
 def test_an_autograd_entry_saved_at_the_backward_is_stored_under_the_key_its_lookup_asks_for(
@@ -633,11 +633,11 @@ def test_an_autograd_entry_saved_at_the_backward_is_stored_under_the_key_its_loo
     import torch
 
     from recipecache import torch_integration
-    from recipecache.torch_integration.graphs import hooks as _hooks
+    from recipecache.torch_integration.graphs.artifacts import StoreArtifacts
 
     asked: list[str] = []
     saved: list[str] = []
-    fetch, put = _hooks.Integration.fetch, _hooks.Integration._put
+    fetch, put = StoreArtifacts.fetch, StoreArtifacts.put
 
     def fetching(self: Any, kind: str, key: str) -> Any:
         if kind == "aot":
@@ -650,8 +650,8 @@ def test_an_autograd_entry_saved_at_the_backward_is_stored_under_the_key_its_loo
         return put(self, kind, key, *args, **kwargs)
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(_hooks.Integration, "fetch", fetching)
-    monkeypatch.setattr(_hooks.Integration, "_put", putting)
+    monkeypatch.setattr(StoreArtifacts, "fetch", fetching)
+    monkeypatch.setattr(StoreArtifacts, "put", putting)
     torch_integration.enable("memory://", namespace=NAMESPACE + "-aot-key")
     try:
         compiled = torch.compile(torch.nn.Linear(4, 4), dynamic=False)
@@ -683,7 +683,7 @@ def test_the_cpu_fingerprint_is_computed_once_and_an_override_is_checked(monkeyp
 def test_pgo_state_is_merged_with_compare_and_set_and_only_news_are_written(integration: Any) -> None:
     from torch._dynamo.pgo import CodeId, CodeState, FrameStateSizeEntry, auto_dynamic
 
-    from recipecache.torch_integration.graphs.hooks import KEY_PREFIX
+    from recipecache.torch_integration.graphs.artifacts import KEY_PREFIX
 
     def encode(code_id: CodeId, size: tuple[Any, ...]) -> bytes:
         table: defaultdict[CodeId, CodeState] = defaultdict(CodeState)
@@ -693,9 +693,9 @@ def test_pgo_state_is_merged_with_compare_and_set_and_only_news_are_written(inte
     f, g = CodeId("a.py", 1, "f", "h1"), CodeId("a.py", 9, "g", "h1")
     key = KEY_PREFIX + "pt2:dynamo-pgo::job:*:tag:c1"
     integration.store.put(key, b"not an artifact")  # what an older or broken writer left: replaced
-    integration.pgo_put("pt2:dynamo-pgo::job:0:tag:c1", encode(f, (auto_dynamic,)))
-    integration.pgo_put("pt2:dynamo-pgo::job:1:tag:c1", encode(g, (auto_dynamic,)))
-    integration.pgo_put("pt2:dynamo-pgo::job:1:tag:c1", encode(g, (auto_dynamic,)))  # nothing new: not written
+    integration.side_caches.pgo_put("pt2:dynamo-pgo::job:0:tag:c1", encode(f, (auto_dynamic,)))
+    integration.side_caches.pgo_put("pt2:dynamo-pgo::job:1:tag:c1", encode(g, (auto_dynamic,)))
+    integration.side_caches.pgo_put("pt2:dynamo-pgo::job:1:tag:c1", encode(g, (auto_dynamic,)))  # nothing new: not written
     stored = pickle.loads(base64.b64decode(json.loads(Artifact.unpack(integration.store.get(key), "pgo").entry)["data"]))
     assert {code_id: state.automatic_dynamic["x"].size for code_id, state in stored.items()} == \
         {f: (auto_dynamic,), g: (auto_dynamic,)}
@@ -713,17 +713,17 @@ def test_a_hit_found_unusable_is_counted_once_as_a_miss_by_the_store_and_the_met
     stats = late.store.stats()
     assert found == [None] and (stats["follower"], stats["leader"]) == (1, 1), "rejected small, then large: leads"
     assert (stats["hits"], stats["misses"], stats["misses_by_reason"]) == (0, 1, {"guard_rejected": 1})
-    late.release_all()
+    late.leases.release_all()
 
     aot_key = "pt2:autograd-experimental::akey:c1"
-    late.store.put(late.compile_key(aot_key), b"not an artifact")
-    assert late.aot_get(aot_key) is None
+    late.store.put(late.keys.compile_key(aot_key), b"not an artifact")
+    assert late.side_caches.aot_get(aot_key) is None
     stats = late.store.stats()
     assert (stats["hits"], stats["misses_by_reason"]["bad_artifact"]) == (0, 1)
 
     fresh = _another(integration)
     assert _lookup(fresh, _guards(large)).guards_expr == large  # torch accepted it ...
-    fresh.compiled(0.5)  # ... and compiled all the same
+    fresh.graphs.compiled(0.5)  # ... and compiled all the same
     stats = fresh.store.stats()
     assert (stats["hits"], stats["misses"], stats["misses_by_reason"]) == (0, 1, {"guard_rejected": 1})
     for process in (late, fresh):
@@ -737,11 +737,11 @@ def test_a_hit_found_unusable_is_counted_once_as_a_miss_by_the_store_and_the_met
 def test_a_failed_store_is_one_fallback_not_two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 19: a CPU probe's flight that the store could not coordinate is the store's fallback, counted once
     (it was counted by the store and again by the metrics)."""
-    from recipecache.torch_integration.graphs import hooks as _hooks
+    from recipecache.torch_integration.graphs import integration as _integration
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     store = recipecache.open_store(DOWN_URL, namespace=NAMESPACE)
-    it = _hooks.Integration(store, Metrics(store, None, flush=False), wait_timeout=0.5)
+    it = _integration.Integration(store, Metrics(store, None, flush=False), wait_timeout=0.5)
     flight = it.probes.probe_flight("torch3:isa-probe1:k")
     assert flight is not None and flight.reason == "backend_down"
     m = it.metrics.snapshot()
@@ -750,8 +750,8 @@ def test_a_failed_store_is_one_fallback_not_two(tmp_path: Path, monkeypatch: pyt
 
 def test_a_compile_that_never_puts_frees_its_lease(integration: Any) -> None:
     assert _lookup(integration, lambda graph: True) is None
-    integration.end_attempt()  # what the _compile_fx_inner wrapper does when the compile raised
-    with integration.store.begin(integration.compile_key(FX_KEY), wait_timeout=0.5) as flight:
+    integration.leases.end_attempt()  # what the _compile_fx_inner wrapper does when the compile raised
+    with integration.store.begin(integration.keys.compile_key(FX_KEY), wait_timeout=0.5) as flight:
         assert flight.role == "leader", "the lease was released, so nobody waits for it"
 
 
@@ -768,8 +768,8 @@ def _compiling_a_forward() -> Iterator[Any]:
 def _overlapping(integration: Any) -> tuple[Any, Any]:
     """A leader and a waiter with overlap on; the leader leads the forward (and its output strides' lease)."""
     leader, waiter = integration, _another(integration, wait_timeout=30)
-    leader.overlap = waiter.overlap = True
-    with _compiling_a_forward(), leader.may_defer({}):
+    leader.overlap.enabled = waiter.overlap.enabled = True
+    with _compiling_a_forward(), leader.overlap.may_defer({}):
         assert _lookup(leader, lambda graph: True) is None and leader.attempt.flight.role == "leader"
         assert leader.attempt.strides_flight is not None
     return leader, waiter
@@ -792,13 +792,13 @@ def _defer_busy_forward(waiter: Any, meanwhile: Callable[[], object] = lambda: N
     reported to AOTAutograd, and whether AOTAutograd's backward stage then compiles the backward at once (asked
     twice: once only)."""
     gm, example_inputs = forward or _forward_graph(lambda t: t * 2)
-    with _compiling_a_forward() as context, waiter.may_defer({}):
+    with _compiling_a_forward() as context, waiter.overlap.may_defer({}):
         assert _lookup(waiter, lambda graph: True) is None
         assert waiter.attempt.flight.role == "busy", "the waiter did not wait in its lookup"
         meanwhile()
         deferred = waiter.defer((gm, example_inputs), {})
-        ahead = waiter.backward_now()
-        assert not waiter.backward_now()
+        ahead = waiter.overlap.backward_now()
+        assert not waiter.overlap.backward_now()
         return deferred, list(context.output_strides), ahead
 
 
@@ -816,7 +816,7 @@ def _reload_counting(waiter: Any, loads: list[str]) -> Callable[[], Any]:
 def test_overlap_a_busy_forward_gets_its_leaders_strides_and_waits_at_its_first_call_a_dead_leader_taken_over(
     integration: Any,
 ) -> None:
-    from recipecache.torch_integration.graphs.hooks import WaitingGraph
+    from recipecache.torch_integration.graphs.overlap import WaitingGraph
 
     leader, waiter = _overlapping(integration)
     deferred: list[Any] = []
@@ -824,15 +824,15 @@ def test_overlap_a_busy_forward_gets_its_leaders_strides_and_waits_at_its_first_
     asking = threading.Thread(target=lambda: deferred.append(_defer_busy_forward(waiter)))
     asking.start()
     assert on_the_lease.wait(60), "the waiter did not wait on the lease of the forward's output strides"
-    leader.lowered(SimpleNamespace(graph_outputs=[object()]))  # lowered: one output, strides unknown (None)
+    leader.overlap.lowered(SimpleNamespace(graph_outputs=[object()]))  # lowered: one output, strides unknown (None)
     asking.join(timeout=60)
     (deferred, strides, ahead), = deferred
     assert strides == [None], "the leader's strides were not reported to AOTAutograd"
     assert ahead, "the backward is not compiled meanwhile"
     assert deferred.later is True and deferred.key == leader.attempt.key
-    waiting = leader.waiting_graph(deferred, _reload_counting(waiter, loads := []))
+    waiting = leader.overlap.waiting_graph(deferred, _reload_counting(waiter, loads := []))
     assert isinstance(waiting, WaitingGraph) and waiting._boxed_call is True and loads == []
-    leader.end_attempt()  # the leader's compile raised (or it died): its lease is gone, nothing published
+    leader.leases.end_attempt()  # the leader's compile raised (or it died): its lease is gone, nothing published
     assert waiting([1, 2]) == ("compiled", 2) and waiting([3]) == ("compiled", 1)
     assert loads == ["leader"], "the first call took the graph over (and compiles it), once"
 
@@ -842,10 +842,10 @@ def test_overlap_a_forward_whose_leader_is_gone_before_lowering_it_is_waited_for
 ) -> None:
     leader, waiter = _overlapping(integration)
     # gone before lowering: neither strides nor graph will come
-    deferred, strides, ahead = _defer_busy_forward(waiter, leader.end_attempt)
+    deferred, strides, ahead = _defer_busy_forward(waiter, leader.leases.end_attempt)
     assert deferred.later is False and strides == [] and not ahead
     loads: list[str] = []
-    assert waiter.waiting_graph(deferred, _reload_counting(waiter, loads))([0]) == ("compiled", 1)
+    assert waiter.overlap.waiting_graph(deferred, _reload_counting(waiter, loads))([0]) == ("compiled", 1)
     assert loads == ["leader"], "waited for in the compile: taken over there"
 
 
@@ -877,7 +877,7 @@ def test_overlap_a_forged_strides_record_is_a_counted_fallback_never_handed_to_t
     assert deferred.later is False and reported == [] and not ahead, "the forged strides reached AOTAutograd"
     assert waiter.metrics.snapshot()["fallbacks"] == {"bad_artifact": 1}
     assert waiter.store.stats()["by_kind"]["strides"] == {"hit": 0, "miss": 1, "put": 0}
-    leader.end_attempt()
+    leader.leases.end_attempt()
 
 
 def test_overlap_strides_that_fit_the_graph_reach_aotautograd(integration: Any) -> None:
@@ -886,27 +886,27 @@ def test_overlap_strides_that_fit_the_graph_reach_aotautograd(integration: Any) 
     deferred, reported, _ahead = _defer_busy_forward(waiter, forward=_forward_graph(lambda t: t * 2, lambda t: t.t()))
     assert deferred.later is True and reported == [(3, 1), (1, 3)]
     assert "fallbacks" not in waiter.metrics.snapshot() or not waiter.metrics.snapshot()["fallbacks"]
-    leader.end_attempt()
+    leader.leases.end_attempt()
 
 
 def test_overlap_a_busy_backward_is_waited_for_at_its_first_call_and_loads_the_leaders_graph(integration: Any) -> None:
     leader, waiter = integration, _another(integration, wait_timeout=30)
-    leader.overlap = waiter.overlap = True
-    with leader.may_defer({}):
+    leader.overlap.enabled = waiter.overlap.enabled = True
+    with leader.overlap.may_defer({}):
         assert _lookup(leader, lambda graph: True) is None and leader.attempt.strides_flight is None
-    with waiter.may_defer({"is_inference": True}):
+    with waiter.overlap.may_defer({"is_inference": True}):
         assert not waiter.attempt.deferrable, "an inference graph (no backward follows) is waited for in its compile"
-    with waiter.may_defer({}):
+    with waiter.overlap.may_defer({}):
         assert _lookup(waiter, lambda graph: True) is None and waiter.attempt.flight.role == "busy"
     deferred = waiter.defer((None, []), {})
     assert deferred.later is True, "a backward's stand-in needs nothing of its leader"
     loads: list[str] = []
-    waiting = waiter.waiting_graph(deferred, _reload_counting(waiter, loads))
+    waiting = waiter.overlap.waiting_graph(deferred, _reload_counting(waiter, loads))
     on_the_lease = finds_lease_held(waiter.store.backend)
     calling = threading.Thread(target=lambda: loads.append(waiting([1])))
     calling.start()
     assert on_the_lease.wait(60), "the first call did not wait on the leader's lease"
-    leader.fx_put(FX_KEY, _fx_entry(None))
+    leader.graphs.fx_put(FX_KEY, _fx_entry(None))
     calling.join(timeout=60)
     assert loads == ["hit", ("compiled", 1)]
     assert waiter.metrics.snapshot()["graph_compilation"]["TotalNumber"] == 0
@@ -914,7 +914,7 @@ def test_overlap_a_busy_backward_is_waited_for_at_its_first_call_and_loads_the_l
 
 def test_overlap_an_autograd_entry_naming_waiting_graphs_is_saved_once_all_are_loaded_with_their_keys() -> None:
     from recipecache.torch_integration import deferral
-    from recipecache.torch_integration.graphs.hooks import WaitingGraph, save_when_loaded, waiting_graph_in
+    from recipecache.torch_integration.graphs.overlap import WaitingGraph, save_when_loaded, waiting_graph_in
 
     def waiting(key: str) -> WaitingGraph:
         def compiled(args: list[Any]) -> str:
@@ -936,7 +936,7 @@ def test_overlap_an_autograd_entry_naming_waiting_graphs_is_saved_once_all_are_l
 
 def test_bad_artifact_in_the_store_falls_back_without_writing(integration: Any, tmp_path: Path) -> None:
     evil = _raw_artifact("fx", [{"path": "../../evil.so", "data": b"x"}])
-    integration.store.put(integration.compile_key(FX_KEY), evil)  # verified by the store: only our checks stand in the way
+    integration.store.put(integration.keys.compile_key(FX_KEY), evil)  # verified by the store: only our checks stand in the way
     assert _lookup(integration, lambda graph: True) is None
     m = integration.metrics.snapshot()
     assert m["fallbacks"] == {"bad_artifact": 1} and m["cache"]["TotalMiss"] == 1
@@ -1015,7 +1015,7 @@ def test_an_unsafe_cache_dir_means_no_install_and_a_counted_fallback(
     integration: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     stored = Artifact.single("fx", _fx_entry(None), [KERNEL])
-    integration.store.put(integration.compile_key(FX_KEY), stored.pack())
+    integration.store.put(integration.keys.compile_key(FX_KEY), stored.pack())
     root, elsewhere = _private(tmp_path / "inductor"), _private(tmp_path / "elsewhere")
     (root / "ab").symlink_to(elsewhere)
     with caplog.at_level(logging.WARNING):
@@ -1073,15 +1073,15 @@ def test_a_probe_library_that_loaded_once_is_not_load_tested_again(integration: 
 
 def test_the_header_is_skipped_only_for_a_kernel_already_built(integration: Any, tmp_path: Path) -> None:
     source = tmp_path / "ab" / "kernel.main.cpp"
-    integration.record_write("main.cpp", str(source))
-    assert not integration.kernel_is_built(), "no library yet: torch compiles it, with the header"
+    integration.kernels.record_write("main.cpp", str(source))
+    assert not integration.kernels.kernel_is_built(), "no library yet: torch compiles it, with the header"
     source.parent.mkdir()
     (tmp_path / "ab" / "kernel.main.so").write_bytes(b"lib")
-    assert integration.kernel_is_built()
-    integration.record_write("h", str(tmp_path / "header.h"))  # torch's header stub: still the same kernel
-    assert integration.kernel_is_built()
-    integration.record_write("py", str(tmp_path / "wrapper.py"))  # something else: no kernel being loaded
-    assert not integration.kernel_is_built()
+    assert integration.kernels.kernel_is_built()
+    integration.kernels.record_write("h", str(tmp_path / "header.h"))  # torch's header stub: still the same kernel
+    assert integration.kernels.kernel_is_built()
+    integration.kernels.record_write("py", str(tmp_path / "wrapper.py"))  # something else: no kernel being loaded
+    assert not integration.kernels.kernel_is_built()
 
 
 def _join_header_builds() -> None:
@@ -1092,16 +1092,16 @@ def _join_header_builds() -> None:
 
 def test_a_rank_that_waited_builds_the_skipped_header_once_in_the_background(integration: Any) -> None:
     built: list[str] = []
-    integration.warm_header(lambda: built.append("fresh"), ("cpp_prefix.h", "cmd"))
+    integration.kernels.warm_header(lambda: built.append("fresh"), ("cpp_prefix.h", "cmd"))
     _join_header_builds()
     assert built == [], "a process that never waited (a fresh rank that only hits) builds no header"
 
-    with integration.store.begin(integration.compile_key(FX_KEY)) as other_rank:  # another rank compiles the graph
+    with integration.store.begin(integration.keys.compile_key(FX_KEY)) as other_rank:  # another rank compiles the graph
         assert other_rank.role == "leader"
         assert _lookup(integration, lambda graph: True) is None  # waited 0.5 s for it, then compiles itself
-    integration.end_attempt()
+    integration.leases.end_attempt()
     for _ in range(2):
-        integration.warm_header(lambda: built.append("waited"), ("cpp_prefix.h", "cmd"))
+        integration.kernels.warm_header(lambda: built.append("waited"), ("cpp_prefix.h", "cmd"))
     _join_header_builds()
     assert built == ["waited"]
 
@@ -1113,7 +1113,7 @@ def test_a_background_header_build_runs_at_the_lowest_priority_beside_the_compil
     priority beside the one rank compiling the job's next graph. It runs niced, and so does the g++ it starts;
     the calling thread keeps its priority."""
     lowest = 19
-    integration._followed = True
+    integration.kernels.followed = True
     seen: list[int] = []
     started = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True)
     ours = int(started.stdout)
@@ -1123,7 +1123,7 @@ def test_a_background_header_build_runs_at_the_lowest_priority_beside_the_compil
         child = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True)
         seen.append(int(child.stdout))
 
-    integration.warm_header(build, ("cpp_prefix.h", "nice"))
+    integration.kernels.warm_header(build, ("cpp_prefix.h", "nice"))
     _join_header_builds()
     assert seen == [lowest, lowest] and ours < lowest
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
@@ -1345,11 +1345,16 @@ def test_torch_integration_layers_import_downwards_only() -> None:
         prefix = "recipecache.torch_integration."
         return {m.removeprefix(prefix) for m in out if m.startswith(prefix)}
 
-    assert "graphs.hooks" in imported("patches") and "patches" not in imported("graphs.hooks")
-    assert "graphs.isa_probes" in imported("graphs.hooks")
-    assert not imported("graphs.isa_probes") & {"graphs.hooks", "patches", "precompiled.tier"}
+    assert "graphs.integration" in imported("patches") and "patches" not in imported("graphs.integration")
+    # issue 45: one module per job of the graph store, each below the integration that wires them up
+    parts = {"graphs.attempt", "graphs.artifacts", "graphs.fx", "graphs.guard", "graphs.keys", "graphs.kernels",
+             "graphs.overlap", "graphs.side_caches", "graphs.isa_probes"}
+    assert parts <= imported("graphs.integration")
+    for part in parts:
+        assert not imported(part) & {"graphs.integration", "patches", "precompiled.tier"}, part
+    assert not imported("graphs.isa_probes") & parts
     assert "precompiled.keys" in imported("precompiled.tier")
-    assert not imported("precompiled.keys") & {"graphs.hooks", "precompiled.tier"}
+    assert not imported("precompiled.keys") & {"graphs.integration", "precompiled.tier"}
     features = ("graphs", "precompiled", "no_stall")
     modules = [p.relative_to(package).with_suffix("").as_posix().replace("/", ".") for p in package.rglob("*.py")]
     assert {m.split(".")[0] for m in modules if "." in m} == set(features)
@@ -1358,7 +1363,7 @@ def test_torch_integration_layers_import_downwards_only() -> None:
         if "." not in module:
             continue
         others = {m for m in imported(module) if m.split(".")[0] in features and m.split(".")[0] != feature}
-        assert others <= ({"no_stall.controller"} if module == "graphs.hooks" else set()), (module, others)
+        assert others <= ({"no_stall.controller"} if module == "graphs.integration" else set()), (module, others)
 
 
 def test_enable_says_when_graphs_with_collectives_will_be_compiled_per_rank(
@@ -1413,12 +1418,12 @@ def test_a_rank_that_waits_for_another_ranks_graph_probes_the_cpu_meanwhile(
     asked = threading.Event()
     monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", asked.set)
     compiling = _another(integration)
-    assert list(compiling.fx_candidates(FX_KEY)) == [] and compiling.attempt.flight is not None  # it leads
+    assert list(compiling.graphs.fx_candidates(FX_KEY)) == [] and compiling.attempt.flight is not None  # it leads
     assert not asked.is_set()
-    waiter = threading.Thread(target=lambda: list(integration.fx_candidates(FX_KEY)))
+    waiter = threading.Thread(target=lambda: list(integration.graphs.fx_candidates(FX_KEY)))
     waiter.start()
     try:
         assert asked.wait(timeout=60)
     finally:
-        compiling.end_attempt()
+        compiling.leases.end_attempt()
         waiter.join()

@@ -5,8 +5,8 @@ each, ~10 builds on an AVX-512 machine), in every fresh process. These libraries
 artifacts like any other: a process installs the set another one built (``isa_key``),
 and the ranks of a cold job single-flight each probe as they build it, starting at
 their own share of the list. This module knows only the probes; how artifacts are
-fetched, published and keyed is handed in (``fetch``/``take``/``put``/``cpu_key`` of
-:class:`~.hooks.Integration`), so it imports nothing of the hooks.
+fetched, published and keyed is handed in (``fetch``/``take``/``put`` of :class:`~.artifacts.StoreArtifacts`,
+``cpu_key`` of :class:`~.keys.GraphKeys`), so it imports neither.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 before handing it to torch.
 
 A process that finds a forward busy reports the strides its leader published to AOTAutograd,
-which compiles the backward for them (:meth:`..hooks.Integration._overlap`). torch reads each
+which compiles the backward for them (:meth:`.overlap.Overlap.defer_busy`). torch reads each
 stride as code: with a shape environment ``ShapeEnv.deserialize_symexpr`` ``eval``s the string,
 and without one ``int()`` takes it. So the record is checked like an artifact before torch sees
 it, beyond the store's envelope (checksummed, and signed when a secret is set; an unsigned store

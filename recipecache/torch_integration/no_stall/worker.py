@@ -103,7 +103,7 @@ def _compile_hooked(job: dict[str, Any], first: bool, integration: Any, metrics:
         compile_fx._compile_fx_inner(wire.gm, wire.example_inputs, **wire.graph_kwargs)
         seconds = time.perf_counter() - start
     published = schema.LOOKUPS.read(metrics.snapshot())["fx"]
-    key = integration.last_key
+    key = integration.graphs.last_key
     if key is None:  # torch's local cache (shared with the rank) had it: nothing to publish
         return {"compile_s": seconds}
     if key != job["key"]:

@@ -45,8 +45,8 @@ buffers and training flags; grad/inference/autocast modes), the compile settings
 (backend, mode, options, dynamic; dynamo, inductor and functorch config without their
 cache plumbing) and the toolchain (Python, torch build, libc, GPU name when inputs live
 there). Keys are CPU keys like every artifact holding compiled CPU code
-(``torch3:cpu-<host-CPU fingerprint>:precompiled:<digest>``, :meth:`Integration.cpu_key
-<..graphs.hooks.Integration.cpu_key>`; the parts of the key are :mod:`.keys`): the fingerprint (:mod:`..host_cpu`, computed once per
+(``torch3:cpu-<host-CPU fingerprint>:precompiled:<digest>``, :meth:`GraphKeys.cpu_key
+<..graphs.keys.GraphKeys.cpu_key>`; the parts of the key are :mod:`.keys`): the fingerprint (:mod:`..host_cpu`, computed once per
 process) covers the compiler's view of ``-march=native`` with its version, the CPU
 features torch reads and the machine. The code dynamo traced is known only
 after tracing, so, as vLLM does, the artifact lists its files with digests, and a
@@ -144,10 +144,10 @@ class Tier:
     metrics: Metrics
     wait_timeout: float | None
     #: the store key of an artifact holding compiled CPU code, from the rest of its key (the
-    #: graph hooks' :meth:`~..graphs.hooks.Integration.cpu_key`: one prefix and CPU fingerprint for all)
+    #: graph hooks' :meth:`~..graphs.keys.GraphKeys.cpu_key`: one prefix and CPU fingerprint for all)
     cpu_key: Callable[[str], str]
     #: collects the kernel libraries this thread loads in a block (the graph hooks'
-    #: :meth:`~..graphs.hooks.Integration.kernels_loaded`): what an artifact carries beside torch's graphs
+    #: :meth:`~..graphs.kernels.Kernels.kernels_loaded`): what an artifact carries beside torch's graphs
     kernels_loaded: Callable[[], AbstractContextManager[set[str]]] = no_kernels
     active: bool = True
     _original_compile: Any = None
@@ -374,9 +374,9 @@ def attach(
 ) -> Tier:
     """Wrap ``torch.compile`` (until :meth:`Tier.uninstall`); the graph hooks must be attached already.
 
-    ``cpu_key`` is theirs (:meth:`~..graphs.hooks.Integration.cpu_key`), so precompiled functions
+    ``cpu_key`` is theirs (:meth:`~..graphs.keys.GraphKeys.cpu_key`), so precompiled functions
     are keyed by the same prefix and host-CPU fingerprint as the graphs; so is
-    ``kernels_loaded`` (:meth:`~..graphs.hooks.Integration.kernels_loaded`), which tells a build
+    ``kernels_loaded`` (:meth:`~..graphs.kernels.Kernels.kernels_loaded`), which tells a build
     which kernel libraries its artifact must carry.
     """
     tier = Tier(store, metrics, wait_timeout, cpu_key, kernels_loaded)

@@ -933,7 +933,7 @@ def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.Monke
     import torch
 
     from recipecache import env, torch_integration
-    from recipecache.torch_integration.graphs import hooks as _hooks
+    from recipecache.torch_integration.graphs.artifacts import KEY_PREFIX
     from recipecache.torch_integration.precompiled.keys import signature
 
     keys = []
@@ -947,8 +947,8 @@ def test_precompiled_keys_are_cpu_keys_like_the_graphs(monkeypatch: pytest.Monke
             keys.append(dispatcher.key(dispatcher.target(module), signature(module, args, {})))
         finally:
             torch_integration.disable()
-    assert keys[0].startswith(f"{_hooks.KEY_PREFIX}cpu-avx512-amx-host:precompiled:")
-    assert keys[1].startswith(f"{_hooks.KEY_PREFIX}cpu-avx2-host:precompiled:")
+    assert keys[0].startswith(f"{KEY_PREFIX}cpu-avx512-amx-host:precompiled:")
+    assert keys[1].startswith(f"{KEY_PREFIX}cpu-avx2-host:precompiled:")
     assert keys[0].split(":")[-1] == keys[1].split(":")[-1], "only the CPU part differs"
 
 
