@@ -28,7 +28,7 @@ from ..metrics import Metrics
 from . import code_digest, guard_state
 from .compiled_function import KIND_NAME, Precompiled, grouped_key, versioned_key
 from .keys import CompileSettings, traced_code
-from .traced_values import Recorder, modules_installed, values_of
+from .traced_values import Recorder, modules_installed, scopes_installed, values_of
 from .variant import Fallback, Variant
 
 if TYPE_CHECKING:
@@ -165,6 +165,7 @@ class Builder:
             pins=tuple(recorder.pins),
             groups=tuple(sorted(groups.items())),
             modules=modules_installed(fn, target.globals),
+            scopes=scopes_installed(target.globals),
         )
         self._publish(flight, key, artifact, meta)
         self.metrics.kernels(shipped=len(files))

@@ -32,7 +32,9 @@ that read it go straight to the normal path instead of each tracing it again.
 (:mod:`..rank_binding`): torch bakes group names into the code, so a rank serves it only where those
 are its own groups of those roles, and otherwise looks under the key naming its own.
 ``modules``: the globals dynamo installed for modules the bytecode loads (``___module_collections_<id>_c0``,
-named by the producer's object ids: :func:`.traced_values.modules_installed`), which a loader binds first.
+named by the producer's object ids: :func:`.traced_values.modules_installed`), which a loader binds first;
+``scopes`` likewise for the namespaces of functions that belong to no module (``___unnamed_scope_<id>_c0``, a
+namedtuple's ``__new__``: :func:`.traced_values.scopes_installed`), named by the class and function that hold them.
 This module does not import torch.
 """
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 
@@ -55,7 +58,7 @@ from ..artifact import ArtifactError, KernelFile, checked_file, decode
 #: (format 6 left a module parallelised with ``parallelize_module`` an ``unchecked_value`` verdict: its hooks)
 #: 8: the module globals dynamo installs (``modules``; format 7's artifacts of such code, diffusers' UNet, failed to
 #: load anywhere: "Missing required external references")
-FORMAT = "recipecache-precompiled/8"
+FORMAT = "recipecache-precompiled/9"
 #: what ``recipecache ls`` calls a precompiled artifact (the ``kind`` of its envelope meta), and the kind the
 #: store counts its lookups and puts under
 KIND_NAME = "precompiled"
@@ -104,6 +107,9 @@ class Precompiled:
     groups: tuple[tuple[str, str], ...] = ()
     #: (global name, module name) of each module global dynamo installed that the bytecode reads
     modules: tuple[tuple[str, str], ...] = ()
+    #: (global name, ``<module>:<class>.<function>``) of each unnamed scope dynamo installed (a function's globals
+    #: that belong to no module), bound by a loader to its own namespace of that function
+    scopes: tuple[tuple[str, str], ...] = ()
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -118,6 +124,7 @@ class Precompiled:
                 "pins": [[p.source, p.value, p.per_call] for p in self.pins],
                 "groups": [list(g) for g in self.groups],
                 "modules": [list(m) for m in self.modules],
+                "scopes": [list(m) for m in self.scopes],
             },
             use_bin_type=True,
         )
@@ -126,9 +133,20 @@ class Precompiled:
     def unpack(cls, blob: bytes | bytearray | memoryview) -> Precompiled:
         """Decode and check ``blob``; raises :class:`ArtifactError` for anything unexpected."""
         obj = decode(blob, FORMAT, "recipecache precompiled artifact")
-        entry, compile_s, sources, unsupported, files, dynamic, pins, groups, modules = (
+        entry, compile_s, sources, unsupported, files, dynamic, pins, groups, modules, scopes = (
             obj.get(k)
-            for k in ("entry", "compile_s", "sources", "unsupported", "files", "dynamic", "pins", "groups", "modules")
+            for k in (
+                "entry",
+                "compile_s",
+                "sources",
+                "unsupported",
+                "files",
+                "dynamic",
+                "pins",
+                "groups",
+                "modules",
+                "scopes",
+            )
         )
         if not isinstance(entry, bytes) or not isinstance(compile_s, float) or compile_s < 0:
             raise ArtifactError("precompiled entry or compile time malformed")
@@ -156,14 +174,6 @@ class Precompiled:
             for p in pins
         ):
             raise ArtifactError("precompiled value pins malformed")
-        if not isinstance(groups, list) or not all(
-            isinstance(g, list) and len(g) == 2 and all(isinstance(part, str) and part for part in g) for g in groups
-        ):
-            raise ArtifactError("precompiled process groups malformed")
-        if not isinstance(modules, list) or not all(
-            isinstance(m, list) and len(m) == 2 and all(isinstance(part, str) and part for part in m) for m in modules
-        ):
-            raise ArtifactError("precompiled module globals malformed")
         return cls(
             entry,
             tuple(SourceFile(path, digest, tuple(names)) for path, digest, names in sources),
@@ -172,9 +182,20 @@ class Precompiled:
             tuple(checked_file(f) for f in files),
             dynamic,
             tuple(Pin(*p) for p in pins),
-            tuple((name, role) for name, role in groups),
-            tuple((name, module) for name, module in modules),
+            _pairs(groups, "process groups"),
+            _pairs(modules, "module globals"),
+            _pairs(scopes, "unnamed scopes"),
         )
+
+
+def _pairs(value: Any, what: str) -> tuple[tuple[str, str], ...]:
+    """A list of pairs of non-empty strings, as a tuple; ArtifactError for anything else."""
+    if not isinstance(value, list) or not all(
+        isinstance(pair, list) and len(pair) == 2 and all(isinstance(part, str) and part for part in pair)
+        for pair in value
+    ):
+        raise ArtifactError(f"precompiled {what} malformed")
+    return tuple((first, second) for first, second in value)
 
 
 def versioned_key(key: str, sources: Iterable[SourceFile]) -> str:

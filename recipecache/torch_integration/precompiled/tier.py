@@ -88,7 +88,7 @@ from .build import Builder, no_kernels
 from .compiled_function import KIND_NAME, Precompiled, grouped_key, versioned_key
 from .dispatcher import Dispatcher, Target
 from .keys import CompileSettings
-from .traced_values import install_modules, rebind, values_of
+from .traced_values import install_modules, install_scopes, rebind, values_of
 from .variant import Fallback, Variant
 
 log = logging.getLogger(__name__)
@@ -328,6 +328,7 @@ class Tier:
 
         self.metrics.kernels(installed=install(stored.files, Path(cache_dir())))
         install_modules(stored.modules, target.globals)
+        install_scopes(stored.scopes, target.globals)
         with _producers_meshes_quiet():
             fn = AOTCompiledFunction.deserialize(bytes(stored.entry), target.globals)
         fn.disable_guard_check()  # the dispatcher checks them once per call

@@ -29,6 +29,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import functools
+import gc
 import importlib
 import operator
 import re
@@ -459,6 +460,74 @@ def modules_installed(fn: Any, scope: dict[str, Any]) -> tuple[tuple[str, str], 
             if name.startswith(_MODULE_GLOBAL) and isinstance(value := scope.get(name), types.ModuleType)
         )
     )
+
+
+#: dynamo's global for the globals of an inlined function that belong to no module (a namedtuple's ``__new__``,
+#: which ``collections.namedtuple`` makes by ``eval`` in a namespace of its own), named by the producer's object id:
+#: ``___unnamed_scope_139983857262592_c0``
+_UNNAMED_SCOPE_GLOBAL = "___unnamed_scope_"
+
+
+def scopes_installed(scope: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(global name, ``<module>:<class qualname>.<function name>``) of each unnamed scope dynamo installed in
+    ``scope``, named by the function a class holds whose globals it is.
+
+    torch_geometric's generated ``propagate`` builds a namedtuple: dynamo guards the namespace of its ``__new__``
+    under a name no other process has, so the value pin rooted there refused every load elsewhere
+    (``value_changed``) and a fresh job compiled again. A scope whose owner is not found is left out: its pin
+    refuses the load, counted, as before.
+    """
+    return tuple(
+        sorted(
+            (name, owner)
+            for name, value in list(scope.items())
+            if name.startswith(_UNNAMED_SCOPE_GLOBAL)
+            and isinstance(value, dict)
+            and (owner := _owner_of_globals(value)) is not None
+        )
+    )
+
+
+def _owner_of_globals(namespace: dict[str, Any]) -> str | None:
+    """``<module>:<qualname>.<name>`` of a function whose ``__globals__`` is ``namespace`` and which its class holds,
+    found through the garbage collector's referrers (at build time only) and checked to resolve back to it."""
+    for function in gc.get_referrers(namespace):
+        if not isinstance(function, types.FunctionType) or function.__globals__ is not namespace:
+            continue
+        # the class holds it in its dict, or through a staticmethod there (a class's ``__new__`` becomes one)
+        name: str = function.__name__
+        level: list[Any] = [function]
+        for _ in range(3):
+            level = [outer for inner in level for outer in gc.get_referrers(inner)]
+            for cls in level:
+                if isinstance(cls, type) and getattr(cls, name, None) is function:
+                    owner = f"{cls.__module__}:{cls.__qualname__}.{name}"
+                    try:
+                        if _globals_of(owner) is namespace:
+                            return owner
+                    except (ImportError, AttributeError):
+                        continue
+    return None
+
+
+def _globals_of(owner: str) -> Any:
+    """The ``__globals__`` of the function ``owner`` names (:func:`_owner_of_globals`); raises ImportError or
+    AttributeError where this process has no such function."""
+    module, _, path = owner.partition(":")
+    found: Any = _module(module)
+    for part in path.split("."):
+        found = getattr(found, part)
+    return found.__globals__
+
+
+def install_scopes(scopes: Sequence[tuple[str, str]], scope: dict[str, Any]) -> None:
+    """Bind each of an artifact's unnamed scopes in ``scope`` to this process's namespace of the same function, as
+    dynamo did in the producer; ImportError or AttributeError where this process has no such function, ValueError
+    for a name bound to another value."""
+    for name, owner in scopes:
+        namespace = _globals_of(owner)
+        if scope.setdefault(name, namespace) is not namespace:
+            raise ValueError(f"{name} is bound to another value than the globals of {owner} here")
 
 
 def install_modules(modules: Sequence[tuple[str, str]], scope: dict[str, Any]) -> None:

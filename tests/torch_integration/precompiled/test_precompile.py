@@ -503,7 +503,8 @@ def test_precompiled_artifact_round_trip_and_refusals() -> None:
     art = Precompiled(b"torch bytes", (SourceFile("/m.py", b"\1" * 32, ("SHIFT",)),), 2.5,
                       files=(KernelFile("ab/cabc.main.so", b"\x7fELF"),), dynamic=True,
                       pins=(Pin("G['cfg'].SCALE", "float:2.0", True),), groups=(("3", "2@0,1"),),
-                      modules=(("___module_collections_1_c0", "collections"),))
+                      modules=(("___module_collections_1_c0", "collections"),),
+                      scopes=(("___unnamed_scope_1_c0", "m:Point.__new__"),))
     assert Precompiled.unpack(art.pack()) == art
     verdict = Precompiled(b"", (), 1.0, "Unsupported: graph break")
     assert Precompiled.unpack(verdict.pack()).unsupported == "Unsupported: graph break"
@@ -516,11 +517,43 @@ def test_precompiled_artifact_round_trip_and_refusals() -> None:
                    {**good, "pins": [["k", b"float:2.0", False]]}, {**good, "groups": None},
                    {**good, "groups": [["3"]]}, {**good, "groups": [["3", 2]]}, {**good, "groups": [["", "2@0,1"]]},
                    {**good, "modules": None}, {**good, "modules": [["___module_os_1_c0"]]},
-                   {**good, "modules": [["___module_os_1_c0", ""]]}):
+                   {**good, "modules": [["___module_os_1_c0", ""]]}, {**good, "scopes": None},
+                   {**good, "scopes": [["___unnamed_scope_1_c0"]]}):
         with pytest.raises(ArtifactError):
             Precompiled.unpack(msgpack.packb(broken))
     with pytest.raises(ArtifactError):
         Precompiled.unpack(b"\x80\x04K\x01.")  # a pickle is not an artifact
+
+
+SCOPED = """import collections
+
+Point = collections.namedtuple("Point", ["x", "y"])
+"""
+
+
+def test_an_unnamed_scope_is_named_by_the_function_that_holds_it(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """dynamo guards the namespace of a namedtuple's ``__new__`` (made by ``eval``: it belongs to no module) under
+    ``___unnamed_scope_<id>_c0``, a name no other process has: torch_geometric's generated ``propagate`` made every
+    such artifact ``value_changed`` elsewhere. The artifact names the function; a loader binds its own namespace."""
+    from recipecache.torch_integration.precompiled.traced_values import install_scopes, scopes_installed
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "scoped_model.py").write_text(SCOPED)
+    monkeypatch.delitem(sys.modules, "scoped_model", raising=False)
+    import scoped_model
+
+    namespace = scoped_model.Point.__new__.__globals__
+    producer = {"___unnamed_scope_140_c0": namespace, "___unnamed_scope_141_c1": {"nobody": "holds this"}}
+    scopes = scopes_installed(producer)
+    assert scopes == (("___unnamed_scope_140_c0", "scoped_model:Point.__new__"),)
+    loader: dict[str, Any] = {}
+    install_scopes(scopes, loader)
+    assert loader == {"___unnamed_scope_140_c0": namespace}
+    with pytest.raises(ValueError):
+        install_scopes(scopes, {"___unnamed_scope_140_c0": {}})
+    with pytest.raises(AttributeError):
+        install_scopes((("___unnamed_scope_140_c0", "scoped_model:Gone.__new__"),), {})
 
 
 CODE_V1 = """NAMES = {"a", "b", "c"}
