@@ -880,6 +880,17 @@ def test_overlap_a_forged_strides_record_is_a_counted_fallback_never_handed_to_t
     leader.leases.end_attempt()
 
 
+def test_a_stride_torch_prints_with_a_sign_is_read() -> None:
+    """torchvision's ResNet at two sizes: a conv output's stride is ``256*(1 + (((-1) + s0) // 16))*...``; the sign
+    was not allowed, so the record was refused (``bad_artifact``) and the rank waited for the forward's compile."""
+    from recipecache.torch_integration.graphs.output_strides import _value
+
+    assert _value("256*(1 + (((-1) + s0) // 16))", {"s0": 33}) == 768
+    assert _value("+s0", {"s0": 4}) == 4
+    assert _value("(-1)*s0", {"s0": 4}) is None, "a negative stride is no layout"
+    assert _value("-(-s0)", {"s0": 4}) == 4
+
+
 def test_overlap_strides_that_fit_the_graph_reach_aotautograd(integration: Any) -> None:
     leader, waiter = _overlapping(integration)
     _forge_strides(leader, [["3", "1"], ["1", "3"]])  # the layouts the two outputs have (a transpose's too)

@@ -163,8 +163,8 @@ def _value(text: str, hints: dict[str, int]) -> int | None:
 
 
 def _evaluate(node: ast.AST, text: str, hints: dict[str, int]) -> int:
-    """The value of one node of a stride's tree; ValueError for anything but numbers, the graph's symbols, ``+ - *
-    // % **`` and the functions of :data:`FUNCTIONS`."""
+    """The value of one node of a stride's tree; ValueError for anything but numbers, the graph's symbols, a sign,
+    ``+ - * // % **`` and the functions of :data:`FUNCTIONS`."""
     if isinstance(node, ast.Constant):
         number = quantities.whole(ast.get_source_segment(text, node) or "", 0, 2**63 - 1)
         if number is None:  # 1_0, 0x10, 1.5, a string: no number by the rule
@@ -172,6 +172,9 @@ def _evaluate(node: ast.AST, text: str, hints: dict[str, int]) -> int:
         return number
     if isinstance(node, ast.Name) and node.id in hints:
         return hints[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):  # torch prints ``(-1) + s0``
+        operand = _evaluate(node.operand, text, hints)
+        return -operand if isinstance(node.op, ast.USub) else operand
     if isinstance(node, ast.BinOp):
         left, right = _evaluate(node.left, text, hints), _evaluate(node.right, text, hints)
         if isinstance(node.op, ast.Add):
