@@ -41,8 +41,8 @@ def test_the_folders_show_core_tools_and_run_analysis() -> None:
     assert {p.stem for p in (top / "runs").glob("*.py")} == {"__init__", "events", "keyinfo", "explain", "timeline", "report"}
     assert {p.stem for p in top.glob("*.py")} == {
         "__init__", "_lazy", "argparsing", "autoenable", "breaker", "buffers", "entries", "env", "envelope", "errors", "eventlog", "flight", "fsutil",
-        "health", "keylog", "keys", "lease", "node_tier", "parent_death", "reasons", "settings", "quantities", "sizes", "stats", "store",
-        "store_admin"}
+        "health", "keylog", "keys", "lease", "metrics_schema", "node_tier", "parent_death", "reasons", "settings", "quantities", "sizes",
+        "stats", "store", "store_admin"}
 
 
 def test_the_core_writes_its_records_and_imports_no_reader() -> None:
