@@ -88,16 +88,25 @@ GENERATED = "module:"
 def _generated_name(path: str) -> str | None:
     """``module:<name>`` for a file in this process's temporary directory that a loaded module was generated into
     under a file name of its own (not ``<name>.py``: a temporary file's), else None: that path is this process's
-    alone. A module or script that merely lives there keeps its path."""
+    alone. A module or script that merely lives there keeps its path (the script under any of its names)."""
     if not path.startswith(os.path.join(tempfile.gettempdir(), "")):
         return None
-    stem = os.path.splitext(os.path.basename(path))[0]
+    script = sys.modules.get("__main__")  # also ``__mp_main__`` once multiprocessing started a child
     names = sorted(
         name
         for name, module in list(sys.modules.items())
-        if getattr(module, "__file__", None) == path and name != "__main__" and name.rpartition(".")[2] != stem
+        if getattr(module, "__file__", None) == path and module is not script and not _where_imports_put(name, path)
     )
     return f"{GENERATED}{names[0]}" if names else None
+
+
+def _where_imports_put(name: str, path: str) -> bool:
+    """Whether ``path`` is where an import of module ``name`` finds it: ``<last part>.py`` (or an extension module's
+    ``<last part>.<tags>.so``), or a package's ``<last part>/__init__.py`` (a checkout in the temporary directory)."""
+    last = name.rpartition(".")[2]
+    folder, file = os.path.split(path)
+    stem = file.partition(".")[0]
+    return stem == last or (stem == "__init__" and os.path.basename(folder) == last)
 
 
 def _current_generated(source: SourceFile) -> SourceFile:

@@ -652,6 +652,30 @@ def test_a_module_generated_into_the_temporary_directory_is_named_by_its_module(
     monkeypatch.delitem(sys.modules, "gen_propagate")
     assert code_digest.stale(built) == ["module:gen_propagate"], "a process without the module"
 
+    # a checkout in the temporary directory: its modules and packages are found by import, and keep their paths
+    package = tmp_path / "loader" / "checkout" / "gen_package"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(CODE_V1)
+    (package / "helpers.py").write_text(CODE_V1)
+    monkeypatch.syspath_prepend(str(package.parent))
+    for name in ("gen_package", "gen_package.helpers"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import gen_package.helpers
+
+    ran = code_digest.of_traced([gen_package.f.__code__, gen_package.helpers.f.__code__])
+    assert [s.path for s in ran] == [str(package / "__init__.py"), str(package / "helpers.py")]
+
+    # the script there, under multiprocessing's second name for it too (``__mp_main__``: a compile pool started)
+    script_path = package.parent / "train.py"
+    script_path.write_text(CODE_V1)
+    spec = importlib.util.spec_from_file_location("__main__", script_path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    monkeypatch.setitem(sys.modules, "__mp_main__", script)
+    assert [s.path for s in code_digest.of_traced([script.f.__code__])] == [str(script_path)]
+
 
 UNIT_CFG = """import torch
 
