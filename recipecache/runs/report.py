@@ -292,11 +292,13 @@ def compile_balance(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     """How the job's compile seconds fell on its ranks and nodes (issue 47): a cold job's wall is set by the rank
     with the most compile work on its path, not by the job's total. ``largest_over_mean`` is the busiest rank's
     seconds over the mean of all reporting ranks (1.0: evenly spread), ``by_node`` the seconds and ranks per host,
-    with the same ratio over nodes. None with fewer than two ranks or no compile."""
-    ranks = [r for r in rows if r.get("status", "ok") == "ok"]
+    with the same ratio over nodes. ``rows``: the reporting ranks' rows. None with fewer than two ranks or no
+    compile."""
+    ranks = list(rows)
     total = sum(r["compile_s"] for r in ranks)
     if len(ranks) < 2 or total <= 0:
         return None
+    mean = total / len(ranks)
     busiest = max(ranks, key=lambda r: (r["compile_s"], -r["rank"]))
     by_node: dict[str, dict[str, Any]] = {}
     for r in ranks:
@@ -305,10 +307,10 @@ def compile_balance(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
         node["ranks"].append(r["rank"])
     node_mean = total / len(by_node)
     return {
-        "mean_s": total / len(ranks),
+        "mean_s": mean,
         "largest_s": busiest["compile_s"],
         "largest_rank": busiest["rank"],
-        "largest_over_mean": busiest["compile_s"] / (total / len(ranks)),
+        "largest_over_mean": busiest["compile_s"] / mean,
         "by_node": dict(sorted(by_node.items())),
         "node_largest_over_mean": max(node["compile_s"] for node in by_node.values()) / node_mean,
     }

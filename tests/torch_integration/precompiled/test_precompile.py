@@ -569,14 +569,14 @@ def helper(x):
 """
 
 
-def _load(path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Import ``path`` as module ``cd_model`` (replacing any earlier one), as this process's version of it."""
+def _load(path: Path, monkeypatch: pytest.MonkeyPatch, name: str = "cd_model") -> Any:
+    """Import ``path`` as module ``name`` (replacing any earlier one), as this process's version of it."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("cd_model", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "cd_model", module)
+    monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     return module
 
@@ -626,7 +626,6 @@ def test_a_module_generated_into_the_temporary_directory_is_named_by_its_module(
     """torch_geometric renders each MessagePassing's ``propagate`` into ``$TMPDIR/<module>_<random>.py`` under a fixed
     module name: a path no other process has, so every artifact naming it was ``source_changed`` elsewhere and a
     fresh job compiled again. Such a file is named by its module; the loader digests its own module of that name."""
-    import importlib.util
     import tempfile
 
     from recipecache.torch_integration.precompiled import code_digest
@@ -636,12 +635,7 @@ def test_a_module_generated_into_the_temporary_directory_is_named_by_its_module(
         monkeypatch.setattr(tempfile, "tempdir", str(directory))
         path = directory / f"gen_propagate_{suffix}.py"
         path.write_text(code)
-        spec = importlib.util.spec_from_file_location("gen_propagate", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        monkeypatch.setitem(sys.modules, "gen_propagate", module)
-        spec.loader.exec_module(module)
-        return module
+        return _load(path, monkeypatch, "gen_propagate")
 
     built = code_digest.of_traced([generate(tmp_path / "producer", "n9e_gi6a", CODE_V1).f.__code__])
     assert [s.path for s in built] == ["module:gen_propagate"]
@@ -668,11 +662,7 @@ def test_a_module_generated_into_the_temporary_directory_is_named_by_its_module(
     # the script there, under multiprocessing's second name for it too (``__mp_main__``: a compile pool started)
     script_path = package.parent / "train.py"
     script_path.write_text(CODE_V1)
-    spec = importlib.util.spec_from_file_location("__main__", script_path)
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    monkeypatch.setitem(sys.modules, "__main__", script)
+    script = _load(script_path, monkeypatch, "__main__")
     monkeypatch.setitem(sys.modules, "__mp_main__", script)
     assert [s.path for s in code_digest.of_traced([script.f.__code__])] == [str(script_path)]
 
