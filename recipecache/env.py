@@ -75,6 +75,9 @@ PRECOMPILE = "RECIPECACHE_PRECOMPILE"
 #: set by recipecache-run --no-stall (or by hand): a graph that missed runs without inductor while
 #: one process compiles it behind the steps (``1`` on, ``0`` or unset off)
 NO_STALL = "RECIPECACHE_NO_STALL"
+#: with no-stall in a job of several processes: a process whose worker is busy offers the compiles queued behind it
+#: through the store, and one whose worker is idle takes them (:mod:`recipecache.compile_pool`; ``0`` off, default on)
+COMPILE_POOL = "RECIPECACHE_COMPILE_POOL"
 #: seconds a process may take to exit once its work is done. recipecache-run's own (its --exit-grace):
 #: how long a node's ranks may take to exit once the script finished on all of them; it gives each
 #: rank a share of it, which the rank spends at most finishing the compiles it runs behind the steps
@@ -108,8 +111,8 @@ def process_world_size(environ: Mapping[str, str] | None = None) -> int:
         return 1
 
 
-def switch(name: str, environ: Mapping[str, str] | None = None) -> bool:
-    """The on/off variable ``name``: ``1`` on, ``0`` or unset (or empty) off; ConfigError for anything else.
+def switch(name: str, environ: Mapping[str, str] | None = None, *, default: bool = False) -> bool:
+    """The on/off variable ``name``: ``1`` on, ``0`` off, unset (or empty) ``default``; ConfigError for anything else.
 
     The one rule for every switch, whether the launcher sets it or a user does by hand: a
     ``yes`` or ``true`` silently read as off would hide the mistake (a job without the tier it
@@ -118,7 +121,7 @@ def switch(name: str, environ: Mapping[str, str] | None = None) -> bool:
     text = (os.environ if environ is None else environ).get(name, "")
     if text not in ("", "0", "1"):
         raise ConfigError(f"{name}={echo(text)}: use 1 (on) or 0 (off)")
-    return text == "1"
+    return default if text == "" else text == "1"
 
 
 #: what an operator's CPU fingerprint may be: it becomes part of store keys

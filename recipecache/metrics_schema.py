@@ -142,6 +142,11 @@ NO_STALL_UNFINISHED = Field(("no_stall", "unfinished"), "compiles behind ended u
 NO_STALL_WORKERS = Field(("no_stall", "workers"), "worker processes started")
 NO_STALL_RETRIES = Field(("no_stall", "retries"), "retries of a failed compile")
 NO_STALL_KEY_MISMATCHES = Field(("no_stall", "key_mismatches"), "compiles whose worker computed another key")
+NO_STALL_POOL_TAKEN = Field(("no_stall", "pool_taken"), "compile pool: other processes' graphs compiled here")
+NO_STALL_POOL_HANDED = Field(("no_stall", "pool_handed"), "compile pool: graphs of this process another compiled")
+NO_STALL_POOL_TAKEOVERS = Field(
+    ("no_stall", "pool_takeovers"), "compile pool: graphs taken back from a taker that failed or died"
+)
 NO_STALL_GUARD_REJECTED = Field(
     ("no_stall", "guard_rejected"), "calls after a switch the compiled graph's guards rejected (run without inductor)"
 )
@@ -182,6 +187,9 @@ NO_STALL_COUNTS = (
     NO_STALL_WORKERS,
     NO_STALL_RETRIES,
     NO_STALL_KEY_MISMATCHES,
+    NO_STALL_POOL_TAKEN,
+    NO_STALL_POOL_HANDED,
+    NO_STALL_POOL_TAKEOVERS,
     NO_STALL_GUARD_REJECTED,
 )
 #: every field, in the file's order (a section's fields after it)

@@ -188,6 +188,9 @@ def rank_row(rank: int, data: Mapping[str, Any]) -> dict[str, Any]:
     row.update({name: int(field.read(data) or 0) for name, field in _COUNTS.items()})
     row.update({name: float(field.read(data) or 0.0) for name, field in _SECONDS.items()})
     row["stall_s"] = row["compile_s"] + row["wait_s"]
+    # no-stall's compiles behind the steps (its own graphs and, with the compile pool, other ranks'): compile work
+    # of this rank all the same, off its steps' path
+    row["behind_s"] = float(schema.NO_STALL_COMPILE_S.read(data) or 0.0)
     # the integration's own count: the store's fallbacks plus lookups that failed and bad artifacts
     fallbacks = schema.FALLBACKS.read(data)
     row["fallbacks"] = {str(k): int(v) for k, v in fallbacks.items()} if isinstance(fallbacks, Mapping) else {}
@@ -292,25 +295,26 @@ def compile_balance(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     """How the job's compile seconds fell on its ranks and nodes (issue 47): a cold job's wall is set by the rank
     with the most compile work on its path, not by the job's total. ``largest_over_mean`` is the busiest rank's
     seconds over the mean of all reporting ranks (1.0: evenly spread), ``by_node`` the seconds and ranks per host,
-    with the same ratio over nodes. ``rows``: the reporting ranks' rows. None with fewer than two ranks or no
-    compile."""
-    ranks = list(rows)
-    total = sum(r["compile_s"] for r in ranks)
-    if len(ranks) < 2 or total <= 0:
+    with the same ratio over nodes. A rank's seconds are its inline compiles' and those it ran behind the steps
+    (no-stall). ``rows``: the reporting ranks' rows. None with fewer than two ranks or no compile."""
+    rows = list(rows)
+    seconds = {r["rank"]: r["compile_s"] + r.get("behind_s", 0.0) for r in rows}
+    total = sum(seconds.values())
+    if len(seconds) < 2 or total <= 0:
         return None
-    mean = total / len(ranks)
-    busiest = max(ranks, key=lambda r: (r["compile_s"], -r["rank"]))
+    mean = total / len(seconds)
+    busiest = max(seconds, key=lambda rank: (seconds[rank], -rank))
     by_node: dict[str, dict[str, Any]] = {}
-    for r in ranks:
+    for r in rows:
         node = by_node.setdefault(str(r.get("host") or "?"), {"compile_s": 0.0, "ranks": []})
-        node["compile_s"] += r["compile_s"]
+        node["compile_s"] += seconds[r["rank"]]
         node["ranks"].append(r["rank"])
     node_mean = total / len(by_node)
     return {
         "mean_s": mean,
-        "largest_s": busiest["compile_s"],
-        "largest_rank": busiest["rank"],
-        "largest_over_mean": busiest["compile_s"] / mean,
+        "largest_s": seconds[busiest],
+        "largest_rank": busiest,
+        "largest_over_mean": seconds[busiest] / mean,
         "by_node": dict(sorted(by_node.items())),
         "node_largest_over_mean": max(node["compile_s"] for node in by_node.values()) / node_mean,
     }
@@ -371,6 +375,8 @@ def no_stall_graphs(metrics: Mapping[int, Mapping[str, Any] | Unreadable]) -> li
             if compile_s:
                 graph["compiled_by"].append(rank)
                 graph["compile_s"] += float(compile_s)
+            if not row[schema.GRAPH_EAGER_CALLS.key] and row.get(schema.GRAPH_SWITCHED_AT.key) is None:
+                continue  # compiled for another rank (the compile pool), never run here
             eager_s: Any = row.get(schema.GRAPH_EAGER_S.key)
             failed, unfinished = row.get(schema.GRAPH_FAILED.key), row.get(schema.GRAPH_UNFINISHED.key)
             graph["ranks"][str(rank)] = {

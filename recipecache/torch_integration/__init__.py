@@ -106,6 +106,8 @@ def enable(
             else env.positive_seconds("exit_grace", exit_grace)
         )
         no_stall_timeout = env.seconds(env.NO_STALL_TIMEOUT, DEFAULT_NO_STALL_TIMEOUT_S)
+        # a process alone has nobody to share its compiles with
+        want_pool = env.switch(env.COMPILE_POOL, default=True) and env.process_world_size() > 1
         try:
             import torch
 
@@ -115,9 +117,17 @@ def enable(
             on = {state.hook.name for state in hooks if state.on}
             compiles_behind = None
             if want_no_stall and "no_stall" in on:
+                from ..compile_pool import CompilePool
                 from .no_stall.controller import NoStall
 
-                compiles_behind = NoStall(store, metrics, grace, no_stall_timeout, hook_up=patches.hooked_for_worker)
+                compiles_behind = NoStall(
+                    store,
+                    metrics,
+                    grace,
+                    no_stall_timeout,
+                    hook_up=patches.hooked_for_worker,
+                    compile_pool=CompilePool(store) if want_pool else None,
+                )
             integration = patches.attach(store, metrics, wait_timeout, on, no_stall=compiles_behind)
         except (ImportError, AttributeError) as exc:
             # a torch that lacks even what the hooks module imports

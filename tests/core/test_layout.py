@@ -40,7 +40,7 @@ def test_the_folders_show_core_tools_and_run_analysis() -> None:
     assert {p.stem for p in (top / "tools").glob("*.py")} == {"__init__", "cli", "admin", "doctor"}
     assert {p.stem for p in (top / "runs").glob("*.py")} == {"__init__", "events", "keyinfo", "explain", "timeline", "report"}
     assert {p.stem for p in top.glob("*.py")} == {
-        "__init__", "_lazy", "argparsing", "autoenable", "breaker", "buffers", "entries", "env", "envelope", "errors", "eventlog", "flight", "fsutil",
+        "__init__", "_lazy", "argparsing", "autoenable", "breaker", "buffers", "compile_pool", "entries", "env", "envelope", "errors", "eventlog", "flight", "fsutil",
         "health", "keylog", "keys", "lease", "metrics_schema", "node_tier", "parent_death", "reasons", "settings", "quantities", "sizes",
         "stats", "store", "store_admin"}
 

@@ -433,6 +433,9 @@ def test_the_report_says_in_plain_words_what_became_of_each_graph_compiled_behin
     cases = {
         "published": ({0: row(compile_s=2.0, switched_at=1.0)}, "compiled behind by rank 0 in 2.0 s and published"),
         "loaded": ({0: row(switched_at=1.0)}, "compiled by another process"),
+        # the compile pool: rank 1 compiled rank 0's graph and never ran it (no "rank 1: never switched")
+        "taken": ({0: row(switched_at=1.0), 1: row(eager_calls=0, compile_s=3.0)},
+                  "compiled behind by rank 1 in 3.0 s and published; rank 0: 3 eager call(s), switched at"),
         "unfinished": ({0: row(unfinished=ended), 1: row()}, "NOT published: still compiling when the job ended"),
         "failed": ({0: row(failed="worker exited with status 1")}, "NOT published: the compile behind failed"),
     }
@@ -441,6 +444,7 @@ def test_the_report_says_in_plain_words_what_became_of_each_graph_compiled_behin
         text = "\n".join(format_no_stall({"no_stall": graphs}))
         assert words in text, (name, text)
         assert "another job in" not in text, (name, text)
+        assert "never switched" not in text or name in ("unfinished", "failed"), (name, text)
     unfinished = no_stall_graphs({0: {"no_stall": {"graphs": {"K": row(unfinished=ended)}}}})
     assert unfinished[0]["ranks"]["0"]["unfinished"] == ended
     assert ended in "\n".join(format_no_stall({"no_stall": unfinished}))

@@ -99,6 +99,15 @@ def test_compile_seconds_are_shown_per_rank_and_node_with_the_largest_over_the_m
             "a 15.0 s (ranks 0, 1); b 5.0 s (ranks 2, 3) (largest 1.50x the mean)") in format_report(report)
 
 
+def test_compile_seconds_count_the_compiles_a_rank_ran_behind_the_steps(tmp_path: Path) -> None:
+    # no-stall: rank 0 compiled 2 graphs inline (5 s) and, with the compile pool, rank 1 ran 7.5 s behind its steps
+    write(tmp_path, 0, metrics(0, compiles=2, world_size=2))
+    write(tmp_path, 1, {**metrics(1, compiles=0, world_size=2), "no_stall": {"compiles": 2, "compile_s": 7.5}})
+    found = load_metrics(tmp_path)
+    balance = build_report(found, world_ranks(found))["total"]["compile_balance"]
+    assert balance["largest_rank"] == 1 and balance["largest_s"] == 7.5 and balance["mean_s"] == 6.25
+
+
 def test_no_balance_without_compiles_or_with_one_rank(tmp_path: Path) -> None:
     write(tmp_path, 0, metrics(0, world_size=1))
     found = load_metrics(tmp_path)

@@ -7,7 +7,8 @@ and a busy machine can run hundreds of eager steps before it is done.
 Rank 0 writes ``--out``: per step every rank's loss, and the steps the job ran. Steps pause
 ``--pause`` seconds, as a data loader would, so a compile behind them gets the cores too. With
 ``--kill-worker`` rank 0 kills its no-stall worker after its first step, mid-compile (a worker
-that dies: another rank must take the graph over). With ``--set-globals`` the script first sets the
+that dies: another rank must take the graph over). With ``--rank0-eval LENGTHS`` rank 0 alone evaluates after each step
+(graphs no other rank meets: the compile pool's case). With ``--set-globals`` the script first sets the
 process-global torch settings training scripts set before they compile (:func:`set_globals`), which
 torch's graph keys read: no-stall's worker, which never runs the script, must compile under them too.
 """
@@ -38,7 +39,8 @@ def all_switched() -> bool:
     except ImportError:
         return True
     graphs = metrics().get("no_stall", {}).get("graphs", {})
-    return all(g["switched_at"] is not None for g in graphs.values())
+    # a graph this process compiled for another one (the compile pool) and never ran has nothing to switch
+    return all(g["switched_at"] is not None for g in graphs.values() if g["eager_calls"])
 
 
 def set_globals() -> None:
@@ -61,6 +63,8 @@ def main() -> None:
     p.add_argument("--pause", type=float, default=0.2)
     p.add_argument("--kill-worker", action="store_true", help="rank 0 kills its worker after its first step")
     p.add_argument("--set-globals", action="store_true", help="set global torch settings first (set_globals)")
+    p.add_argument("--rank0-eval", default="", metavar="LENGTHS",
+                   help="after each step rank 0 alone evaluates at these lengths: graphs only it meets")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     if args.set_globals:
@@ -85,6 +89,10 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         step_s.append(time.perf_counter() - start)
         losses.append(loss.item())
+        if rank == 0 and args.rank0_eval:
+            with torch.no_grad():
+                for length in (int(n) for n in args.rank0_eval.split(",")):
+                    compiled(*make_batch(step, rank, 4, length, 0))
         if args.kill_worker and rank == 0 and step == 0:
             kill_worker(time.monotonic() + 120)
         time.sleep(args.pause)

@@ -65,12 +65,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ... import metrics_schema as schema
+from ...compile_pool import CompilePool
+from ...lease import HeldLease
 from ...reasons import Reason, Role
 from ...store import Flight, Store
 from ..deferral import Deferred
@@ -79,6 +81,7 @@ from . import global_state
 from .graph import RETRY_S, CpuProbeWarmer, NoStallGraph
 from .pool import CompileTimeout, WorkerPool
 from .protocol import needs_process_groups, wire_input
+from .sharing import Sharing
 
 log = logging.getLogger(__name__)
 #: seconds finish() waits for a killed compile's thread to release its lease
@@ -135,13 +138,16 @@ class _Graph:
 
 @dataclass
 class _Job:
-    """One background compile: its key, its pickled input for the worker, the lease it holds."""
+    """One background compile: its key, its pickled input for the worker, the lease it holds, and its outcome
+    (``future``: the compile's seconds here, 0.0 when a taker of the compile pool compiled it)."""
 
     key: str
     payload: bytes
     flight: Flight
+    future: Future[float] = field(default_factory=Future)
     cancelled: bool = False
-    future: Future[float] | None = None
+    #: offered to the compile pool (:mod:`.sharing`): claimed before it compiles here, withdrawn when it ends
+    offered: bool = False
 
 
 class WorkerFailed(RuntimeError):
@@ -158,15 +164,24 @@ class NoStall:
     """This process's background compiles and switching graphs (one per enabled integration)."""
 
     def __init__(
-        self, store: Store, metrics: Metrics, exit_grace: float, compile_timeout: float, *, hook_up: HookUp
+        self,
+        store: Store,
+        metrics: Metrics,
+        exit_grace: float,
+        compile_timeout: float,
+        *,
+        hook_up: HookUp,
+        compile_pool: CompilePool | None = None,
     ) -> None:
+        """``compile_pool``: where this process offers the compiles queued behind its busy worker and takes those of
+        others while its worker is idle (:mod:`.sharing`); None: it compiles only what it leads."""
         self.store = store
         self.metrics = metrics
         self.exit_grace = exit_grace
         #: seconds one compile behind may take before its worker is ended (:class:`CompileTimeout`)
         self.compile_timeout = compile_timeout
         self._hook_up = hook_up
-        self._pool = WorkerPool(metrics)
+        self.workers = WorkerPool(metrics)
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
         self._futures: list[Future[float]] = []
@@ -182,6 +197,7 @@ class NoStall:
         self._finish_s = exit_grace
         self._cpu_probe = CpuProbeWarmer()
         metrics.follow_no_stall(self.snapshot)
+        self._sharing = None if compile_pool is None else Sharing(self, compile_pool)
 
     # -- the hook side ------------------------------------------------------------
     def intercept(
@@ -283,22 +299,74 @@ class NoStall:
 
     # -- background compiles -------------------------------------------------------
     def _submit(self, flight: Flight, wire: bytes, state: dict[str, Any]) -> Future[float]:
+        fields = {
+            "key": flight.key,
+            "wire": wire,
+            "state": state,
+            "sys_path": list(sys.path),
+            "hook_up": self._hook_up,  # pickled by name: the worker imports it
+        }
         # sent on the worker's stdin, never written to disk: the settings hold the store's secret
-        payload = pickle.dumps(
-            {
-                "settings": self.store.settings,
-                "key": flight.key,
-                "wire": wire,
-                "state": state,
-                "sys_path": list(sys.path),
-                "hook_up": self._hook_up,  # pickled by name: the worker imports it
-            }
-        )
-        job = _Job(flight.key, payload, flight)
+        job = _Job(flight.key, pickle.dumps({**fields, "settings": self.store.settings}), flight)
         self.store.events.record("compile_start", flight.key, behind=True)
         with self._lock:
             self._jobs[flight.key] = job
-            job.future = future = self._pool.submit(lambda: self._run(job))
+            self._futures.append(job.future)
+        if self._sharing is not None and not self.workers.idle():  # it would wait here: any idle process may take it
+            graph = self.graphs[flight.key]
+            job.offered = self._sharing.offer(flight.key, fields, (graph.name, graph.shapes))
+        self.workers.submit(lambda: self._start(job))
+        return job.future
+
+    def _start(self, job: _Job) -> None:
+        """This process's worker got to ``job`` (unless finish() cancelled it meanwhile): compile it here, or, if a
+        taker of the compile pool claimed it first, follow that taker."""
+        if not job.future.set_running_or_notify_cancel():
+            return
+        claim = None
+        if job.offered:
+            assert self._sharing is not None
+            claim = self._sharing.claim(job.key)
+            if claim is None:
+                self._sharing.follow(job)
+                return
+        self.compile_here(job, claim)
+
+    def compile_here(self, job: _Job, claim: HeldLease | None = None) -> None:
+        """Compile ``job`` in this process's worker and end it (``claim``: its claim in the compile pool)."""
+        try:
+            job.future.set_result(self._run(job))
+        except BaseException as exc:  # noqa: BLE001 - counted by _run; read by the graph's switch
+            job.future.set_exception(exc)
+        finally:
+            if claim is not None:
+                claim.release()
+            if job.offered:
+                assert self._sharing is not None
+                self._sharing.withdraw(job.key)
+
+    def idle(self) -> bool:
+        """Whether this process's worker has nothing to compile (and the process is not exiting)."""
+        return self.workers.idle() and not self._closed
+
+    def submit_taken(
+        self, key: str, what: tuple[str, str], payload: bytes, cancelled: Callable[[], bool]
+    ) -> Future[float]:
+        """Compile another process's graph ``key`` (``what``: its name and shapes), taken from the compile pool, in
+        this process's worker after what is queued here; its seconds, counted here (a job's compile seconds are
+        where its compiles ran). At exit it gets the grace, as this process's own compiles do."""
+
+        def run() -> float:
+            seconds = self._work(key, payload, cancelled)
+            self.store.events.record("compile", key, seconds, behind=True, taken=True)
+            self.metrics.no_stall(compiles=1, compile_s=seconds, pool_taken=1)
+            row = self._row(key, what)
+            with self._lock:
+                row.compile_s += seconds
+            return seconds
+
+        future = self.workers.submit(run)
+        with self._lock:
             self._futures.append(future)
         return future
 
@@ -306,7 +374,7 @@ class NoStall:
         """Run one worker to its end; the compile's seconds, or raise why it failed (counted). Always frees the lease."""
         graph = self.graphs[job.key]
         try:
-            seconds = self._work(job)
+            seconds = self._work(job.key, job.payload, lambda: job.cancelled)
         except Exception as exc:
             if job.cancelled:  # ended by finish(), past the exit grace: not a failure of the compile
                 self._unfinished(job, "it was still compiling")
@@ -316,7 +384,7 @@ class NoStall:
             self._failed(job.key, (graph.name, graph.shapes), f"the compile behind failed ({exc})", reason)
             raise
         finally:
-            self._drop(job)
+            self.drop(job)
         self.store.events.record("compile", job.key, seconds, behind=True)
         self.metrics.no_stall(compiles=1, compile_s=seconds)
         with self._lock:
@@ -334,9 +402,10 @@ class NoStall:
         if isinstance(exc, WorkerFailed) and exc.key_mismatch:
             self.metrics.no_stall(key_mismatches=1)
 
-    def _work(self, job: _Job) -> float:
-        """Have this process's worker compile ``job`` (starting one if none runs); its seconds, or raise why not."""
-        result = self._pool.compile(job.payload, self.compile_timeout, lambda: job.cancelled)
+    def _work(self, key: str, payload: bytes, cancelled: Callable[[], bool]) -> float:
+        """Have this process's worker compile graph ``key`` from the pickled job ``payload`` (starting one if none runs, unless
+        ``cancelled()``); its seconds, or raise why not."""
+        result = self.workers.compile(payload, self.compile_timeout, cancelled)
         if result.get("error"):
             raise WorkerFailed(
                 result["error"], inline=bool(result.get("inline")), key_mismatch=bool(result.get("key_mismatch"))
@@ -344,12 +413,12 @@ class NoStall:
         for reason in result.get("unpublished", ()):
             self.metrics.fallback(
                 Reason(reason),
-                f"the no-stall worker compiled {job.key} but could not publish it; "
+                f"the no-stall worker compiled {key} but could not publish it; "
                 "this process loads it from torch's local cache, other processes compile it again",
             )
         return float(result["compile_s"])
 
-    def _drop(self, job: _Job) -> None:
+    def drop(self, job: _Job) -> None:
         """A job ended (or was cancelled before it began): free its lease, so another process may compile the graph."""
         job.flight.release()
         with self._lock:
@@ -418,16 +487,20 @@ class NoStall:
                 ", ".join(job.key for job in jobs),
             )
         for job in jobs:
-            if job.future is not None and job.future.cancel():
+            if job.future.cancel():
                 self._unfinished(job, "it was still queued")
-                self._drop(job)
-        if jobs:
-            self._pool.kill()
+                self.drop(job)
+                if job.offered:
+                    assert self._sharing is not None
+                    self._sharing.withdraw(job.key)
+        if jobs or not all(future.done() for future in futures):  # one of them another process's (the pool)
+            self.workers.kill()
         for job in jobs:
-            if job.future is not None:
-                with contextlib.suppress(Exception):
-                    job.future.result(timeout=KILLED_JOB_WAIT_S)
-        self._pool.close()
+            with contextlib.suppress(Exception):
+                job.future.result(timeout=KILLED_JOB_WAIT_S)
+        if self._sharing is not None:
+            self._sharing.stop()
+        self.workers.close()
 
     def close(self) -> None:
         """End every worker at once (disable)."""

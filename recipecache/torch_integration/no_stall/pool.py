@@ -41,23 +41,30 @@ class _Serial:
 
     def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        #: calls submitted and not yet ended (queued or running)
+        self.pending = 0
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, call: Callable[[], Any]) -> Future[Any]:
         future: Future[Any] = Future()
+        with self._lock:
+            self.pending += 1
         self._queue.put((future, call))
         return future
 
     def _loop(self) -> None:
         while True:
             future, call = self._queue.get()
-            if not future.set_running_or_notify_cancel():
-                continue
             try:
-                future.set_result(call())
+                if future.set_running_or_notify_cancel():
+                    future.set_result(call())
             except BaseException as exc:  # noqa: BLE001 - handed to whoever reads the future
                 future.set_exception(exc)
+            finally:
+                with self._lock:
+                    self.pending -= 1
 
 
 #: the directory that holds the ``recipecache`` package (this module's name says how deep it sits in it)
@@ -171,9 +178,13 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._worker: _Worker | None = None
 
-    def submit(self, call: Callable[[], float]) -> Future[float]:
+    def submit(self, call: Callable[[], Any]) -> Future[Any]:
         """Run ``call`` (one compile behind) after those submitted before it."""
         return self._serial.submit(call)
+
+    def idle(self) -> bool:
+        """Whether nothing is queued or compiling here: a compile submitted now would start at once."""
+        return self._serial.pending == 0
 
     def compile(self, payload: bytes, timeout: float, cancelled: Callable[[], bool]) -> dict[str, Any]:
         """Have the kept worker compile the pickled job ``payload`` within ``timeout`` seconds (starting one if none

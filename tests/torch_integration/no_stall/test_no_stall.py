@@ -9,6 +9,8 @@
   keys read them): each rank runs graphs eagerly while a worker compiles them, every graph is compiled
   once in the job, none fails behind, every rank switches, the losses match plain torchrun's; a job of
   fresh ranks right after compiles nothing and runs nothing eagerly;
+* the compile pool: rank 0 alone evaluates (graphs only it meets, queued behind its worker); rank 1's idle
+  worker compiles some of them for it, each graph once, and rank 0 switches to them;
 * a 2-rank job whose rank 0 loses its worker mid-compile: rank 1 takes that graph over (compiles it
   behind its own steps and switches), and rank 0 switches to it too;
 * a graph inductor specializes while compiling it behind: after the switch, inputs its guards
@@ -193,6 +195,27 @@ def test_a_graph_whose_worker_died_is_taken_over_by_another_rank(tmp_path: Path)
     assert max(compiled.values()) == 1, f"graphs compiled more than once: {compiled}"
     assert failed <= {e["key"] for e in _events(job, "compile", 1)}, "rank 1 compiled what rank 0's worker left"
     assert failed <= {e["key"] for e in _events(job, "switch", 1)}, "and switched to it"
+    assert len(job["losses"]) == job["steps"] and all(loss == loss for step in job["losses"] for loss in step)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(1800)
+def test_an_idle_rank_compiles_the_graphs_queued_behind_a_busy_one(tmp_path: Path) -> None:
+    # rank 0 alone evaluates at three lengths: graphs rank 1 never meets queue behind rank 0's worker
+    job = _launch(tmp_path, "pool", f"file://{tmp_path / 'store'}", "--until-switched", str(UNTIL_SWITCHED_S),
+                  "--rank0-eval", "20,24,28")
+    zero, one = (job["metrics"][rank]["no_stall"] for rank in range(RANKS))
+    taken = {e["key"] for e in _events(job, "compile", 1) if e.get("taken")}
+    assert taken and one["pool_taken"] == len(taken), "rank 1's idle worker compiled none of rank 0's graphs"
+    assert zero["pool_handed"] == len(taken) and zero["pool_takeovers"] == 0 and zero["failed"] == one["failed"] == 0
+    led_by_zero = {e["key"] for e in _events(job, "compile_start", 0)}
+    assert taken <= led_by_zero  # graphs rank 0 led, compiled by rank 1 for it
+    assert taken <= {e["key"] for e in _events(job, "switch", 0)}  # and rank 0 runs them compiled
+    compiled = Counter(e["key"] for e in _events(job, "compile") if e.get("behind"))
+    assert max(compiled.values()) == 1, f"graphs compiled more than once: {compiled}"
+    assert led_by_zero <= set(compiled)  # every graph rank 0 led was compiled, here or there
+    balance = job["report"]["total"]["compile_balance"]
+    assert balance is not None and balance["largest_s"] > 0
     assert len(job["losses"]) == job["steps"] and all(loss == loss for step in job["losses"] for loss in step)
 
 
