@@ -21,7 +21,7 @@ a fetch. In time, shared and singleflight are therefore close; what single-fligh
 is the duplicate compile work (``wasted_compile_s``), which on real hosts contends for
 the CPUs of the ranks beside it.
 
-* no_stall and pool: nobody waits for a compile; :mod:`.behind` plays them.
+* no_stall and pool: nobody waits for a compile; :mod:`.background` plays them.
 
 Fetches contend: every fetch in flight takes an equal share of the store's bandwidth
 (processor sharing, each at most one client's rate, :class:`~.parts.Link`), so the ranks of a
@@ -41,7 +41,7 @@ import math
 import numpy as np
 
 from ..errors import ConfigError
-from .behind import BEHIND, run_behind
+from .background import BEHIND, run_behind
 from .model import POLICIES, Report, Workload, compile_balance, worst_case_delays
 from .parts import Link, Tally
 

@@ -1,5 +1,5 @@
 """What both players of the simulator share: the store's link (fetches in flight share its bandwidth) and the
-per-rank counters a report is made of. A module of its own so that :mod:`.engine` and :mod:`.behind` import it
+per-rank counters a report is made of. A module of its own so that :mod:`.engine` and :mod:`.background` import it
 without importing each other."""
 
 from __future__ import annotations
