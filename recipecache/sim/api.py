@@ -7,7 +7,7 @@ from typing import Any
 
 from .engine import run_policy
 from .model import POLICIES, Report, Scenario, Workload
-from .schedules import adversarial_workload, iid_workload, startup_workload
+from .schedules import adversarial_workload, iid_workload, startup_workload, with_rank0_shapes
 from .trace import trace_workload
 
 _BUILDERS = {
@@ -19,7 +19,7 @@ _BUILDERS = {
 
 
 def build_workload(scenario: Scenario) -> Workload:
-    return _BUILDERS[scenario.schedule](scenario)
+    return with_rank0_shapes(_BUILDERS[scenario.schedule](scenario))
 
 
 def simulate(policy: str = "singleflight", scenario: Scenario | None = None, **fields: Any) -> Report:

@@ -30,6 +30,8 @@ _COLUMNS = (
     ("wall_s", "wall_s", "{:.1f}"),
     ("worst_s", "worst_step_s", "{:.1f}"),
     ("eager", "eager_steps", "{:d}"),
+    ("tail_s", "tail_s", "{:.1f}"),
+    ("balance", "compile_balance", "{:.2f}"),
     ("remote_mb", "remote_mb", "{:.0f}"),
 )
 #: policies renamed after the feature they model, by their old names
@@ -40,7 +42,7 @@ _RATIOS = ("stall_s", "compile_delays", "compile_events", "wall_s")
 
 #: the options that take a number, by dest: read by the rule of :mod:`recipecache.quantities` (whole numbers, and
 #: numbers with a point allowed); the model checks their bounds
-_WHOLE_OPTIONS = ("ranks", "shapes", "steps", "seed", "ranks_per_node")
+_WHOLE_OPTIONS = ("ranks", "shapes", "steps", "seed", "ranks_per_node", "rank0_shapes")
 _NUMBER_OPTIONS = (
     "zipf_exponent",
     "compile_s",
@@ -54,6 +56,7 @@ _NUMBER_OPTIONS = (
     "trace_s",
     "eager_slowdown",
     "no_stall_cpu_share",
+    "pool_poll_s",
 )
 
 
@@ -113,6 +116,18 @@ def add_parser(subparsers: Any) -> None:
         help="no_stall: share of the steps' CPU a background compile takes while it runs "
         "(0 to below 1; 0: a GPU node, where it runs on cores the steps leave idle)",
     )
+    p.add_argument(
+        "--pool-poll-s",
+        default=_COSTS.pool_poll_s,
+        help="pool: how often an idle worker polls the store for compiles a busy rank offers; a compile "
+        "another rank's worker takes starts this plus one fetch later",
+    )
+    p.add_argument(
+        "--rank0-shapes",
+        default=0,
+        help="shapes only rank 0 meets (at step 0) and calls every step, beyond the schedule's: an "
+        "evaluation only rank 0 runs",
+    )
     p.add_argument("--ranks-per-node", default=DEFAULT_RANKS_PER_NODE, help="ranks sharing a node")
     p.add_argument(
         "--node-tier",
@@ -168,6 +183,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         trace_s=args.trace_s,
         eager_slowdown=args.eager_slowdown,
         no_stall_cpu_share=args.no_stall_cpu_share,
+        pool_poll_s=args.pool_poll_s,
     )
     return Scenario(
         schedule=args.schedule,
@@ -184,6 +200,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         node_tier=args.node_tier,
         colocated=args.colocated,
         warm=args.warm,
+        rank0_shapes=args.rank0_shapes,
     )
 
 
@@ -198,6 +215,11 @@ def ratios(reports: dict[str, Report]) -> dict[str, dict[str, float | None]]:
     }
 
 
+def _cell(fmt: str, value: float | None) -> str:
+    """A table cell: a figure the policy has none of (``compile_balance`` without a compile) reads ``-``."""
+    return "-" if value is None else fmt.format(value)
+
+
 def table(reports: dict[str, Report]) -> str:
     first = next(iter(reports.values()))
     lines = [
@@ -208,7 +230,7 @@ def table(reports: dict[str, Report]) -> str:
     heading = f"{'policy':<13}" + "".join(f"{h:>11}" for h, _, _ in _COLUMNS)
     lines.append(heading + (f"{'stall/none':>12}" if vs_none else ""))
     for policy, r in reports.items():
-        row = f"{policy:<13}" + "".join(f"{fmt.format(getattr(r, attr)):>11}" for _, attr, fmt in _COLUMNS)
+        row = f"{policy:<13}" + "".join(f"{_cell(fmt, getattr(r, attr)):>11}" for _, attr, fmt in _COLUMNS)
         if vs_none:
             ratio = vs_none[policy]["stall_s"]
             row += f"{'-' if ratio is None else f'{ratio:.3f}':>12}"

@@ -21,17 +21,10 @@ a fetch. In time, shared and singleflight are therefore close; what single-fligh
 is the duplicate compile work (``wasted_compile_s``), which on real hosts contends for
 the CPUs of the ranks beside it.
 
-* behind (``--no-stall``): nobody waits for a compile. A rank that meets a shape not in
-  the store traces it (``trace_s``, synchronous) and runs its steps without inductor
-  (``eager_slowdown`` times their compute) until the artifact lands; the first rank whose
-  trace ends compiles the rest of it (``compile_s - trace_s``) behind the steps, the others
-  do not compile it. At its first call after the artifact landed a rank loads it (a fetch:
-  the switch) and runs compiled from then on. While background compiles run, the steps get
-  ``1 - no_stall_cpu_share`` of their CPU. :func:`_run_no_stall` plays it step by step, over
-  every call (``Workload.calls``), since a shape still compiling costs at each call.
+* no_stall and pool: nobody waits for a compile; :mod:`.background` plays them.
 
 Fetches contend: every fetch in flight takes an equal share of the store's bandwidth
-(processor sharing, each at most one client's rate, :class:`_Link`), so the ranks of a
+(processor sharing, each at most one client's rate, :class:`~.parts.Link`), so the ranks of a
 large job fetching at the same moment slow each other down, as they do at a real store.
 With the node tier, the first rank of a node to need an artifact fetches it, the node's
 other ranks that need it meanwhile wait for that fetch, and later ones read the node's
@@ -48,76 +41,14 @@ import math
 import numpy as np
 
 from ..errors import ConfigError
-from .model import POLICIES, RankFigures, Report, Workload, calls_by_step, worst_case_delays
+from .background import BEHIND, run_behind
+from .model import POLICIES, Report, Workload, compile_balance, worst_case_delays
+from .parts import Link, Tally
 
 log = logging.getLogger(__name__)
 
 
-class _Link:
-    """A link of ``capacity`` MB/s shared equally by the transfers on it, each at most ``cap`` MB/s.
-
-    Every transfer in flight moves at the same rate, so the link keeps one "virtual"
-    clock of megabytes moved per transfer: a transfer of ``mb`` that starts when that
-    clock reads ``v`` ends when it reads ``v + mb``, whatever starts or ends meanwhile.
-    Ends come off a heap in that order, which makes n transfers cost O(n log n).
-    """
-
-    def __init__(self, capacity: float, cap: float) -> None:
-        self.capacity, self.cap = capacity, cap
-        self.now = 0.0
-        self.moved = 0.0  # the virtual clock: MB each transfer in flight has moved since the link began
-        self.ends: list[tuple[float, int, int]] = []
-        self._order = itertools.count()
-
-    def _rate(self) -> float:
-        return min(self.capacity / len(self.ends), self.cap)
-
-    def advance(self, t: float) -> None:
-        if self.ends and t > self.now:
-            self.moved += (t - self.now) * self._rate()
-        self.now = max(self.now, t)
-
-    def add(self, t: float, mb: float, item: int) -> None:
-        self.advance(t)
-        heapq.heappush(self.ends, (self.moved + mb, next(self._order), item))
-
-    def next_end(self) -> float:
-        if not self.ends:
-            return math.inf
-        return self.now + max(self.ends[0][0] - self.moved, 0.0) / self._rate()
-
-    def pop(self, t: float) -> int:
-        self.advance(t)
-        return heapq.heappop(self.ends)[2]
-
-
-class _Tally:
-    """Per-rank counters, kept as plain lists because the event loop updates them one by one."""
-
-    def __init__(self, ranks: int) -> None:
-        self.compiles = [0] * ranks
-        self.compile_s = [0.0] * ranks
-        self.waits = [0] * ranks
-        self.wait_s = [0.0] * ranks
-        self.fetches = [0] * ranks
-        self.fetch_s = [0.0] * ranks
-
-    def figures(self) -> list[RankFigures]:
-        return [
-            RankFigures(
-                rank=r,
-                compiles=self.compiles[r],
-                compile_s=self.compile_s[r],
-                waits=self.waits[r],
-                wait_s=self.wait_s[r],
-                fetches=self.fetches[r],
-                fetch_s=self.fetch_s[r],
-            )
-            for r in range(len(self.compiles))
-        ]
-
-
-def _prewarm(w: Workload, tally: _Tally) -> tuple[float, np.ndarray]:
+def _prewarm(w: Workload, tally: Tally) -> tuple[float, np.ndarray]:
     """Compile shape i on rank i mod N before step 0; the ranks work in parallel.
 
     Returns the prewarm time (the busiest rank's share) and a mask of the first meetings
@@ -136,8 +67,8 @@ def run_policy(w: Workload, policy: str) -> Report:
     """Play ``w`` under ``policy`` and account for every second the cache cost."""
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
-    if policy == "no_stall":
-        return _run_no_stall(w)
+    if policy in BEHIND:
+        return run_behind(w, pool=policy == "pool")
     replay = _Replay(w, policy)
     for a, b in itertools.pairwise(replay.bounds):
         replay.play_step(a, b)
@@ -159,7 +90,7 @@ _MEET, _FETCH, _COPY, _TRANSFER = 0, 1, 2, -1
 
 
 class _Replay:
-    """One policy (not no-stall) played over one workload, step after step: the state the steps share.
+    """One stalling policy (not no_stall or pool) played over one workload, step after step: the state the steps share.
 
     Attributes are the run's: what the store holds and when (``ready``), the node tier's copies, the link and
     its fetches, the tally; and the step's being played (``start``, its heap ``later``, its ``longest`` rank).
@@ -171,7 +102,7 @@ class _Replay:
         self.shares = shares = policy != "none"
         self.waits = policy in ("singleflight", "prewarm")
         prewarms = policy == "prewarm" and not sc.warm  # a warm store has nothing to prewarm
-        self.tally = tally = _Tally(w.ranks)
+        self.tally = tally = Tally(w.ranks)
         # compiles of each shape so far: all but the first are wasted work
         self.per_shape = [1 if prewarms or (sc.warm and shares) else 0] * w.shapes
         prewarm_s, keep = _prewarm(w, tally) if prewarms else (0.0, slice(None))
@@ -187,6 +118,7 @@ class _Replay:
         self.extra = 0.0  # seconds the cache added to the steps played so far
         self.delays = 0
         self.worst_step = float(w.compute_s.max()) if w.steps else 0.0
+        self.first_step = float(w.compute_s[0]) if w.steps else 0.0
         # the step being played (play_step sets them)
         self.start = 0.0
         self.later: list[tuple[float, int, int]] = []
@@ -198,7 +130,7 @@ class _Replay:
         sc, costs = w.scenario, w.scenario.costs
         # fetches: a link shared by everything in flight; a transfer of fetch_mb plus a fixed latency
         self.colocated = sc.colocated
-        self.link = _Link(costs.store_mb_s, math.inf if self.colocated else costs.bandwidth_mb_s)
+        self.link = Link(costs.store_mb_s, math.inf if self.colocated else costs.bandwidth_mb_s)
         self.fetch_mb = fetch_mb = w.fetch_mb
         self.latency = max(w.fetch_s - fetch_mb / min(costs.store_mb_s, costs.bandwidth_mb_s), 0.0)
         # the node tier: node_of[i] * S + s -> when the node's copy of s exists, or the ranks waiting for its fetch
@@ -263,7 +195,10 @@ class _Replay:
                 self._meet(i, now)
         self.extra += self.longest
         self.delays += self.compiled_here
-        self.worst_step = max(self.worst_step, float(self.w.compute_s[self.step_l[heads_l[a]]]) + self.longest)
+        step = self.step_l[heads_l[a]]
+        self.worst_step = max(self.worst_step, float(self.w.compute_s[step]) + self.longest)
+        if step == 0:
+            self.first_step = float(self.w.compute_s[0]) + self.longest
 
     def _meet(self, i: int, now: float) -> None:
         """First meeting ``i`` at ``now``: fetch what the store holds, wait for a compile in flight (single-flight
@@ -376,148 +311,10 @@ class _Replay:
             stall_s=stall,
             rank_stall_s=compile_total + sum(tally.wait_s),
             per_rank=tally.figures(),
+            compile_balance=compile_balance(tally.compile_s),
             remote_fetches=self.remote,
             remote_mb=self.remote * self.fetch_mb,
             node_reads=self.node_reads,
             worst_step_s=self.worst_step,
+            first_step_s=self.first_step,
         )
-
-
-def _stretched(begin: np.ndarray, work: np.ndarray, lo: float, hi: float, rate: float) -> np.ndarray:
-    """Seconds ``work`` seconds of compute take from ``begin`` when they run at ``rate`` in [lo, hi)."""
-    before = np.clip(lo - begin, 0.0, work)
-    slow = np.minimum((work - before) / rate, np.maximum(hi - begin - before, 0.0))
-    return work + slow * (1.0 - rate)
-
-
-def _run_no_stall(w: Workload) -> Report:
-    """Policy ``behind``, step by step (see the module docstring).
-
-    Per (rank, shape) a state: 0 not met, 1 met and run without inductor, 2 compiled in
-    memory. A rank's calls of a step happen at the step's start in its call order; its
-    traces follow one another (the leader of a shape is the rank whose trace of it ends
-    first, ties to the lower rank), its fetches go out together as one transfer on the
-    store's link. The node tier is not modelled here: every rank loads from the store.
-    """
-    sc, costs = w.scenario, w.scenario.costs
-    ranks, shapes = w.ranks, w.shapes
-    trace = costs.trace_times(w.compile_s) if w.trace_s is None else w.trace_s
-    background = w.compile_s - trace
-    slowdown = costs.eager_slowdown if w.eager_slowdown is None else w.eager_slowdown
-    rate = 1.0 - costs.no_stall_cpu_share
-    state = np.zeros((ranks, shapes), dtype=np.int8)
-    ready = np.full(shapes, 0.0 if sc.warm else math.inf)
-    link = _Link(costs.store_mb_s, math.inf if sc.colocated else costs.bandwidth_mb_s)
-    fetch_mb = w.fetch_mb
-    latency = max(w.fetch_s - fetch_mb / min(costs.store_mb_s, costs.bandwidth_mb_s), 0.0)
-    compiles, compile_s = np.zeros(ranks, dtype=np.int64), np.zeros(ranks)
-    fetches, fetch_s = np.zeros(ranks, dtype=np.int64), np.zeros(ranks)
-    in_flight: list[tuple[float, float]] = []  # background compiles: (start, end)
-    trace_total = eager_total = 0.0
-    eager_steps = 0
-    no_calls = (np.zeros(0, dtype=np.int64),) * 2
-    calls = w.calls() if w.calls is not None else calls_by_step(w.step, w.rank, w.shape)  # no repeats known
-    upcoming = next(calls, None)
-    now = worst = 0.0
-    compute_l = w.compute_s.tolist()
-    for t in range(w.steps):
-        rank, shape = no_calls
-        if upcoming is not None and upcoming[0] == t:
-            _, rank, shape = upcoming
-            upcoming = next(calls, None)
-        compute = compute_l[t]
-        in_flight = [c for c in in_flight if c[1] > now]
-        st = state[rank, shape]
-        if not in_flight and bool(np.all(st == 2)):  # everything compiled and in memory
-            now += compute
-            worst = max(worst, compute)
-            continue
-        arrived = ready[shape] <= now
-        fetch = (st != 2) & arrived  # a first meeting of a stored shape, or the switch to a landed one
-        traced = (st == 0) & ~arrived
-        eager = traced | ((st == 1) & ~arrived)
-        trace_of = np.where(traced, trace[shape], 0.0)
-        # each call's trace end: the rank's traces of this step one after another
-        ends = np.cumsum(trace_of)
-        firsts = np.searchsorted(rank, rank, side="left")
-        ends = now + ends - (ends[firsts] - trace_of[firsts])
-        new = np.flatnonzero(traced & (ready[shape] == math.inf))
-        if len(new):
-            by_end = new[np.lexsort((new, ends[new]))]
-            _, lead = np.unique(shape[by_end], return_index=True)
-            for i in by_end[lead].tolist():
-                s, r = int(shape[i]), int(rank[i])
-                ready[s] = ends[i] + background[s]
-                in_flight.append((float(ends[i]), float(ready[s])))
-                compiles[r] += 1
-                compile_s[r] += background[s]
-        state[rank[fetch], shape[fetch]] = 2
-        state[rank[traced], shape[traced]] = 1
-
-        cache = np.bincount(rank, weights=trace_of, minlength=ranks)
-        trace_total += float(cache.sum())
-        count = np.bincount(rank[fetch], minlength=ranks)
-        if count.any():
-            took = count * latency
-            if fetch_mb:
-                link.now = link.moved = 0.0
-                link.advance(now)
-                for r in np.flatnonzero(count).tolist():
-                    link.add(now, count[r] * fetch_mb, r)
-                while link.ends:
-                    end = link.next_end()
-                    took[link.pop(end)] += end - now
-            fetches += count
-            fetch_s += took
-            cache += took  # type: ignore[arg-type]  # numpy's stubs type bincount as integers, even with float weights
-        ran_eager = np.bincount(rank[eager], minlength=ranks) > 0
-        work = np.where(ran_eager, compute * slowdown, compute)
-        if in_flight and rate < 1.0:
-            work = _stretched(now + cache, work, min(c[0] for c in in_flight), max(c[1] for c in in_flight), rate)
-        eager_total += float(work.sum()) - compute * ranks
-        eager_steps += int(ran_eager.sum())
-        step = float((cache + work).max())
-        now += step
-        worst = max(worst, step)
-
-    compute_total = float(w.compute_s.sum())
-    tally = _Tally(ranks)
-    tally.compiles, tally.compile_s = compiles.tolist(), compile_s.tolist()
-    tally.fetches, tally.fetch_s = fetches.tolist(), fetch_s.tolist()
-    report = Report(
-        policy="no_stall",
-        schedule=sc.schedule,
-        ranks=ranks,
-        shapes=shapes,
-        steps=w.steps,
-        first_meetings=len(w.step),
-        compile_events=int(compiles.sum()),
-        compile_delays=0,
-        worst_case_delays=worst_case_delays(ranks, shapes),
-        wait_events=0,
-        fetch_events=int(fetches.sum()),
-        compile_s=float(compile_s.sum()),
-        wasted_compile_s=0.0,
-        wait_s=0.0,
-        fetch_s=float(fetch_s.sum()),
-        prewarm_s=0.0,
-        compute_s=compute_total,
-        wall_s=now,
-        stall_s=now - compute_total,
-        rank_stall_s=trace_total,
-        per_rank=tally.figures(),
-        remote_fetches=int(fetches.sum()),
-        remote_mb=float(fetches.sum()) * fetch_mb,
-        worst_step_s=worst,
-        trace_s=trace_total,
-        eager_steps=eager_steps,
-        eager_s=eager_total,
-    )
-    log.debug(
-        "sim behind/%s: %d background compiles, %d eager steps, stall %.1f s",
-        sc.schedule,
-        report.compile_events,
-        eager_steps,
-        report.stall_s,
-    )
-    return report

@@ -24,9 +24,10 @@ from ..errors import ConfigError
 #: none: every rank compiles every shape it meets; shared: a store without coordination
 #: (fetch what some rank has finished, else compile too); singleflight: wait for the rank
 #: already compiling; prewarm: the shape set compiled up front across ranks, then singleflight;
-#: behind: nobody waits for a compile (``--no-stall``): a rank traces a new shape, runs it
-#: without inductor while one rank compiles it behind the steps, and switches when it lands.
-POLICIES = ("none", "shared", "singleflight", "prewarm", "no_stall")
+#: no_stall: nobody waits for a compile (``--no-stall``): a rank traces a new shape, runs it
+#: without inductor while one rank's worker compiles it behind the steps, and switches when it lands;
+#: pool: no_stall whose busy workers hand queued compiles to any rank's idle worker (issue 47).
+POLICIES = ("none", "shared", "singleflight", "prewarm", "no_stall", "pool")
 SCHEDULES = ("iid", "adversarial", "trace", "startup")
 DISTRIBUTIONS = ("zipf", "uniform")
 
@@ -42,7 +43,7 @@ MAX_COST = 1e9
 #: the largest sizes a simulation takes: far beyond any job, within what its arrays can index and what ends (issue 28:
 #: ``--ranks 10**20`` raised numpy's "Maximum allowed dimension exceeded", ``--steps 10**20`` ran for ever; 1024 ranks x
 #: 10**5 steps take 3 s of CPU)
-MOST = {"ranks": 1 << 20, "shapes": 1 << 20, "steps": 1_000_000, "ranks_per_node": 1 << 20}
+MOST = {"ranks": 1 << 20, "shapes": 1 << 20, "steps": 1_000_000, "ranks_per_node": 1 << 20, "rank0_shapes": 1 << 20}
 
 
 def worst_case_delays(ranks: int, shapes: int) -> int:
@@ -71,6 +72,10 @@ class Costs:
     compile runs on cores the steps leave idle; on a CPU-only node the compile competes
     with the steps). The compile's own time stays ``compile_s - trace_s``: a measured
     compile time already holds whatever it competed with.
+
+    Policy ``pool`` hands a queued compile to another rank's idle worker at the price of
+    ``pool_poll_s`` (the taker polls the store for offers that often) plus one fetch (the
+    graph to the taker, its artifact back through the store).
     """
 
     compile_s: float = 20.0
@@ -84,6 +89,7 @@ class Costs:
     trace_s: float = 2.0
     eager_slowdown: float = 1.5
     no_stall_cpu_share: float = 0.0
+    pool_poll_s: float = 0.5
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -138,6 +144,10 @@ class Scenario:
     of the same bandwidth as the store's fetches (at ``local_mb_s``/``store_mb_s`` of the
     cost), and one fetch's own cap does not apply. ``warm``: the store already holds every
     shape when the job starts.
+
+    ``rank0_shapes``: shapes beyond the schedule's that only rank 0 meets, every one of them
+    at every step (an evaluation only rank 0 runs, issue 47): the compiles a cold job puts
+    on one rank whatever the others do. Synthetic schedules only; a trace has its own.
     """
 
     schedule: str = "iid"
@@ -154,13 +164,21 @@ class Scenario:
     node_tier: bool = False
     colocated: bool = False
     warm: bool = False
+    rank0_shapes: int = 0
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"unknown schedule {self.schedule!r} (choose from {', '.join(SCHEDULES)})")
         if self.distribution not in DISTRIBUTIONS:
             raise ConfigError(f"unknown distribution {self.distribution!r} (choose from {', '.join(DISTRIBUTIONS)})")
-        for name, least in (("ranks", 1), ("shapes", 1), ("steps", 0), ("ranks_per_node", 1), ("seed", 0)):
+        for name, least in (
+            ("ranks", 1),
+            ("shapes", 1),
+            ("steps", 0),
+            ("ranks_per_node", 1),
+            ("seed", 0),
+            ("rank0_shapes", 0),
+        ):
             value = getattr(self, name)
             if value is not None and value < least:
                 raise ConfigError(f"{name} must be >= {least}, not {value}")
@@ -173,6 +191,8 @@ class Scenario:
                 raise ConfigError("schedule trace needs a trace directory (--trace DIR)")
             if self.shapes is not None or self.weights is not None:
                 raise ConfigError("the trace fixes the shapes; drop --shapes/--weights with schedule trace")
+            if self.rank0_shapes:
+                raise ConfigError("the trace fixes the shapes each rank meets; drop --rank0-shapes with schedule trace")
         elif self.trace is not None:
             raise ConfigError(f"a trace directory only applies to schedule trace, not {self.schedule}")
         if self.weights is not None:
@@ -239,6 +259,14 @@ def calls_by_step(step: np.ndarray, rank: np.ndarray, shape: np.ndarray) -> Iter
             yield int(step[first]), ranks, shapes
 
 
+def compile_balance(compile_s: list[float]) -> float | None:
+    """The busiest rank's compile seconds over the mean per rank (1.0: evenly spread), as the run report's
+    ``compile_balance`` says it of a real job: a cold job under no-stall ends when the busiest worker does, not
+    when the job's total would on all of them. None without a compile."""
+    total = sum(compile_s)
+    return max(compile_s) * len(compile_s) / total if total > 0 else None
+
+
 @dataclass(frozen=True)
 class RankFigures:
     rank: int
@@ -271,7 +299,15 @@ class Report:
     traces summed over ranks (its ``rank_stall_s``), ``eager_steps`` the (rank, step) pairs
     that ran a graph without inductor and ``eager_s`` what those and the CPU the background
     compiles took added to the steps, per rank, summed; ``fetch_events`` include the
-    switches to a landed artifact.
+    switches to a landed artifact. Under ``pool`` a rank's ``compiles``/``compile_s`` are
+    what its worker ran, for whichever rank met the shape; ``handoffs`` counts the compiles
+    another rank's worker took.
+
+    ``compile_balance`` is the largest of the ranks' ``compile_s`` over their mean (None
+    without a compile). ``first_step_s`` is step 0's length, compute included (iteration 0
+    of a real job; prewarm time is not in it). ``tail_s``: how long background compiles ran
+    on past the last step (a real job waits for them within its exit grace, so they reach
+    the next job), 0 for the stalling policies, whose compiles end inside their step.
     """
 
     policy: str
@@ -295,6 +331,7 @@ class Report:
     stall_s: float
     rank_stall_s: float
     per_rank: list[RankFigures]
+    compile_balance: float | None = None
     remote_fetches: int = 0
     remote_mb: float = 0.0
     node_reads: int = 0
@@ -302,6 +339,9 @@ class Report:
     trace_s: float = 0.0
     eager_steps: int = 0
     eager_s: float = 0.0
+    first_step_s: float = 0.0
+    tail_s: float = 0.0
+    handoffs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

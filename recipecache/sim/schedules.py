@@ -14,6 +14,10 @@
   herd of fetches the node tier exists for). ``steps`` beyond the first call every shape
   again, served from memory (only policy ``no_stall`` can still be waiting for them).
 
+With ``rank0_shapes`` (:func:`with_rank0_shapes`), rank 0 also meets that many shapes of its
+own at step 0, after the schedule's, and calls them at every step (an evaluation only rank 0
+runs: issue 47's cold job, where one rank has compiles nobody else can share).
+
 Besides first meetings, each schedule says every call (``Workload.calls``), drawn again
 step by step from the same random stream, so policy ``no_stall`` sees each step a shape
 still compiling is called in.
@@ -21,11 +25,12 @@ still compiling is called in.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .model import DEFAULT_IID_STEPS, DEFAULT_RANKS, DEFAULT_SHAPES, Calls, Scenario, Workload
+from .model import DEFAULT_IID_STEPS, DEFAULT_RANKS, DEFAULT_SHAPES, Calls, Scenario, Workload, calls_by_step
 
 #: cells (step x rank) drawn per batch: bounds memory at ~20 MB whatever the job size
 _BATCH_CELLS = 1 << 20
@@ -171,5 +176,47 @@ def startup_workload(scenario: Scenario) -> Workload:
         compile_s=scenario.costs.compile_times(shapes, cost_rng),
         fetch_s=scenario.costs.fetch_s,
         fetch_mb=scenario.costs.artifact_mb,
+        calls=calls,
+    )
+
+
+def with_rank0_shapes(w: Workload) -> Workload:
+    """``w`` with the scenario's ``rank0_shapes`` added: shapes ``S..S+E-1``, met by rank 0 at step 0 after its
+    other shapes of that step and called by it at every step after its other calls. Their compile times come
+    from a stream of their own, so the schedule's shapes keep theirs."""
+    extra = w.scenario.rank0_shapes
+    if not extra:
+        return w
+    own = np.arange(w.shapes, w.shapes + extra, dtype=np.int64)
+    step, rank, shape = w.step, w.rank, w.shape
+    if w.steps:
+        at = int(np.count_nonzero((step == 0) & (rank == 0)))  # first meetings are sorted by step, then rank
+        step, rank = (
+            np.insert(step, at, np.zeros(extra, dtype=np.int64)),
+            np.insert(rank, at, np.zeros(extra, dtype=np.int64)),
+        )
+        shape = np.insert(shape, at, own)
+    costs_rng = np.random.default_rng(w.scenario.seed).spawn(3)[2]  # _rngs' two streams are the first two
+    base = w.calls if w.calls is not None else lambda: calls_by_step(w.step, w.rank, w.shape)
+
+    def calls() -> Iterator[Calls]:
+        nothing = np.zeros(0, dtype=np.int64)
+        theirs = base()
+        upcoming = next(theirs, None)
+        for t in range(w.steps):
+            ranks, shapes = nothing, nothing
+            if upcoming is not None and upcoming[0] == t:
+                _, ranks, shapes = upcoming
+                upcoming = next(theirs, None)
+            at = int(np.searchsorted(ranks, 0, side="right"))
+            yield t, np.insert(ranks, at, np.zeros(extra, dtype=np.int64)), np.insert(shapes, at, own)
+
+    return dataclasses.replace(
+        w,
+        shapes=w.shapes + extra,
+        step=step,
+        rank=rank,
+        shape=shape,
+        compile_s=np.concatenate([w.compile_s, w.scenario.costs.compile_times(extra, costs_rng)]),
         calls=calls,
     )

@@ -192,14 +192,14 @@ HERD = Costs(compile_s=10.0, compute_s=0.0, fetch_latency_s=0.0, artifact_mb=100
 
 
 def test_link_shares_its_bandwidth_among_transfers_in_flight() -> None:
-    from recipecache.sim.engine import _Link
+    from recipecache.sim.parts import Link
 
-    link = _Link(100.0, math.inf)
+    link = Link(100.0, math.inf)
     link.add(0.0, 100.0, 1)  # alone for 0.5 s (50 MB), then shares with the second
     link.add(0.5, 100.0, 2)
     assert link.next_end() == pytest.approx(1.5) and link.pop(1.5) == 1
     assert link.next_end() == pytest.approx(2.0) and link.pop(2.0) == 2
-    capped = _Link(1000.0, 10.0)
+    capped = Link(1000.0, 10.0)
     capped.add(0.0, 5.0, 3)
     assert capped.next_end() == pytest.approx(0.5), "one transfer never exceeds its own cap"
 
@@ -312,13 +312,32 @@ def test_behind_at_job_start_compiles_each_shape_once_and_traces_it_everywhere()
     shapes, ranks = 3, 4
     r = simulate("no_stall", schedule="startup", ranks=ranks, shapes=shapes, steps=30, costs=no_stall_costs())
     assert r.compile_events == shapes and r.trace_s == pytest.approx(ranks * shapes * 2.0)
-    # rank 0's traces end at 2, 4, 6 s, so it leads all three; they land at 10, 12, 14 s.
-    # Step 0 lasts 6 + 1.5 s, steps 1-2 1.5 s, steps 3-4 switch one shape each (+ a fetch)
-    # and run the others eager; step 5 begins at 14 s and switches the last
-    assert r.eager_steps == ranks * 5 and r.fetch_events == ranks * shapes
-    assert r.per_rank[0].compiles == shapes
-    assert r.wall_s == pytest.approx(7.5 + 2 * 1.5 + 2 * (FETCH + 1.5) + (FETCH + 1.0) + 24 * 1.0)
-    assert r.worst_step_s == pytest.approx(shapes * 2.0 + 1.5)
+    # rank 0's traces end at 2, 4, 6 s, so it leads all three; its one worker compiles them one after
+    # the other: they land at 10, 18, 26 s. Step 0 lasts 6 + 1.5 s, steps 1-2 1.5 s, step 3 (10.5 s)
+    # switches shape 0 (+ a fetch), steps 4-7 eager, step 8 (18.25 s) switches shape 1, steps 9-12
+    # eager, step 13 begins at 26 s and switches the last
+    assert r.eager_steps == ranks * 13 and r.fetch_events == ranks * shapes
+    assert r.per_rank[0].compiles == shapes and r.handoffs == 0 and r.compile_balance == pytest.approx(ranks)
+    assert r.wall_s == pytest.approx(7.5 + 2 * 1.5 + (FETCH + 1.5) + 4 * 1.5 + (FETCH + 1.5) + 4 * 1.5
+                                     + (FETCH + 1.0) + 16 * 1.0)
+    assert r.worst_step_s == pytest.approx(shapes * 2.0 + 1.5) and r.first_step_s == pytest.approx(7.5)
+    assert r.tail_s == 0
+
+
+def test_pool_at_job_start_hands_the_queued_compiles_to_idle_workers() -> None:
+    """The same job under pool: shape 0 goes to rank 0's own worker at 2 s; shapes 1 and 2, offered at 4 and
+    6 s while it is busy, go to ranks 1 and 2, which start them a hand-off (poll + fetch) later and land them
+    at 12.75 and 14.75 s. Steps 3 and 5 switch shapes 0 and 1 (+ a fetch each), step 6 (15.5 s) the last."""
+    shapes, ranks = 3, 4
+    r = simulate("pool", schedule="startup", ranks=ranks, shapes=shapes, steps=30, costs=no_stall_costs())
+    handoff = no_stall_costs().pool_poll_s + FETCH
+    assert handoff == pytest.approx(0.75)
+    assert r.policy == "pool" and r.compile_events == shapes and r.handoffs == 2
+    assert [x.compiles for x in r.per_rank] == [1, 1, 1, 0]
+    assert [x.compile_s for x in r.per_rank] == pytest.approx([8.0, 8.0, 8.0, 0.0])
+    assert r.compile_balance == pytest.approx(8.0 / (24.0 / ranks))
+    assert r.eager_steps == ranks * 6 and r.fetch_events == ranks * shapes
+    assert r.wall_s == pytest.approx(7.5 + 2 * 1.5 + (FETCH + 1.5) + 1.5 + (FETCH + 1.5) + (FETCH + 1.0) + 23 * 1.0)
 
 
 def test_worst_step_of_the_stalling_policies() -> None:

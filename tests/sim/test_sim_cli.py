@@ -29,7 +29,7 @@ def test_compare_runs_every_policy_with_ratios(capsys: pytest.CaptureFixture[str
     code, out, _ = sim(capsys, "--ranks", "4", "--shapes", "6", "--steps", "60", "--compare", "--json",
                        "--compile-s", "5", "--compile-spread", "0.3", "--bandwidth", "100", "--artifact-mb", "5")
     data = json.loads(out)
-    assert code == 0 and list(data["policies"]) == ["none", "shared", "singleflight", "prewarm", "no_stall"]
+    assert code == 0 and list(data["policies"]) == ["none", "shared", "singleflight", "prewarm", "no_stall", "pool"]
     assert data["vs_none"]["none"]["stall_s"] == 1.0
     assert data["vs_none"]["singleflight"]["stall_s"] < 1.0
     no_stall = data["policies"]["no_stall"]
@@ -44,7 +44,7 @@ def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "worst case N*(S-1)+1 = 5" in lines[0]
     assert lines[1].split()[0] == "policy" and lines[1].split()[-1] == "stall/none"
     rows = {line.split()[0]: line.split() for line in lines[2:]}
-    assert set(rows) == {"none", "shared", "singleflight", "prewarm", "no_stall"}
+    assert set(rows) == {"none", "shared", "singleflight", "prewarm", "no_stall", "pool"}
     assert rows["none"][2] == "5" and rows["shared"][2] == "3" and rows["none"][-1] == "1.000"
     assert rows["no_stall"][2] == "0", "no-stall delays no step for a compile"
     assert lines[1].split()[9:11] == ["worst_s", "eager"]
