@@ -82,7 +82,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -494,10 +494,13 @@ def free_port() -> int:
 
 
 def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str], *, dirs: Path,
-            store: Path | None, tree: Path = ROOT, launcher_args: Sequence[str] = ()) -> Run:
+            store: Path | None, tree: Path = ROOT, launcher_args: Sequence[str] = (), nproc: int = 2,
+            extra_env: Mapping[str, str] | None = None, script: Path | None = None) -> Run:
     """Start one job: plain torchrun (``store`` None) or recipecache-run on ``store``; every rank in ``dirs``/rankN.
 
-    ``tree`` is the checkout whose launcher and recipecache run (the job script is always this one).
+    ``tree`` is the checkout whose launcher and recipecache run; ``script`` the job script (default this one), run
+    as ``script job ARGS --out FILE`` in each of ``nproc`` ranks, with ``extra_env`` added to the environment
+    (after torch's and recipecache's own variables are cleared). ``pool_bench.py`` runs its job through it.
     """
     from recipecache.runs.events import read_events
 
@@ -505,26 +508,29 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
     out = work / f"{name}.json"
     run_dir = work / f"{name}-run"
     port = ["--master-port", str(free_port())]
-    script = [str(Path(__file__).resolve()), "job", *job_args, "--out", str(out)]
+    script_args = [str((script or Path(__file__)).resolve()), "job", *job_args, "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECIPECACHE_", "TORCHINDUCTOR_", "OMP_"))}
     env["PYTHONPATH"] = str(tree)
+    env.update(extra_env or {})
     if store is None:
         # torchrun as a user runs it; the launcher's bootstrap only points each rank at its own
         # TORCHINDUCTOR_CACHE_DIR and TMPDIR before torch is imported (recipecache stays off)
         env["RECIPECACHE_RANK_DIRS"] = str(dirs)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *port,
-               "-m", "launcher.bootstrap", *script]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *port,
+               "-m", "launcher.bootstrap", *script_args]
     else:
-        cmd = [sys.executable, "-m", "launcher.main", "--nproc", "2", *port, "--url", f"file://{store}",
-               "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs), *launcher_args, *script]
+        cmd = [sys.executable, "-m", "launcher.main", "--nproc", str(nproc), *port, "--url", f"file://{store}",
+               "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs), *launcher_args, *script_args]
     launched = time.time()
     start = time.perf_counter()
-    with RankExits(str(out)) as exits:
+    with RankExits(str(out), nproc) as exits:
         proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     ended = time.time()
     if proc.returncode != 0:
-        sys.exit(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        log = work / f"{name}.log"  # whole: a rank's error can lie above thousands of lines of exit noise
+        log.write_text(f"{' '.join(cmd)}\n-- stdout\n{proc.stdout}\n-- stderr\n{proc.stderr}")
+        sys.exit(f"{name} failed ({proc.returncode}), whole output in {log}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     events = list(read_events(run_dir / "events")) if store is not None else []
     metrics = [json.loads(path.read_text()) for path in sorted(run_dir.glob("metrics-rank*.json"))]
     ranks_marks = [json.loads(path.read_text()) for path in sorted(out.parent.glob(f"{out.name}.marks*"))]
