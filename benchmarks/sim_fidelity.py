@@ -2,7 +2,8 @@
 
     python benchmarks/sim_fidelity.py                 # run examples/train.py, then compare
     python benchmarks/sim_fidelity.py --no-run --run-dir DIR   # compare an existing run
-    python benchmarks/sim_fidelity.py --policy no_stall # the job with --no-stall, replayed under no_stall
+    python benchmarks/sim_fidelity.py --policy no_stall # the job with --no-stall, no compile pool, replayed under no_stall
+    python benchmarks/sim_fidelity.py --policy pool     # the job with --no-stall and its compile pool, under pool
 
 The job is ``recipecache-run --nproc N --cache file://<run-dir>/cache --run-dir <run-dir> SCRIPT``
 (``--policy no_stall`` adds ``--no-stall``), so its event logs land in ``<run-dir>/events``.
@@ -16,6 +17,7 @@ status 1 when it is not, 2 when the run fails.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import subprocess
@@ -29,14 +31,14 @@ from recipecache.sim.fidelity import FIDELITY_POLICIES, replay
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_job(run_dir: Path, nproc: int, script: Path, extra: list[str]) -> None:
+def run_job(run_dir: Path, nproc: int, script: Path, extra: list[str], env: dict[str, str] | None = None) -> None:
     launcher = shutil.which("recipecache-run")
     if launcher is None:
         sys.exit("recipecache-run is not on PATH (pip install -e . once the launcher exists)")
     cmd = [launcher, "--nproc", str(nproc), "--url", f"file://{run_dir / 'cache'}", "--run-dir", str(run_dir),
            *extra, str(script)]
     print("$", shlex.join(cmd), flush=True)
-    if subprocess.run(cmd, cwd=run_dir, check=False).returncode != 0:
+    if subprocess.run(cmd, cwd=run_dir, check=False, env=env).returncode != 0:
         print("the job failed", file=sys.stderr)
         sys.exit(2)
 
@@ -59,8 +61,10 @@ def main() -> int:
     run_dir = (args.run_dir or Path(tempfile.mkdtemp(prefix="sim-fidelity-"))).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     if not args.no_run:
-        extra = (["--no-stall"] if args.policy == "no_stall" else []) + shlex.split(args.launcher_args)
-        run_job(run_dir, args.nproc, args.script.resolve(), extra)
+        extra = (["--no-stall"] if args.policy in ("no_stall", "pool") else []) + shlex.split(args.launcher_args)
+        # the no_stall policy is the job without the compile pool; pool is the job's default
+        env = {**os.environ, "RECIPECACHE_COMPILE_POOL": "0"} if args.policy == "no_stall" else None
+        run_job(run_dir, args.nproc, args.script.resolve(), extra, env)
     try:
         result = replay(run_dir / "events", args.report or run_dir / "report.json", args.field, policy=args.policy)
     except ConfigError as exc:

@@ -6,7 +6,7 @@ single-flight predicts the same figure as :attr:`Report.rank_stall_s`: the compi
 times come from the trace, so what is really predicted is who compiles and how long the
 others wait.
 
-A run with ``--no-stall`` is replayed under ``no_stall``. Nobody waits there, so the figure
+A run with ``--no-stall`` is replayed under ``no_stall`` (``pool``: with the compile pool, the default). Nobody waits there, so the figure
 is the eager steps: the (rank, step) pairs that ran a graph without inductor, counted
 from the run's ``eager`` records (:func:`~recipecache.sim.trace.recorded_eager_steps`)
 against :attr:`Report.eager_steps`. The compile and step times come from the trace, so
@@ -28,8 +28,11 @@ from .api import simulate
 from .model import Report
 from .trace import recorded_eager_steps
 
-#: the policies a recorded run can be checked against: what the store does, and ``--no-stall``
-FIDELITY_POLICIES = ("singleflight", "no_stall")
+#: the policies a recorded run can be checked against: what the store does, ``--no-stall`` without the compile pool
+#: (``RECIPECACHE_COMPILE_POOL=0``) and with it
+FIDELITY_POLICIES = ("singleflight", "no_stall", "pool")
+#: the policies whose figure is the eager steps (nobody waits)
+_BEHIND = ("no_stall", "pool")
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ def replay(
     if policy not in FIDELITY_POLICIES:
         raise ConfigError(f"fidelity replays policy {' or '.join(FIDELITY_POLICIES)}, not {policy!r}")
     report = simulate(policy, schedule="trace", trace=Path(trace_dir))
-    if policy == "no_stall":
+    if policy in _BEHIND:
         return Fidelity(
             float(recorded_eager_steps(trace_dir)),
             float(report.eager_steps),

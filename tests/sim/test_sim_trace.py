@@ -225,6 +225,8 @@ def test_fidelity_of_behind_counts_the_runs_eager_steps(tmp_path: Path) -> None:
     result = replay(no_stall_run(tmp_path / "ev"), policy="no_stall")
     assert result.measured_s == result.predicted_s == 8
     assert result.relative_error == 0 and "eager steps" in result.figure
+    # with the compile pool: one graph, compiled by the rank that met it (nothing queued to hand): the same
+    assert replay(tmp_path / "ev", policy="pool").predicted_s == 8
     with pytest.raises(ConfigError):
         replay(tmp_path / "ev", policy="none")
     with pytest.raises(ConfigError):
