@@ -28,12 +28,12 @@ def inject_key_mismatch() -> None:
     work = controller.NoStall._work
     failed: set[str] = set()
 
-    def first_backward_mismatches(self: controller.NoStall, job: Any) -> float:
-        if "backward" in self.graphs[job.key].name and not failed:
-            failed.add(job.key)
-            raise controller.WorkerFailed(f"the worker computed key other, the rank {job.key}", inline=True,
+    def first_backward_mismatches(self: controller.NoStall, key: str, payload: bytes, cancelled: Any) -> float:
+        if "backward" in self.graphs[key].name and not failed:
+            failed.add(key)
+            raise controller.WorkerFailed(f"the worker computed key other, the rank {key}", inline=True,
                                       key_mismatch=True)
-        return work(self, job)
+        return work(self, key, payload, cancelled)
 
     controller.NoStall._work = first_backward_mismatches  # type: ignore[method-assign]
 

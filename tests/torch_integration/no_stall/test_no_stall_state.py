@@ -187,7 +187,7 @@ def test_a_job_a_kept_worker_cannot_reproduce_runs_again_in_a_fresh_one(
     no_stall = _no_stall(monkeypatch, retry_s=0.0)
     try:
         job = _Job("k", b"job", no_stall.store.begin("k", wait=False))
-        assert no_stall._work(job) == 1.5
+        assert no_stall._work(job.key, job.payload, lambda: job.cancelled) == 1.5
         assert len(workers) == 2 and workers[0] is not workers[1] and not workers[0].alive()
         assert no_stall.metrics.snapshot()["no_stall"]["workers"] == 2
     finally:
