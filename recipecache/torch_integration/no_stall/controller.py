@@ -320,14 +320,16 @@ class NoStall:
 
     def _start(self, job: _Job) -> None:
         """This process's worker got to ``job`` (unless finish() cancelled it meanwhile): compile it here, or, if a
-        taker of the compile pool claimed it first, follow that taker."""
+        taker of the compile pool claimed it first (or already compiled it), follow that taker."""
         if not job.future.set_running_or_notify_cancel():
             return
         claim = None
         if job.offered:
             assert self._sharing is not None
             claim = self._sharing.claim(job.key)
-            if claim is None:
+            if claim is None or self._sharing.ended_at_taker(job.key):  # a taker has it, or has compiled it
+                if claim is not None:
+                    claim.release()
                 self._sharing.follow(job)
                 return
         self.compile_here(job, claim)

@@ -52,6 +52,11 @@ class Sharing:
     def withdraw(self, key: str) -> None:
         self._pool.withdraw(key)
 
+    def ended_at_taker(self, key: str) -> bool:
+        """Whether a taker's compile of ``key`` has ended (its result is there): the offering process follows it
+        to the end instead of compiling the graph again."""
+        return self._pool.result(key) is not None
+
     def follow(self, job: _Job) -> None:
         """Another process claimed ``job`` first: wait for it in the background, so this process's worker goes on
         with what is queued behind."""

@@ -363,3 +363,33 @@ def test_a_worker_stopped_before_it_asked_to_die_with_its_rank_ends_with_it(tmp_
     while _process_state(pid) not in (None, "Z"):
         assert time.monotonic() < deadline, f"the worker outlived its rank (state {_process_state(pid)})"
         time.sleep(0.05)
+
+
+@pytest.mark.torch
+def test_a_graph_a_taker_compiled_before_its_turn_here_is_not_compiled_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compile pool: when this process's worker gets to a graph it offered that a taker already compiled (the
+    taker's claim released, its result written), the job ends as the taker's, and this worker compiles nothing."""
+    from recipecache.compile_pool import CompilePool, Result
+    from recipecache.torch_integration import patches
+    from recipecache.torch_integration.metrics import Metrics
+    from recipecache.torch_integration.no_stall import controller, graph
+    from recipecache.torch_integration.no_stall.pool import _Worker
+
+    monkeypatch.setattr(graph, "POLL_S", 0.0)
+    monkeypatch.setattr(_Worker, "compile", lambda *args: pytest.fail("compiled again"))
+    store = Store.open(StoreSettings("memory://", namespace="pool-policy"))
+    no_stall = controller.NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0,
+                                  hook_up=patches.hooked_for_worker, compile_pool=CompilePool(store, member="r0"))
+    try:
+        job = controller._Job("k", b"job", store.begin("k", wait=False), offered=True)
+        taker = CompilePool(store, member="r1")
+        claim = taker.claim("k")
+        assert claim is not None
+        taker.report("k", Result(compiled=True, compile_s=4.0, by="r1"))
+        claim.release()
+        no_stall._start(job)
+        assert job.future.result(timeout=30) == 0.0
+        assert no_stall.metrics.snapshot()["no_stall"]["pool_handed"] == 1
+        assert not store.compiling("k")  # the graph's lease is free: the others load it
+    finally:
+        no_stall.close()
