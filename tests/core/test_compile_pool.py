@@ -10,6 +10,7 @@ backend (a filesystem store, a real redis-server), and the offering process's si
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from concurrent.futures import Future
@@ -87,6 +88,7 @@ class _NoStall:
 
     store: Store
     dropped: list[str] = field(default_factory=list)
+    taken: list[str] = field(default_factory=list)
     counted: list[dict[str, float]] = field(default_factory=list)
     workers: _Workers = field(default_factory=_Workers)
 
@@ -102,6 +104,12 @@ class _NoStall:
 
     def drop(self, job: _Job) -> None:
         self.dropped.append(job.key)
+
+    def submit_taken(self, key: str, what: Any, payload: bytes, cancelled: Any) -> Future[float]:
+        self.taken.append(key)
+        done: Future[float] = Future()
+        done.set_result(1.0)
+        return done
 
 
 @pytest.mark.parametrize("taker_ends", ["published", "failed", "died"])
@@ -137,3 +145,25 @@ def test_the_offering_process_follows_its_taker_to_the_end(taker_ends: str) -> N
             assert no_stall.counted == [{"pool_takeovers": 1}]
     finally:
         sharing.stop()
+
+
+def test_an_offer_whose_process_is_gone_is_withdrawn_not_taken() -> None:
+    """An offering process holds its graph's lease until the graph is compiled; an offer without one outlived its
+    process (killed before it withdrew it, maybe in an earlier job): a taker withdraws it and compiles nothing."""
+    from recipecache.torch_integration.no_stall.sharing import Sharing
+
+    store = _store("memory://")
+    gone = CompilePool(store, member="r0")
+    job = pickle.dumps({"key": "k", "what": ("f", "f32[2]")})
+    gone.offer("fx-stale", job)
+    held = store.begin("fx-live", wait=False)  # a live offering process leads fx-live
+    gone.offer("fx-live", job)
+    no_stall = _NoStall(store)
+    sharing = Sharing(no_stall, CompilePool(store, member="r1"))  # type: ignore[arg-type]
+    try:
+        sharing._take_one()
+        assert no_stall.taken == ["fx-live"] and gone.offers() == {"fx-live": "r0"}
+        assert gone.result("fx-live") == Result(compiled=True, compile_s=1.0, by="r1")
+    finally:
+        sharing.stop()
+        held.release()

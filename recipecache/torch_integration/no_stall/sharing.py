@@ -104,6 +104,11 @@ class Sharing:
         for key, member in self._pool.offers().items():
             if member == self._pool.member or key in self._passed:
                 continue
+            if not self._no_stall.store.compiling(key):
+                # its offering process holds the graph's lease until the graph is compiled: none does, so the offer
+                # outlived its process (killed before it could withdraw it), in this job or an earlier one
+                self._pool.withdraw(key)
+                continue
             claim = self._pool.claim(key)
             if claim is None:
                 continue
