@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from .model import Report, Workload, calls_by_step, compile_balance, worst_case_delays
-from .parts import Link, Tally
+from .parts import Tally, store_link
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,7 @@ class _Player:
         self.rate = 1.0 - costs.no_stall_cpu_share
         self.state = np.zeros((w.ranks, w.shapes), dtype=np.int8)
         self.ready = np.full(w.shapes, 0.0 if sc.warm else math.inf)
-        self.link = Link(costs.store_mb_s, math.inf if sc.colocated else costs.bandwidth_mb_s)
-        self.latency = max(w.fetch_s - w.fetch_mb / min(costs.store_mb_s, costs.bandwidth_mb_s), 0.0)
+        self.link, self.latency = store_link(w)
         self.workers = Workers(w.ranks, costs.pool_poll_s + w.fetch_s if pool else None)
         self.fetches, self.fetch_s = np.zeros(w.ranks, dtype=np.int64), np.zeros(w.ranks)
         self.trace_total = self.eager_total = 0.0

@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import ConfigError
 from .background import BEHIND, run_behind
 from .model import POLICIES, Report, Workload, compile_balance, worst_case_delays
-from .parts import Link, Tally
+from .parts import Tally, store_link
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +130,8 @@ class _Replay:
         sc, costs = w.scenario, w.scenario.costs
         # fetches: a link shared by everything in flight; a transfer of fetch_mb plus a fixed latency
         self.colocated = sc.colocated
-        self.link = Link(costs.store_mb_s, math.inf if self.colocated else costs.bandwidth_mb_s)
+        self.link, self.latency = store_link(w)
         self.fetch_mb = fetch_mb = w.fetch_mb
-        self.latency = max(w.fetch_s - fetch_mb / min(costs.store_mb_s, costs.bandwidth_mb_s), 0.0)
         # the node tier: node_of[i] * S + s -> when the node's copy of s exists, or the ranks waiting for its fetch
         self.per_node = per_node = sc.ranks_per_node if sc.node_tier and shares else 0
         self.node_copy: dict[int, float | list[int]] = {}

@@ -8,7 +8,7 @@ import heapq
 import itertools
 import math
 
-from .model import RankFigures
+from .model import RankFigures, Workload
 
 
 class Link:
@@ -47,6 +47,14 @@ class Link:
     def pop(self, t: float) -> int:
         self.advance(t)
         return heapq.heappop(self.ends)[2]
+
+
+def store_link(w: Workload) -> tuple[Link, float]:
+    """The store's link for ``w``'s fetches, and a fetch's fixed latency: its measured seconds less its transfer at
+    the slower of the store's and one client's bandwidth. A store colocated with the ranks caps no single fetch."""
+    costs = w.scenario.costs
+    link = Link(costs.store_mb_s, math.inf if w.scenario.colocated else costs.bandwidth_mb_s)
+    return link, max(w.fetch_s - w.fetch_mb / min(costs.store_mb_s, costs.bandwidth_mb_s), 0.0)
 
 
 class Tally:
