@@ -101,7 +101,11 @@ class Job:
 
     @property
     def compiles(self) -> int | None:
-        return self.total("compiles")
+        """Graphs compiled on the ranks' paths and behind them (no-stall's workers, the report counts those apart)."""
+        inline = self.total("compiles")
+        if inline is None:
+            return None
+        return int(inline) + sum(int((m.get("no_stall") or {}).get("compiles") or 0) for m in self.metrics)
 
     @property
     def fallbacks(self) -> dict[str, int]:

@@ -10,7 +10,8 @@ attribute: guarded, not in the key) for a third step; ``broken`` has a graph bre
 environment); ``plain`` is torch alone.
 
 Reported: per part a digest of every output, loss and gradient byte; dynamo's frame
-counter and the compiler runs ($GXX_LOG lines) during the model's two steps; the
+counter and the compiler runs ($GXX_LOG lines) during the model's two steps (and the frame counter
+during the offset step); the
 largest difference between the compiled model's first output and eager's; metrics.
 """
 
@@ -82,8 +83,10 @@ def main() -> None:
     if args.offset_size is not None:
         model.offset = torch.zeros(args.offset_size)
         digest = hashlib.sha256()
+        frames_before = int(counters["frames"]["total"])
         step(inputs[2], digest)
         report["offset_digest"] = digest.hexdigest()
+        report["offset_frames"] = int(counters["frames"]["total"]) - frames_before
     if args.broken:
         broken = torch.compile(pc_model.broken)
         report["broken"] = hashlib.sha256(broken(torch.arange(4.0)).numpy().tobytes()).hexdigest()

@@ -347,9 +347,10 @@ class NoStall:
                 assert self._sharing is not None
                 self._sharing.withdraw(job.key)
 
-    def idle(self) -> bool:
-        """Whether this process's worker has nothing to compile (and the process is not exiting)."""
-        return self.workers.idle() and not self._closed
+    def idle(self, at_exit: bool = False) -> bool:
+        """Whether this process's worker has nothing to compile (and the process is not exiting, unless ``at_exit``:
+        its own compiles ended within the exit grace, it takes others', :meth:`.sharing.Sharing.take_at_exit`)."""
+        return self.workers.idle() and (at_exit or not self._closed)
 
     def submit_taken(
         self, key: str, what: tuple[str, str], payload: bytes, cancelled: Callable[[], bool]
@@ -479,7 +480,10 @@ class NoStall:
                 Exception
             ):  # failures are counted where they are seen; here only the deadline counts
                 future.result(timeout=_wait_s(deadline))
+        if self._sharing is not None and all(future.done() for future in futures):
+            self._sharing.take_at_exit(deadline)
         with self._lock:
+            futures = list(self._futures)  # with those taken at exit
             jobs = list(self._jobs.values())
             for job in jobs:
                 job.cancelled = True  # before the kill: the pool starts no worker for a cancelled job

@@ -37,6 +37,9 @@ class Sharing:
         self._stop = threading.Event()
         #: offers this process's worker could not compile: left to their offering process, never taken again
         self._passed: set[str] = set()
+        #: set while this process takes an offer; and once it is exiting with its own compiles ended
+        self._taking = threading.Event()
+        self._at_exit = threading.Event()
         self._thread = threading.Thread(target=self._take_loop, name="recipecache-pool", daemon=True)
         self._thread.start()
 
@@ -91,19 +94,42 @@ class Sharing:
         """Take nothing more (the process is exiting)."""
         self._stop.set()
 
+    def take_at_exit(self, deadline: float) -> None:
+        """This process is exiting, its own compiles ended: go on taking other processes' offers until none is left
+        unclaimed or ``deadline`` (``time.monotonic()``, the end of its exit grace) passes. A process that finished
+        its script early, or met fewer graphs, compiles what another still has queued, and the job's graphs are
+        published sooner; one still compiling at the deadline is ended with the worker, and its offering process
+        takes the graph back (:meth:`_follow`)."""
+        self._at_exit.set()
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if not self._taking.is_set() and not any(not self._pool.claimed(key) for key in self._others_offers()):
+                return
+            time.sleep(TAKE_POLL_S)
+
     def _take_loop(self) -> None:
         while not self._stop.wait(TAKE_POLL_S):
             try:
-                if self._no_stall.idle():
-                    self._take_one()
+                if self._no_stall.idle(at_exit=self._at_exit.is_set()):
+                    self._taking.set()
+                    try:
+                        self._take_one()
+                    finally:
+                        self._taking.clear()
             except Exception:  # the pool is an extra: this process's own compiles go on without it
                 log.warning("recipecache: the compile pool's taker failed; it looks again", exc_info=True)
 
+    def _others_offers(self) -> dict[str, str]:
+        """The offers this process may take (graph key -> offering member): other processes', less those its worker
+        could not compile."""
+        return {
+            key: member
+            for key, member in self._pool.offers().items()
+            if member != self._pool.member and key not in self._passed
+        }
+
     def _take_one(self) -> None:
         """Claim the first offer of another process this one may take, compile it and say how that ended."""
-        for key, member in self._pool.offers().items():
-            if member == self._pool.member or key in self._passed:
-                continue
+        for key, member in self._others_offers().items():
             if not self._no_stall.store.compiling(key):
                 # its offering process holds the graph's lease until the graph is compiled: none does, so the offer
                 # outlived its process (killed before it could withdraw it), in this job or an earlier one

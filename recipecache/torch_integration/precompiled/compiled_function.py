@@ -203,6 +203,11 @@ def versioned_key(key: str, sources: Iterable[SourceFile]) -> str:
     return f"{key}:{sources_digest(sources)}"
 
 
+def guard_variant_key(key: str, n: int) -> str:
+    """Where the ``n``-th artifact of ``key`` lives whose guards serve what the ones before it reject (0: ``key``)."""
+    return key if n == 0 else f"{key}:guards:{n}"
+
+
 def grouped_key(key: str, local: dict[str, str]) -> str:
     """``key`` for code naming, for each role, the group ``local`` gives (role -> group name): where a rank whose
     groups the artifact under ``key`` does not name finds (or publishes) one naming its own."""

@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ...keys import make_key
 from ...reasons import PrecompileDetail, Reason
+from .compiled_function import guard_variant_key
 from .keys import CompileSettings, call_key, devices_fingerprint, key_signature, module_state, signature, toolchain
 from .variant import Fallback, Variant
 
@@ -133,7 +134,7 @@ class Dispatcher:
             elif isinstance(decided, Variant):
                 refused = decided.refusal(args, kwargs)
                 if refused is not None:
-                    decided = self._reject(sig, *refused)
+                    decided = self._reject(subject, sig, *refused, args, kwargs)
         except Exception as exc:  # a bug of ours must not stop training
             log.debug("recipecache: precompiled dispatch failed", exc_info=True)
             self.tier.metrics.fallback(Reason.HOOK_ERROR, f"precompiled dispatch: {exc!r}; torch goes on without it")
@@ -142,9 +143,22 @@ class Dispatcher:
             return decided(args, kwargs)
         return normal(*args, **kwargs)
 
-    def _reject(self, sig: tuple[Any, ...], detail: PrecompileDetail, why: str) -> Fallback:
-        """A variant refused a signature it had served (an input the key does not cover, or a traced value, changed)."""
+    def _reject(
+        self,
+        subject: Any,
+        sig: tuple[Any, ...],
+        detail: PrecompileDetail,
+        why: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Variant | Fallback:
+        """A variant refused a signature it had served. Guards that reject it (an input the signature does not
+        hold changed: a tensor inside an object, such as a KV cache that grows) send it to another variant or
+        the store's next guard variant (:meth:`_resolve`); a traced value that changed sends it to the normal path."""
         with self._lock:
+            if detail is PrecompileDetail.GUARD_FAILED:
+                del self._decided[sig]
+                return self._resolve(subject, sig, args, kwargs)
             decided = self._decided[sig] = self.tier.fallback(
                 detail, f"a precompiled function no longer serves a call it served before: {why}"
             )
@@ -160,37 +174,56 @@ class Dispatcher:
                 if decided is not None:
                     self._share(subject, sig, decided, args, kwargs)
             if decided is None:
-                target = self.target(subject)
-                key = self.key(target, sig)
-                unchecked = unchecked_devices(target, sig)
-                if unchecked:
-                    decided = self.tier.fallback(
-                        PrecompileDetail.DEVICE_UNCHECKED,
-                        f"{target.name} runs on {', '.join(sorted(unchecked))}, where the "
-                        "precompiled tier is not checked (a cold precompile on CUDA crashed its process)",
-                    )
-                elif key in self._loaded:  # that very artifact is here, and it just said no
-                    detail, why = self._loaded[key].refusal(args, kwargs) or (PrecompileDetail.GUARD_FAILED, "")
-                    decided = self.tier.fallback(
-                        detail,
-                        f"{target.name}'s precompiled artifact does not serve "
-                        f"these inputs: {why or 'its guards reject them'}",
-                    )
-                elif key not in self._looked_up and len(self._looked_up) >= MAX_SHAPES:
-                    decided = self.tier.fallback(
-                        PrecompileDetail.TOO_MANY_SHAPES,
-                        f"{target.name} met more than {MAX_SHAPES} input signatures "
-                        "(bucket its inputs' lengths to precompile them all)",
-                    )
-                else:
-                    self._looked_up.add(key)
-                    decided = self.tier.resolve(target, key, args, kwargs)
-                    if isinstance(decided, Variant):
-                        self._variants.append(decided)
-                        self._loaded[key] = decided
-                        self.tier.metrics.precompile_shapes(decided.shapes)
+                decided = self._look_up(self.target(subject), sig, args, kwargs)
             self._decided[sig] = decided
             return decided
+
+    def _look_up(
+        self, target: Target, sig: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Variant | Fallback:
+        """The store's artifact for ``sig``, none of whose loaded variants serves it (a precompile where none is).
+
+        One key can need several artifacts: guards check inputs the key does not hold (tensors inside
+        an object, such as a KV cache whose length grows), and torch compiles a new graph wherever they
+        reject. Where the artifacts loaded under the key reject this call, the next guard variant
+        (:func:`.compiled_function.guard_variant_key`) is looked up, as torch recompiles, each lookup
+        counted toward :data:`MAX_SHAPES`; a cold store gets them in the order calls meet them.
+        """
+        unchecked = unchecked_devices(target, sig)
+        if unchecked:
+            return self.tier.fallback(
+                PrecompileDetail.DEVICE_UNCHECKED,
+                f"{target.name} runs on {', '.join(sorted(unchecked))}, where the "
+                "precompiled tier is not checked (a cold precompile on CUDA crashed its process)",
+            )
+        key = self.key(target, sig)
+        n = -1
+        while True:
+            n += 1
+            lookup = guard_variant_key(key, n)
+            loaded = self._loaded.get(lookup)
+            if loaded is not None:  # that very artifact is here, and it just said no
+                detail, why = loaded.refusal(args, kwargs) or (PrecompileDetail.GUARD_FAILED, "")
+                if detail is PrecompileDetail.GUARD_FAILED:
+                    continue
+                return self.tier.fallback(
+                    detail, f"{target.name}'s precompiled artifact does not serve these inputs: {why}"
+                )
+            if lookup not in self._looked_up and len(self._looked_up) >= MAX_SHAPES:
+                return self.tier.fallback(
+                    PrecompileDetail.TOO_MANY_SHAPES,
+                    f"{target.name} met more than {MAX_SHAPES} input signatures or guard variants "
+                    "(bucket its inputs' lengths to precompile them all)",
+                )
+            self._looked_up.add(lookup)
+            decided = self.tier.resolve(target, lookup, args, kwargs)
+            if not isinstance(decided, Variant):
+                return decided
+            self._variants.append(decided)
+            self._loaded[lookup] = decided
+            self.tier.metrics.precompile_shapes(decided.shapes)
+            if decided.refusal(args, kwargs) is None:
+                return decided
 
     def _share(
         self, subject: Any, sig: tuple[Any, ...], variant: Variant, args: tuple[Any, ...], kwargs: dict[str, Any]

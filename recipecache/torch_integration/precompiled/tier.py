@@ -30,8 +30,10 @@ built (``precompile_shapes``: ``static_per_shape`` or ``dynamic``).
 Never wrong, never stuck: whatever the tier cannot serve runs on the normal path
 (dynamo, with the FX/AOT/PGO store hooks), counted as ``precompile_fallback`` with a
 detail: code dynamo cannot trace whole (``graph_break``), published as a verdict so other
-ranks do not try again; too many shapes; guards that reject the inputs
-(``guard_failed``); a value the trace read besides the inputs (a default, a closure cell,
+ranks do not try again; too many shapes or guard variants (guards check inputs the key does
+not hold, such as a growing KV cache inside an object: where every artifact under a key rejects
+a call, its next guard variant is looked up, :meth:`.dispatcher.Dispatcher._look_up`); a value
+the trace read besides the inputs (a default, a closure cell,
 a global, another module's or a class's attribute) that differs here, at load or since
 (``value_changed``, :mod:`.traced_values`: torch's loaded guards no longer check those);
 an artifact that does not load here (``load_failed``,
@@ -316,8 +318,10 @@ class Tier:
         log.info("recipecache: loaded precompiled %s in %.3f s", target.name, time.perf_counter() - start)
         variant = Variant(fn, target.prefix, values_of(fn, stored.pins, target.globals), stored.dynamic, stored)
         refused = variant.refusal(args, kwargs, loading=True)
-        if refused is not None:
+        if refused is not None and refused[0] is not PrecompileDetail.GUARD_FAILED:
             return self._unused(key, refused[0], f"{target.name}'s precompiled artifact: {refused[1]}")
+        # guards that reject this call leave it loaded: it serves the calls it was built for, and the
+        # dispatcher looks for this call's guard variant
         self.metrics.saved(stored.compile_s)
         return variant
 

@@ -117,12 +117,14 @@ def test_killed_worker_leaves_the_graph_eager_counted_then_retried(tmp_path: Pat
 
 
 # -- a real job ------------------------------------------------------------------------
-def _launch(tmp: Path, name: str, store_url: str, *args: str) -> dict[str, Any]:
+def _launch(tmp: Path, name: str, store_url: str, *args: str, launcher: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``args``: the training script's; ``launcher``: recipecache-run's besides those every job takes."""
     run_dir = tmp / name
     out = run_dir / "out.json"
     proc = subprocess.run(
         [sys.executable, "-m", "launcher.main", "--nproc", str(RANKS), "--url", store_url, "--namespace", "nostall",
-         "--run-dir", str(run_dir), "--rank-dirs", str(tmp / f"{name}-dirs"), "--no-stall", str(TRAIN), *args,
+         "--run-dir", str(run_dir), "--rank-dirs", str(tmp / f"{name}-dirs"), "--no-stall", *launcher, str(TRAIN),
+         *args,
          "--out", str(out)],
         check=False, capture_output=True, text=True, env=_env_without_recipecache(), timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -221,6 +223,23 @@ def test_an_idle_rank_compiles_the_graphs_queued_behind_a_busy_one(tmp_path: Pat
     balance = job["report"]["total"]["compile_balance"]
     assert balance is not None and balance["largest_s"] > 0
     assert len(job["losses"]) == job["steps"] and all(loss == loss for step in job["losses"] for loss in step)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(1800)
+def test_a_rank_that_finished_compiles_the_graphs_queued_behind_another_at_exit(tmp_path: Path) -> None:
+    """Issue 47: a finished process takes work. One step, then the job ends: rank 1's script is over long before its
+    own compiles behind are (so whatever it takes, it takes in its exit grace), while rank 0's three evaluation
+    graphs queue behind its worker. Rank 1 compiles some of them for it, every graph is published within the grace,
+    and none is compiled twice."""
+    job = _launch(tmp_path, "exit-pool", f"file://{tmp_path / 'store'}", "--steps", "1", "--pause", "0",
+                  "--rank0-eval", "20,24,28", launcher=("--exit-grace", "1200"))
+    zero, one = (job["metrics"][rank]["no_stall"] for rank in range(RANKS))
+    assert one["pool_taken"] >= 1 and zero["pool_handed"] == one["pool_taken"], (zero, one)
+    assert zero["unfinished"] == one["unfinished"] == 0 and zero["failed"] == one["failed"] == 0
+    compiled = Counter(e["key"] for e in _events(job, "compile") if e.get("behind"))
+    assert max(compiled.values()) == 1, f"graphs compiled more than once: {compiled}"
+    assert {e["key"] for e in _events(job, "compile_start", 0)} <= set(compiled)
 
 
 @pytest.mark.multirank

@@ -10,8 +10,9 @@ their store side by side in another:
 * cold: empty store; precompiles the model and learns that ``broken`` has a graph
   break; plain: torch alone, the reference results;
 * hit: fresh dirs on that store; loads the model; then the model's ``offset`` tensor
-  (guarded, not in the key) gets a new shape, outside the artifact's guards, and
-  ``broken`` (its verdict) runs: both fall back to the normal path;
+  (guarded, not in the key) gets a new shape, outside the artifact's guards: precompiled
+  as the key's next guard variant; ``broken`` (its verdict) falls back to the normal path;
+* again: a fresh process on the store the hit process left: loads both guard variants;
 * changed: the model file changed (its output doubled): a miss, compiled afresh;
 * corrupt: the model's artifact has a flipped byte: refused, normal path.
 
@@ -129,6 +130,7 @@ class Cold:
 @dataclass
 class Followups:
     hit: Run
+    again: Run
     changed: Run
     corrupt: Run
 
@@ -165,10 +167,11 @@ def followups(cold: Cold, base: Path) -> Followups:
         _start(base, "corrupt", "rc", cold.model_dir, store=corrupt_store),
     ]
     hit, corrupt = (_finish(s) for s in started)
+    again = _finish(_start(base, "again", "rc", cold.model_dir, "--offset-size", "1", store=cold.store))
     # then the model file changes under the same path (the key names the path, the artifact its content)
     (cold.model_dir / "pc_model.py").write_text(MODEL_SOURCE.format(scale=" * 2"))
     changed = _finish(_start(base, "changed", "rc", cold.model_dir, store=changed_store))
-    return Followups(hit, changed, corrupt)
+    return Followups(hit, again, changed, corrupt)
 
 
 # -- the hit path ---------------------------------------------------------------------------
@@ -195,18 +198,30 @@ def test_fresh_process_loads_without_tracing_or_compiling(cold: Cold, followups:
 
 # -- fallbacks ----------------------------------------------------------------------------------
 @pytest.mark.internals
-def test_a_shape_outside_the_guards_falls_back_to_the_normal_path(cold: Cold, followups: Followups) -> None:
-    hit = followups.hit
-    assert hit.metrics["precompile_fallbacks"]["guard_failed"] == 1
+def test_a_shape_outside_the_guards_is_precompiled_as_the_keys_next_guard_variant(
+    cold: Cold, followups: Followups
+) -> None:
+    """An input the key does not hold (a tensor attribute's shape) changes: the loaded artifact's guards reject the
+    call, and the tier looks up (here: precompiles and publishes) the key's next guard variant, as torch recompiles,
+    instead of sending the call to the normal path. A fresh process then loads both, tracing nothing."""
+    hit, again = followups.hit, followups.again
+    assert "guard_failed" not in hit.metrics["precompile_fallbacks"]
+    assert hit.metrics["precompile_shapes"] == {"static_per_shape": 2}, "the model's artifact and its guard variant"
     assert hit.report["offset_digest"] == cold.plain.report["offset_digest"]
+    assert again.precompiled == {"hit": 2, "miss": 0, "put": 0}, "the key and its guard variant, both loaded"
+    assert again.metrics["precompile_fallbacks"] == {}
+    assert again.report["model_frames"] == 0 and again.report["offset_frames"] == 0, "dynamo traced nothing"
+    assert again.report["offset_digest"] == cold.plain.report["offset_digest"]
 
 
 @pytest.mark.internals
 def test_a_graph_break_falls_back_and_the_verdict_is_shared(cold: Cold, followups: Followups) -> None:
     hit = followups.hit
-    assert hit.metrics["precompile_fallbacks"]["graph_break"] == 1
-    assert hit.metrics["fallbacks"]["precompile_fallback"] == 2
-    assert hit.precompiled == {"hit": 1, "miss": 1, "put": 0}, "the verdict was read, not relearned"
+    assert hit.metrics["precompile_fallbacks"] == {"graph_break": 1}
+    assert hit.metrics["fallbacks"]["precompile_fallback"] == 1
+    # the model's artifact (a hit), its new guard variant (a miss, precompiled: the one put) and broken's verdict
+    # (read, not relearned: a hit the tier does not use counts as a miss)
+    assert hit.precompiled == {"hit": 1, "miss": 2, "put": 1}
     assert hit.report["broken"] == cold.plain.report["broken"]
 
 
