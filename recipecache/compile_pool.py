@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -124,6 +125,18 @@ class CompilePool:
         except BackendError:
             return False
         return held is not None and held.remaining_s > 0
+
+    def wait_claimed(self, key: str, timeout: float) -> None:
+        """Return when the claim on ``key`` is released (woken by the release where the backend can: Redis) or
+        ``timeout`` seconds passed; the caller looks at :meth:`claimed` again either way."""
+        name = self._claim_name(key)
+        try:
+            held = self._backend.lease_holder(name)
+            if held is None or held.remaining_s <= 0 or self._backend.lease_wait(name, held.token, timeout) is not None:
+                return
+        except BackendError as exc:
+            log.debug("recipecache: could not wait for the claim on %s: %s", key, exc)
+        time.sleep(timeout)  # a backend that cannot wake waiters (filesystem), or one that failed: poll
 
     # -- the taker ------------------------------------------------------------------
     def offers(self) -> dict[str, str]:

@@ -57,6 +57,20 @@ def test_one_claim_at_a_time_and_a_dead_takers_claim_expires(store_url: str) -> 
     assert not offering.claimed("fx-b") and offering.claim("fx-b") is not None
 
 
+def test_waiting_on_a_claim_ends_when_it_is_released(store_url: str) -> None:
+    """The offering process waits on its taker's claim; the release ends the wait (on Redis it wakes the waiter;
+    a filesystem store has no wake-up, and its wait is one poll)."""
+    offering, taker = CompilePool(_store(store_url), member="r0"), CompilePool(_store(store_url), member="r1")
+    claim = taker.claim("fx-a")
+    assert claim is not None
+    threading.Timer(0.3, claim.release).start()
+    start = time.monotonic()
+    offering.wait_claimed("fx-a", 60.0 if store_url.startswith("redis") else 1.0)
+    assert time.monotonic() - start < 30.0, "the release ended the wait"
+    assert not offering.claimed("fx-a")
+    offering.wait_claimed("fx-a", 60.0)  # nobody holds it: at once
+
+
 def test_an_offer_sealed_under_another_secret_is_refused(tmp_path: Any) -> None:
     url = f"file://{tmp_path / 'store'}"
     CompilePool(_store(url, secret=b"a forger's own key 0123"), member="r9").offer("fx-a", b"code every rank would run")

@@ -74,7 +74,7 @@ class Sharing:
                 no_stall.drop(job)
                 job.future.set_exception(RuntimeError("the process was exiting while a taker compiled it"))
                 return
-            time.sleep(POLL_S)
+            self._pool.wait_claimed(job.key, POLL_S)
         result = self._pool.result(job.key)
         self._pool.withdraw(job.key)
         if result is not None and result.compiled:
