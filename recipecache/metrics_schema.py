@@ -138,6 +138,7 @@ NO_STALL_SWITCHES = Field(("no_stall", "switches"), "switches to a compiled grap
 NO_STALL_COMPILES = Field(("no_stall", "compiles"), "compiles run behind the steps, in a worker")
 NO_STALL_COMPILE_S = Field(("no_stall", "compile_s"), "their seconds")
 NO_STALL_FAILED = Field(("no_stall", "failed"), "compiles behind that failed")
+NO_STALL_INLINE = Field(("no_stall", "inline"), "graphs no worker can compile, compiled inline by this process")
 NO_STALL_UNFINISHED = Field(("no_stall", "unfinished"), "compiles behind ended unfinished at exit (past the grace)")
 NO_STALL_WORKERS = Field(("no_stall", "workers"), "worker processes started")
 NO_STALL_RETRIES = Field(("no_stall", "retries"), "retries of a failed compile")
@@ -183,6 +184,7 @@ NO_STALL_COUNTS = (
     NO_STALL_COMPILES,
     NO_STALL_COMPILE_S,
     NO_STALL_FAILED,
+    NO_STALL_INLINE,
     NO_STALL_UNFINISHED,
     NO_STALL_WORKERS,
     NO_STALL_RETRIES,

@@ -76,6 +76,10 @@ class Reason(StrEnum):
     #: no-stall: a graph's compile behind the steps failed, died, or its artifact could not be
     #: loaded; the graph stays without inductor in this process
     NO_STALL_FAILED = "no_stall_failed"
+    #: no-stall: a graph no worker can compile under this process's key (it runs collectives on this process's
+    #: groups; torch cannot serialize it; a global setting cannot travel): this process compiled it inline, on its
+    #: step's path, and the others ran it without inductor until it was published
+    NO_STALL_INLINE = "no_stall_inline"
     #: no-stall: a compile behind the steps ran past its deadline (``RECIPECACHE_NO_STALL_TIMEOUT``); its
     #: worker was ended and its lease released, and the graph stays without inductor in this process
     NO_STALL_TIMEOUT = "no_stall_timeout"

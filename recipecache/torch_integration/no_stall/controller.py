@@ -33,8 +33,9 @@ does) applied to torch.compile, with the store as the meeting point:
   precision and determinism flags, default dtype, thread count, environment), sent with each
   graph: its FX key is the rank's by construction. It still checks: another key, or a value it cannot
   reproduce, fails the compile (counted) and this process compiles the graph itself the next
-  time it leads it. A state that cannot be sent at all (a custom pass in inductor's config)
-  has the graph compiled inline at once, counted.
+  time it leads it. A state that cannot be sent at all (a custom pass in inductor's config),
+  a graph torch cannot serialize or one running collectives on this process's groups is
+  compiled inline at once, counted ``no_stall_inline``.
 * A compile that fails, a worker that dies: counted (fallback ``no_stall_failed``, warned once),
   the lease released, and the graph eager meanwhile, but not for good: it switches as soon as
   any process publishes the key ("load, never lead"), and this process leads it again at most
@@ -227,7 +228,7 @@ class NoStall:
             graph_kwargs = {k: v for k, v in kwargs.items() if k != "compile_region_name"}
             local = needs_process_groups(gm, example_inputs)
             if local is not None:
-                self._failed(flight.key, what, f"{local}, which a worker does not have", inline=True)
+                self._counted_inline(flight.key, what, f"{local}, which a worker does not have")
                 self.store.events.record("compile_start", flight.key)
                 return None
             sent = self._sendable(flight, what, wire_input(gm, example_inputs, inputs_to_check, graph_kwargs))
@@ -272,12 +273,12 @@ class NoStall:
         """The graph's wire input and this process's global state (:mod:`.global_state`), or None (counted):
         a worker could not compile it under this process's key, which compiles it inline."""
         if wire is None:
-            self._failed(flight.key, what, "torch cannot serialize this graph for a worker", inline=True)
+            self._counted_inline(flight.key, what, "torch cannot serialize this graph for a worker")
             return None
         try:
             return wire, global_state.capture()
         except global_state.Uncarried as exc:
-            self._failed(flight.key, what, f"a worker cannot get this process's state ({exc})", inline=True)
+            self._counted_inline(flight.key, what, f"a worker cannot get this process's state ({exc})")
             return None
 
     def graph(
@@ -427,25 +428,21 @@ class NoStall:
         with self._lock:
             self._jobs.pop(job.key, None)
 
-    def _failed(
-        self,
-        key: str,
-        what: tuple[str, str],
-        why: str,
-        reason: Reason = Reason.NO_STALL_FAILED,
-        *,
-        inline: bool = False,
-    ) -> None:
-        """Count and say why graph ``key`` is not compiled behind the steps; ``inline``: this process compiles it
-        now instead (the others run it without inductor until it is published), else it runs without inductor."""
+    def _failed(self, key: str, what: tuple[str, str], why: str, reason: Reason = Reason.NO_STALL_FAILED) -> None:
+        """Count and say why graph ``key``'s compile behind the steps failed: it runs without inductor."""
         self._row(key, what).failed = why
         self.metrics.no_stall(failed=1)
-        outcome = (
-            "this process compiles it inline; the others run it without inductor until it is published"
-            if inline
-            else "it runs without inductor"
+        self.metrics.fallback(reason, f"{what[0]} {what[1]} ({key}): {why}; it runs without inductor")
+
+    def _counted_inline(self, key: str, what: tuple[str, str], why: str) -> None:
+        """Count and say why no worker can compile graph ``key`` (``why``): this process compiles it inline, on its
+        step's path, now; the others run it without inductor until it is published. By design, not a failure."""
+        self.metrics.no_stall(inline=1)
+        self.metrics.fallback(
+            Reason.NO_STALL_INLINE,
+            f"{what[0]} {what[1]} ({key}): {why}; this process compiles it inline; the others run it without "
+            "inductor until it is published",
         )
-        self.metrics.fallback(reason, f"{what[0]} {what[1]} ({key}): {why}; {outcome}")
 
     def _unfinished(self, job: _Job, state: str) -> None:
         """Count and say that ``job`` was ended at exit, past the exit grace (``state``: queued or compiling):

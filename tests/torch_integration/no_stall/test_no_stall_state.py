@@ -207,6 +207,20 @@ def _no_stall(monkeypatch: pytest.MonkeyPatch, retry_s: float, url: str = "memor
 
 
 @pytest.mark.torch
+def test_a_graph_no_worker_can_compile_is_counted_inline_not_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph no worker can compile under this process's key (here: torch cannot serialize it; FSDP2 + TP's graphs
+    run collectives on this process's groups) is compiled inline by design: counted ``no_stall_inline``, never a
+    failed compile behind (the corpus's FSDP2 + TP job reported six ``no_stall_failed`` that were no failures)."""
+    no_stall = _no_stall(monkeypatch, retry_s=0.0)
+    flight = no_stall.store.begin("k", wait=False)
+    assert no_stall._sendable(flight, ("f", "f32[2]"), None) is None  # this process compiles it inline
+    flight.release()
+    metrics = no_stall.metrics.snapshot()
+    assert metrics["no_stall"]["inline"] == 1 and metrics["no_stall"]["failed"] == 0
+    assert metrics["fallbacks"] == {"no_stall_inline": 1}
+
+
+@pytest.mark.torch
 def test_a_failed_lead_is_retried_after_a_look_inline_after_a_key_mismatch_and_bounded(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from recipecache.torch_integration.no_stall.controller import NO_STALL_TRIES, WorkerFailed
