@@ -87,7 +87,7 @@ class CompilePool:
 
     def withdraw(self, key: str) -> None:
         """The graph's compile ended, here or at a taker: nobody may take it any more."""
-        self._change_index(lambda offers: {k: m for k, m in offers.items() if k != key} if key in offers else None)
+        self._unlist(key)
         for name in (f"compile-pool/offer/{key}", f"compile-pool/result/{key}"):
             try:
                 self._backend.delete(storage_key(self._namespace, name))
@@ -153,8 +153,14 @@ class CompilePool:
         once the claim is gone)."""
         fields = {"compiled": result.compiled, "compile_s": result.compile_s, "by": result.by, "error": result.error}
         self._write(f"compile-pool/result/{key}", msgpack.packb(fields))
+        if result.compiled:  # published: no process may take it again (it would compile it again, a cache hit, until
+            self._unlist(key)  # its offering process's worker gets to it and withdraws the rest)
 
     # -- the store ------------------------------------------------------------------
+    def _unlist(self, key: str) -> None:
+        """Take ``key`` off the index of offers."""
+        self._change_index(lambda offers: {k: m for k, m in offers.items() if k != key} if key in offers else None)
+
     def _claim_name(self, key: str) -> str:
         return storage_key(self._namespace, f"compile-pool/claim/{key}")
 
