@@ -7,7 +7,10 @@ For each program of ``corpus/`` (Lightning, Accelerate, HF Trainer, torchvision,
 diffusers, HF ``generate``, FSDP2 + TP), as a user would run it:
 
 * ``plain cold`` then ``plain warm``: torchrun without recipecache, the warm job in the cold job's
-  torch caches (torch's own local caches, what a user has on the second run);
+  torch caches (torch's own local caches, what a user has on the second run); with a no-stall mode,
+  ``eager cold`` too: torch.compile off (``TORCHDYNAMO_DISABLE=1``), whose loss difference from plain
+  cold says how far steps run without inductor drift on this program (an ill-conditioned model or
+  dropout's other random numbers drift further than float rounding);
 * per mode (``store``: the graph store; ``precompile``; ``no_stall``; ``both``: precompile and
   no-stall): a ``cold`` job on an empty store, then a ``fresh`` job on that store, each job's ranks
   on new empty torch caches (``--rank-dirs``, as on new nodes).
@@ -16,7 +19,8 @@ Each row: exit status, compiles, hits, fallbacks by reason (and the tier's by de
 loss difference from plain cold (``=`` bitwise equal), iterations 0+1 (the slowest rank, from the
 start of training to the end of its second step) and wall over plain warm's. The verdicts below
 the table are the targets of issue 43: every job exits 0; losses bitwise equal to plain torchrun's
-for the graph store and the tier, within 2e-3 with no-stall; every fresh job compiles 0; with the
+for the graph store and the tier, within 2e-3 with no-stall (and within torch's own eager run's difference,
+where that is larger); every fresh job compiles 0; with the
 tier no ``load_failed`` and fresh iterations 0+1 <= 0.3x plain warm for every program it serves.
 
 One job takes 10-90 s on 2 cores (the cold ones compile); the whole table, 8 programs x 10 jobs,
@@ -63,7 +67,9 @@ def ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value is not None and base else None
 
 
-def row(program: Program, mode: str, phase: str, job: Job, plain_cold: Job, plain_warm: Job) -> dict[str, Any]:
+def row(
+    program: Program, mode: str, phase: str, job: Job, plain_cold: Job, plain_warm: Job, eager_gap: float | None
+) -> dict[str, Any]:
     gap = loss_gap(job, plain_cold)
     return {
         "program": program.name,
@@ -76,6 +82,8 @@ def row(program: Program, mode: str, phase: str, job: Job, plain_cold: Job, plai
         "precompile_fallbacks": dict(job.precompile_fallbacks),
         "fallback_details": job.fallback_details,
         "loss_gap": gap,
+        # torch's own eager run against its compiled one: how far steps without inductor may drift on this program
+        "eager_gap": eager_gap,
         "first_two_s": job.first_two_s,
         "wall_s": job.wall_s,
         "first_two_vs_plain_warm": ratio(job.first_two_s, plain_warm.first_two_s),
@@ -108,10 +116,13 @@ def run_program(program: Program, modes: list[str], work: Path, small: bool) -> 
 
     plain_cold = job("plain", "cold", "plain-dirs")
     plain_warm = job("plain", "warm", "plain-dirs")
-    rows = [
-        row(program, "plain", phase, j, plain_cold, plain_warm)
-        for phase, j in (("cold", plain_cold), ("warm", plain_warm))
-    ]
+    references = [("plain", "cold", plain_cold), ("plain", "warm", plain_warm)]
+    eager_gap = None
+    if {"no_stall", "both"} & set(modes):  # no-stall runs steps without inductor: torch's eager run is their yardstick
+        eager = job("eager", "cold", "eager-dirs")
+        eager_gap = loss_gap(eager, plain_cold)
+        references.append(("eager", "cold", eager))
+    rows = [row(program, mode, phase, j, plain_cold, plain_warm, eager_gap) for mode, phase, j in references]
     for mode in modes:
         for phase in ("cold", "fresh"):
             rows.append(
@@ -122,6 +133,7 @@ def run_program(program: Program, modes: list[str], work: Path, small: bool) -> 
                     job(mode, phase, f"{mode}-{phase}-dirs", f"{mode}-store"),
                     plain_cold,
                     plain_warm,
+                    eager_gap,
                 )
             )
     return rows
@@ -167,6 +179,10 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
             lambda r: r["loss_gap"] is not None and r["loss_gap"] <= NO_STALL_TOLERANCE,
             lambda r: r["mode"] in ("no_stall", "both"),
         ),
+        "losses within torch's own eager-vs-compiled gap, or that tolerance (no-stall)": failing(
+            lambda r: r["loss_gap"] is not None and r["loss_gap"] <= max(NO_STALL_TOLERANCE, r["eager_gap"] or 0.0),
+            lambda r: r["mode"] in ("no_stall", "both"),
+        ),
         "every fresh job compiles 0": failing(lambda r: r["compiles"] == 0, lambda r: r["job"] == "fresh"),
         "tier: 0 load_failed": failing(
             lambda r: not r["precompile_fallbacks"].get("load_failed"), lambda r: r["mode"] in tier
@@ -191,7 +207,7 @@ def main() -> None:
     args = parser.parse_args()
     programs = [p for p in args.programs.split(",") if p]
     modes = [m for m in args.modes.split(",") if m]
-    unknown = [p for p in programs if p not in PROGRAMS] + [m for m in modes if m not in MODES or m == "plain"]
+    unknown = [p for p in programs if p not in PROGRAMS] + [m for m in modes if m not in MODES or m in ("plain", "eager")]
     if unknown:
         parser.error(f"unknown program or mode: {', '.join(unknown)}")
     with tempfile.TemporaryDirectory(prefix="corpus-bench-") as tmp:

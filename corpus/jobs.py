@@ -61,9 +61,11 @@ PROGRAMS: dict[str, Program] = {
     )
 }
 
-#: recipecache-run's options for each mode; None: plain torchrun, no recipecache
+#: recipecache-run's options for each mode; None: plain torchrun, no recipecache (``eager``: with torch.compile
+#: off, ``TORCHDYNAMO_DISABLE=1``: torch's own eager results, beside which no-stall's steps without inductor are judged)
 MODES: dict[str, tuple[str, ...] | None] = {
     "plain": None,
+    "eager": None,
     "store": (),
     "precompile": ("--precompile",),
     "no_stall": ("--no-stall",),
@@ -167,6 +169,8 @@ def run_job(
         # torchrun as a user runs it; the launcher's bootstrap only gives each rank its own torch cache and
         # temp directories before torch is imported (recipecache stays off)
         environ["RECIPECACHE_RANK_DIRS"] = str(dirs)
+        if mode == "eager":
+            environ["TORCHDYNAMO_DISABLE"] = "1"
         cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(program.nproc), *port]
         cmd += ["-m", "launcher.bootstrap", *script]
     else:
