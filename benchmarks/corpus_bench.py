@@ -112,6 +112,7 @@ def run_program(program: Program, modes: list[str], work: Path, small: bool) -> 
         )
         if done.exit_code != 0:
             print("    " + done.output[-1500:].replace("\n", "\n    "), flush=True)
+            print(f"    the whole output: {base / f'{program.name}-{mode}-{phase}.log'}", flush=True)
         return done
 
     plain_cold = job("plain", "cold", "plain-dirs")

@@ -79,7 +79,7 @@ class Job:
     mode: str
     exit_code: int
     wall_s: float
-    #: the end of the job's output (stdout and stderr), for a failure's message
+    #: the end of the job's output (stdout and stderr), for a failure's message (the whole of it: ``<work>/<name>.log``)
     output: str
     #: each rank's record: ``losses`` and ``step_end_s`` (seconds since the program began to train)
     ranks: list[dict[str, Any]] = field(default_factory=list)
@@ -186,6 +186,8 @@ def run_job(
     except subprocess.TimeoutExpired as exc:
         code, output = -9, f"killed after {timeout:.0f} s\n{_text(exc.stdout)}{_text(exc.stderr)}"
     wall = time.perf_counter() - start
+    work.mkdir(parents=True, exist_ok=True)
+    (work / f"{name}.log").write_text(output)  # whole: a failing rank's traceback may sit far above the report
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("losses-rank*.json"), key=_rank_of)]
     report_file = run_dir / "report.json"
     report = json.loads(report_file.read_text()) if launcher is not None and report_file.exists() else None
