@@ -109,7 +109,9 @@ def _compile_scope(integration: Integration) -> list[Patch]:
             args = (args[0], list(args[1]), *args[2:])
             compile_again = functools.partial(run_inner, *args, **kwargs)
             if no_stall is not None:  # no-stall: eager meanwhile
-                return no_stall.graph(deferred, compile_again, args[0], args[1])
+                return no_stall.graph(
+                    deferred, compile_again, args[0], args[1], backward=bool(kwargs.get("is_backward"))
+                )
             return integration.overlap.waiting_graph(deferred, compile_again)  # overlap: waits at its first call
 
     return [(compile_fx, "_compile_fx_inner", _compile_fx_inner)]

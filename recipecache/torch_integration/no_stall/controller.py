@@ -282,11 +282,18 @@ class NoStall:
             return None
 
     def graph(
-        self, deferred: Deferred, reload: Callable[[], Any], gm: torch.fx.GraphModule, example_inputs: list[Any]
+        self,
+        deferred: Deferred,
+        reload: Callable[[], Any],
+        gm: torch.fx.GraphModule,
+        example_inputs: list[Any],
+        *,
+        backward: bool = False,
     ) -> NoStallGraph:
-        """The switching callable ``_compile_fx_inner`` returns for the deferred graph."""
+        """The switching callable ``_compile_fx_inner`` returns for the deferred graph (``backward``: AOTAutograd's
+        backward of a forward, which may run compiled meanwhile)."""
         self._row(deferred.key, deferred.what)
-        return NoStallGraph(self, deferred, reload, gm, example_inputs)
+        return NoStallGraph(self, deferred, reload, gm, example_inputs, backward=backward)
 
     def _row(self, key: str, what: tuple[str, str]) -> _Graph:
         """The report's row of graph ``key`` (``what``: its name and input shapes), made at its first sight."""

@@ -7,6 +7,7 @@ whom, is :mod:`.controller`'s; this module only looks, calls and switches, and r
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -61,6 +62,29 @@ def _pick_vec_isa() -> None:
         log.debug("recipecache: background ISA pick failed", exc_info=True)
 
 
+#: the view ops a backward graph runs eagerly as reshapes (:func:`views_as_reshapes`)
+_VIEWS = ("view", "_unsafe_view")
+
+
+def views_as_reshapes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of backward graph ``gm`` whose ``view`` ops are ``reshape``s, to run without inductor.
+
+    AOTAutograd traced the backward on the tensors the forward saves as eager computes them. Once the
+    forward runs compiled (it switched first, or a fresh process loaded it from the store) while its
+    backward still runs here, the saved tensors come with inductor's strides, on which a ``view`` can fail
+    ("view size is not compatible with input tensor's size and stride": torchvision's ResNet under DDP,
+    whose fresh job loaded a forward its cold job had published and not the backward). A reshape is that
+    view wherever the strides allow one and a copy elsewhere; a backward's outputs are gradients, whose
+    aliasing nothing relies on. ``gm`` itself stays as traced: it is what the compile and its key are of.
+    """
+    graph = copy.deepcopy(gm.graph)
+    views = {getattr(torch.ops.aten, name).default for name in _VIEWS}
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in views:
+            node.target = torch.ops.aten.reshape.default
+    return torch.fx.GraphModule(gm, graph)
+
+
 class NoStallGraph:
     """Inductor's output for one graph while it compiles elsewhere: eager until the compiled graph exists.
 
@@ -78,6 +102,8 @@ class NoStallGraph:
         reload: Callable[[], Any],
         gm: torch.fx.GraphModule,
         example_inputs: list[Any],
+        *,
+        backward: bool = False,
     ) -> None:
         from torch._inductor.codecache import FxGraphCache
         from torch.fx._lazy_graph_module import _LazyGraphModule
@@ -99,7 +125,7 @@ class NoStallGraph:
         #: our own compile published the graph, yet it did not load (or the process is exiting): eager for good
         self._given_up = False
         _LazyGraphModule.force_recompile(gm)  # as torch's own eager output of an empty graph
-        self._eager = gm.forward
+        self._eager = views_as_reshapes(gm).forward if backward else gm.forward
         # the inputs the FX cache's guards speak of (torch's ``_filter_backed_symints``), by position
         symints = FxGraphCache._filter_backed_symints(example_inputs)
         self._symint_positions = [i for i, x in enumerate(example_inputs) if any(x is s for s in symints)]

@@ -281,6 +281,31 @@ def _no_stall_graph(reload: Any) -> tuple[Any, Any, Any]:
 
 
 @pytest.mark.torch
+def test_a_backward_run_without_inductor_takes_saved_tensors_in_the_compiled_forwards_layout() -> None:
+    """A backward runs without inductor while its forward already runs compiled (switched first, or loaded by a fresh
+    process from the store): the tensors it gets come in inductor's layout, not the one AOTAutograd traced it on,
+    and its ``view`` failed ("view size is not compatible", torchvision's ResNet: the training step raised). The
+    backward's eager copy reshapes; the graph compiled and keyed stays as traced."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from recipecache.torch_integration.deferral import Deferred
+
+    def backward_like(saved: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.ops.aten.view.default(saved, [6]) * 2,)
+
+    gm = make_fx(backward_like)(torch.ones(2, 3))  # traced on a contiguous saved tensor
+    inductors_layout = torch.arange(6.0).reshape(3, 2).t()  # the same values, transposed strides
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        gm(inductors_layout)
+    _, _, no_stall = _no_stall_graph(lambda: None)
+    deferred = Deferred("k-bw", ("f backward", "f32[2,3]"), None, {}, None)
+    graph = no_stall.graph(deferred, lambda: None, gm, [torch.ones(2, 3)], backward=True)
+    assert torch.equal(graph([inductors_layout])[0], inductors_layout.reshape(6) * 2)
+    assert any(n.target is torch.ops.aten.view.default for n in gm.graph.nodes), "the traced graph is untouched"
+
+
+@pytest.mark.torch
 def test_switching_callable_runs_eager_until_its_compile_is_done_then_compiled() -> None:
     import torch
 
