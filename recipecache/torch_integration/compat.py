@@ -131,6 +131,8 @@ HOOKS: tuple[Hook, ...] = (
             _i("_dynamo.config", "automatic_dynamic_remote_pgo"),
             _i("_inductor.remote_cache", "RemoteDynamoPGOCache.backend_override_cls"),
             _i("compiler.config", "job_id"),
+            _i("_dynamo.pgo", "update_automatic_dynamic", "tx", "name", "entry"),
+            _i("_dynamo.pgo", "CodeId.make", "code", "closure"),
         ),
     ),
     Hook(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch._dynamo.config as dynamo_config
+import torch._dynamo.pgo as dynamo_pgo
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 from torch._functorch._aot_autograd import graph_compile
@@ -68,7 +69,7 @@ def table(integration: Integration, on: Collection[str]) -> list[Patch]:
         "compile_scope": _compile_scope(integration),
         "graphs": _graphs(integration),
         "autograd": _autograd(integration),
-        "pgo": _pgo(on),
+        "pgo": _pgo(integration, on),
         "kernels": _kernels(integration),
         "precompiled_header": _precompiled_header(integration),
         "cpu_probes": _cpu_probes(integration),
@@ -156,11 +157,29 @@ def _autograd(integration: Integration) -> list[Patch]:
     ]
 
 
-def _pgo(on: Collection[str]) -> list[Patch]:
-    """Hook ``pgo``: dynamo's profile-guided dynamism travels through the store (under a job id, set if none is)."""
+def _pgo(integration: Integration, on: Collection[str]) -> list[Patch]:
+    """Hook ``pgo``: dynamo's profile-guided dynamism travels through the store (under a job id, set if none is).
+
+    A frame's first trace at the sizes the job that learned its decision traced static first is traced static
+    again, not dynamic as the shared decision says (:class:`.graphs.pgo.Replay`): that job's graphs, in its order.
+    """
+    original_update: Any = getattr(dynamo_pgo, "update_automatic_dynamic", None)
+
+    def replayed(tx: Any, name: str, entry: Any, decided: Any) -> Any:
+        code_id = dynamo_pgo.CodeId.make(tx.f_code, tx.closure)  # as torch names the frame's state
+        return integration.side_caches.pgo_replay.entry_for(code_id, name, entry, decided)
+
+    def update_automatic_dynamic(tx: Any, name: str, entry: Any, **kwargs: Any) -> Any:
+        decided = original_update(tx, name, entry, **kwargs)  # reads the shared state at the process's first trace
+        if getattr(tx, "distributed_state", None) is not None:  # compiler collectives decide across ranks
+            return decided
+        replay = integration.guarded(replayed, tx, name, entry, decided)
+        return decided if replay is None else replay
+
     return [
         (dynamo_config, "automatic_dynamic_remote_pgo", True),
         (remote_cache.RemoteDynamoPGOCache, "backend_override_cls", PgoBackend),
+        (dynamo_pgo, "update_automatic_dynamic", update_automatic_dynamic),
         *([(torch.compiler.config, "job_id", JOB_ID)] if "pgo" in on and torch.compiler.config.job_id is None else []),
     ]
 

@@ -100,6 +100,8 @@ class Followups:
     #: the model's forward graph, whose artifact was forged, and the genuine one
     forward_key: str
     genuine: Artifact
+    #: a process meeting the cold run's PGO sizes in its order (5, then 7), on a copy of its store
+    replay: Run
 
 
 def _compiler_wrapper(directory: Path) -> None:
@@ -198,9 +200,10 @@ def runs(base: Path) -> ColdRuns:
 @pytest.fixture(scope="module")
 def followups(runs: ColdRuns, base: Path) -> Followups:
     """The processes that read the cold run's store, side by side: a clean hit, a forged copy, another CPU kind."""
-    forged_store, other_store = base / "forged-store", base / "other-cpu-store"
+    forged_store, other_store, replay_store = base / "forged-store", base / "other-cpu-store", base / "replay-store"
     shutil.copytree(runs.store_dir, forged_store)
     shutil.copytree(runs.store_dir, other_store)
+    shutil.copytree(runs.store_dir, replay_store)
     forward_key = next(e["key"] for e in _events(runs.cold) if e["event"] == "put")  # the model's forward graph
     genuine = _forge(forged_store, forward_key)
     started = [
@@ -210,10 +213,11 @@ def followups(runs: ColdRuns, base: Path) -> Followups:
                url=f"file://{runs.store_dir}", env_extra={"RECIPECACHE_METRICS_FLUSH": "1"}),
         _start(base, "forged", "rc", url=f"file://{forged_store}"),
         _start(base, "other-cpu", "rc", "--variants", VARIANT_SIZES, url=f"file://{other_store}", env_extra=OTHER_CPU),
+        _start(base, "replay", "rc", "--pgo-sizes", "5,7", url=f"file://{replay_store}"),
     ]
-    hit, forged, other = (_finish(s) for s in started)
+    hit, forged, other, replay = (_finish(s) for s in started)
     return Followups(hit=hit, forged=forged, forged_store=forged_store, other=other, other_store=other_store,
-                     forward_key=forward_key, genuine=genuine)
+                     forward_key=forward_key, genuine=genuine, replay=replay)
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +266,24 @@ def test_fresh_process_hits_everything_and_compiles_nothing(runs: ColdRuns, foll
     assert m["saved_s"] > 0 and m["stall_s"] == 0
     assert hit.report["digest"] == runs.cold.report["digest"] == runs.plain.report["digest"]
     assert hit.report["metrics_file_before_exit"]["cache"] == {"TotalHit": 3, "TotalMiss": 0}, "flushed on change"
+
+
+def test_fresh_process_meeting_the_cold_runs_first_size_first_traces_it_static_as_the_cold_run_did(
+    runs: ColdRuns, followups: Followups
+) -> None:
+    """The cold run traced `scaled` static at 5, then dynamic at 7, and left "dynamic" in the shared PGO state. A
+    fresh process meeting 5 first traces it static again (the cold run's first sizes, stored beside torch's state),
+    not dynamic as the shared decision says: the cold run's graphs in its order, every one a hit. The hit process,
+    meeting a new size (9) first, traces it dynamic at once."""
+    assert runs.cold.report["pgo_traces"] == 2
+    replay = followups.replay
+    assert replay.report["pgo_traces"] == 2, "static at 5, then dynamic at 7, as the cold run"
+    m = replay.metrics
+    assert m["graph_compilation"]["TotalNumber"] == 0
+    assert m["cache"] == {"TotalHit": 4, "TotalMiss": 0}, "model forward + backward, `scaled` static and dynamic"
+    assert m["fallbacks"] == {}
+    assert replay.report["digest"] == runs.cold.report["digest"]
+    assert followups.hit.report["pgo_traces"] == 1, "a size the cold run did not meet first: dynamic at once"
 
 
 def _header_builds(run: Run) -> int:
@@ -460,6 +482,38 @@ def test_pgo_merge_keeps_another_ranks_dynamic_decision() -> None:
     merged = pickle.loads(base64.b64decode(json.loads(pgo.merge(static_here, dynamic_elsewhere))["data"]))
     assert merged[f].automatic_dynamic["x"].size == (auto_dynamic, 3)
     assert merged[g].automatic_dynamic["y"].size == (2,)
+
+    # first sizes travel beside torch's state: merged as a union, kept out of what torch reads
+    with_first = pgo.with_first_sizes(static_here, {f: [{"x": FrameStateSizeEntry(size=(5, 3))}]})
+    both = pgo.merge(with_first, pgo.with_first_sizes(dynamic_elsewhere, {f: [{"x": FrameStateSizeEntry(size=(7, 3))}]}))
+    assert pgo.first_sizes(both) == {f: [{"x": FrameStateSizeEntry(size=(7, 3))}, {"x": FrameStateSizeEntry(size=(5, 3))}]}
+    assert json.loads(pgo.torch_value(both)).keys() == {"data"}
+    assert not pgo.same_decisions(both, pgo.merge(static_here, dynamic_elsewhere)), "new first sizes are news"
+
+
+def test_pgo_replay_traces_a_stored_first_size_static_and_any_other_as_decided() -> None:
+    from torch._dynamo.pgo import CodeId, FrameStateSizeEntry, auto_dynamic
+
+    f = CodeId("a.py", 1, "f", "h1")
+    five, seven = FrameStateSizeEntry.make_size((5,)), FrameStateSizeEntry.make_size((7,))
+    dynamic = FrameStateSizeEntry.make_size((auto_dynamic,))
+    cold = pgo.Replay()
+    assert cold.entry_for(f, "x", five, five) is None, "nothing stored: torch's decision (static here, recorded)"
+    assert cold.entry_for(f, "x", seven, dynamic) is None
+    assert cold.recorded_sizes() == {f: [{"x": five}]}, "the static first trace only"
+
+    same_order = pgo.Replay()
+    same_order.learn(cold.recorded_sizes())
+    assert same_order.entry_for(f, "x", five, dynamic) == five, "the cold run's first size: static, as it traced it"
+    assert same_order.entry_for(f, "x", five, dynamic) == five, "traced again at that size: still static"
+    assert same_order.entry_for(f, "x", seven, dynamic) is None, "a new size: the shared decision, as the cold run"
+    assert same_order.entry_for(f, "x", five, dynamic) is None, "and from then on"
+
+    other_order = pgo.Replay()
+    other_order.learn(cold.recorded_sizes())
+    assert other_order.entry_for(f, "x", seven, dynamic) is None, "another first size: dynamic at once"
+    assert other_order.entry_for(f, "x", five, dynamic) is None
+    assert other_order.recorded_sizes() == {}, "a dynamic first trace is no first size"
 
 
 @pytest.fixture

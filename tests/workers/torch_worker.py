@@ -6,7 +6,8 @@ usage: torch_worker.py OUT_JSON {rc|plain} [--pgo-sizes 5,7] [--variants 8,5000]
   environment; the report says whether the metrics file existed before exit);
   ``plain`` is torch alone.
 * ``--pgo-sizes`` then calls a compiled pointwise function once per size (automatic
-  dynamic: the second size recompiles it with a dynamic dimension, and PGO records that).
+  dynamic: the second size recompiles it with a dynamic dimension, and PGO records that);
+  ``pgo_traces`` in the report: the graphs dynamo traced for it.
 * ``--variants`` then calls a reduction compiled with ``dynamic=True`` once per size:
   one graph key, and sizes on both sides of inductor's 4096-element threshold make
   torch compile a second *guard variant* of it (guards ``2 <= s0 <= 4096`` and
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 
 import recipecache
 from recipecache.torch_integration import mark_step, metrics
@@ -41,6 +43,7 @@ from recipecache.torch_integration import mark_step, metrics
 def settings() -> dict[str, str]:
     """Everything enable() may change in torch, as comparable strings."""
     import torch._dynamo.config as dynamo_config
+    import torch._dynamo.pgo as dynamo_pgo
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
     from torch._inductor import codecache, compile_fx, cpu_vec_isa, remote_cache
@@ -58,6 +61,7 @@ def settings() -> dict[str, str]:
         "fx_backend": name(remote_cache.RemoteFxGraphCache.backend_override_cls),
         "aot_backend": name(remote_cache.RemoteAOTAutogradCache.backend_override_cls),
         "pgo_backend": name(remote_cache.RemoteDynamoPGOCache.backend_override_cls),
+        "update_automatic_dynamic": name(dynamo_pgo.update_automatic_dynamic),
         "codecache.write": name(codecache.write),
         "codecache._precompile_header": name(codecache._precompile_header),
         "VecISA.check_build": name(VecISA.check_build),
@@ -123,8 +127,10 @@ def main() -> None:
     train(digest)
     report["digest"] = digest.hexdigest()
     compiled_scaled = torch.compile(scaled)
+    traced_before = counters["stats"]["unique_graphs"]
     for size in filter(None, args.pgo_sizes.split(",")):
         compiled_scaled(torch.linspace(0, 1, int(size)))
+    report["pgo_traces"] = counters["stats"]["unique_graphs"] - traced_before
     compiled_total = torch.compile(total, dynamic=True)
     report["variant_sums"] = [compiled_total(torch.ones(int(size))).item() for size in filter(None, args.variants.split(","))]
 

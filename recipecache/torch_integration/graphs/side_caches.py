@@ -25,6 +25,8 @@ class SideCaches:
         self.metrics = metrics
         self.artifacts = artifacts
         self.keys = keys
+        #: the first traces this process records and replays (:class:`.pgo.Replay`)
+        self.pgo_replay = pgo.Replay()
 
     def aot_get(self, torch_key: str) -> bytes | None:
         """No lease: see docs/torch-integration-notes.md ("AOTAutograd entries are not leased").
@@ -56,12 +58,25 @@ class SideCaches:
         self.artifacts.put("autotune", KEY_PREFIX + torch_key, Artifact.single("autotune", data).pack())
 
     def pgo_get(self, torch_key: str) -> bytes | None:
-        artifact = self.artifacts.fetch("pgo", KEY_PREFIX + pgo.shared_key(torch_key))
-        return None if artifact is None else artifact.entry
+        """torch's state as torch wrote it; the first sizes stored beside it go to :attr:`pgo_replay`."""
+        key = KEY_PREFIX + pgo.shared_key(torch_key)
+        artifact = self.artifacts.fetch("pgo", key)
+        if artifact is None:
+            return None
+        try:
+            sizes, value = pgo.first_sizes(artifact.entry), pgo.torch_value(artifact.entry)
+        except Exception as exc:  # noqa: BLE001 - torch's pickled entries may fail in any way
+            self.metrics.fallback(Reason.HOOK_ERROR, f"{key}: first sizes unreadable: {exc!r}; not replayed")
+            return artifact.entry  # torch reads its own field of it
+        self.pgo_replay.learn(sizes)
+        return value
 
     def pgo_put(self, torch_key: str, data: bytes) -> None:
-        """Merge this rank's decisions into the shared state with a compare-and-set: concurrent ranks lose none."""
+        """Merge this rank's decisions into the shared state with a compare-and-set: concurrent ranks lose none.
+
+        The first sizes this process recorded (:class:`.pgo.Replay`) travel in the same value."""
         key = KEY_PREFIX + pgo.shared_key(torch_key)
+        data = pgo.with_first_sizes(data, self.pgo_replay.recorded_sizes())
         failures: list[Exception] = []
 
         def merged(current: memoryview | None) -> bytes | None:
