@@ -15,8 +15,8 @@ every job's ranks on new empty torch caches (as on new nodes):
 Every job's losses must equal the first job's bit for bit (same kernels, same data). What the tier
 cannot serve may fall back to the normal path, counted with a named detail, never a failed load.
 Plain torchrun's losses, timings and the other modes are the benchmark's (``benchmarks/corpus_bench.py``), and
-so is torchvision at two image sizes, whose fresh graph-store job compiles (``docs/design.md``: torch's
-automatic-dynamic state and its size-1 specialization); here it trains at one size.
+so is torchvision at two image sizes (its fresh graph-store job compiled until a fresh process replayed the cold
+job's static first trace: ``docs/design.md``); here it trains at one size.
 """
 
 from __future__ import annotations
