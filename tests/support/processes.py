@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -21,3 +22,12 @@ def kill_once_ready(proc: subprocess.Popen[bytes], ready: Path, what: str, timeo
     wait_until_ready(proc, ready, what, timeout)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+
+
+def failed_job_output(output: str, tail: int = 4000) -> str:
+    """A failed multi-rank job's output for an assertion message: each traceback's start, then the output's tail.
+
+    torchrun's summary of a failed job fills the tail, so a rank's own traceback, the one line that says why
+    it failed, would otherwise be cut off the message."""
+    tracebacks = [output[m.start():m.start() + 3000] for m in re.finditer("Traceback \\(most recent call last\\)", output)]
+    return "\n...\n".join([*tracebacks[:4], output[-tail:]])

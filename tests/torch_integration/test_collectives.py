@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import failed_job_output
 
+from harness.paths import WORKERS
 from recipecache.runs.events import read_events
 from recipecache.runs.explain import analyse_run
-from harness.paths import WORKERS
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1500)]
 
@@ -67,7 +68,7 @@ def _run(tmp: Path, name: str, store: str | None, *options: str, mode: str = "al
                    "collectives", "--run-dir", str(tmp / name), "--rank-dirs", str(tmp / f"{name}-dirs"), "--quiet",
                    "--standalone", *options, str(WORKER), str(out), "--mode", mode]
     proc = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0, failed_job_output(proc.stdout + proc.stderr)
     job = json.loads(out.read_text())
     if store is not None:
         job["events"] = list(read_events(tmp / name / "events"))
