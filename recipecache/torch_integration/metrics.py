@@ -302,18 +302,26 @@ class Metrics:
         """Write the snapshot atomically to :attr:`path`; a failure is logged once and never raised.
 
         ``if_changed``: only if a figure (other than ``wall_s``) changed since the last write.
+
+        Never raised, whatever fails: ``recipecache-run``'s bootstrap writes the file as the script returns, where an
+        exception would turn a rank that trained to its end into a failed one (status 1).
         """
         if self.path is None:
             return
-        snapshot = self.snapshot()
-        figures = {name: value for name, value in snapshot.items() if name != schema.WALL_S.key}
-        if if_changed and figures == self._written:
-            return
         try:
+            snapshot = self.snapshot()
+            figures = {name: value for name, value in snapshot.items() if name != schema.WALL_S.key}
+            if if_changed and figures == self._written:
+                return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, json.dumps(snapshot, indent=1).encode())
             self._written = figures
         except OSError as exc:
-            if not self._write_failed:
-                self._write_failed = True
-                log.warning("recipecache: cannot write metrics to %s: %s", self.path, exc)
+            self._write_failure(f"{exc}")
+        except Exception as exc:  # noqa: BLE001 - a figure that would not serialize: a defect, shown with its stack
+            self._write_failure(f"{type(exc).__name__}: {exc}", stack=True)
+
+    def _write_failure(self, why: str, *, stack: bool = False) -> None:
+        if not self._write_failed:
+            self._write_failed = True
+            log.warning("recipecache: cannot write metrics to %s: %s", self.path, why, exc_info=stack)

@@ -918,6 +918,28 @@ def test_metrics_are_rewritten_at_exit_only_when_a_figure_changed(tmp_path: Path
     assert json.loads(path.read_text())["store"]["misses_by_reason"] == {"not_found": 1}
 
 
+def test_a_metrics_write_that_fails_is_warned_once_and_never_raised(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The bootstrap writes the metrics as the script returns: a figure that fails there (here a no-stall snapshot
+    that raises) must not turn a rank that trained to its end into a failed one; the warning says why, once."""
+    from recipecache.torch_integration.metrics import Metrics
+
+    store = recipecache.open_store("memory://", namespace="m")
+    path = tmp_path / "metrics-rank0.json"
+    metrics = Metrics(store, path, flush=False)
+
+    def broken_snapshot() -> dict[str, Any]:
+        raise RuntimeError("dictionary changed size during iteration")
+
+    metrics.follow_no_stall(broken_snapshot)
+    with caplog.at_level("WARNING", logger="recipecache"):
+        metrics.write()
+        metrics.write(if_changed=True)
+    warnings = [r for r in caplog.records if "cannot write metrics" in r.getMessage()]
+    assert len(warnings) == 1 and "RuntimeError: dictionary changed size" in warnings[0].getMessage()
+    assert warnings[0].exc_info is not None and not path.exists()
+
+
 @pytest.mark.multirank
 def test_job_status_and_report_survive_an_agent_that_will_not_stop(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
