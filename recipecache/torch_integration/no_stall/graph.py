@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import deferral
-from ..deferral import Deferred, deferred_of
+from ..deferral import Deferred, StandIn, deferred_of
 
 if TYPE_CHECKING:
     from .controller import NoStall
@@ -85,14 +85,14 @@ def views_as_reshapes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph)
 
 
-class NoStallGraph:
+class NoStallGraph(StandIn):
     """Inductor's output for one graph while it compiles elsewhere: eager until the compiled graph exists.
 
     Boxed calling convention (``_boxed_call``), like the ``OutputCode`` it stands for; an
     instance attribute, since torch wraps the backward's callable (``functools.wraps`` copies
-    the instance's ``__dict__``, not its class's). It carries no ``_fx_graph_cache_key``, so
-    AOTAutograd does not save an entry pointing at it; the next process finds the graph's FX
-    entry through its own trace.
+    the instance's ``__dict__``, not its class's). AOTAutograd's entry naming it is saved once
+    the compiled graph is loaded (:class:`..deferral.StandIn`): at the switch, or at exit
+    (:meth:`load_at_exit`), so that the next process skips AOTAutograd's trace.
     """
 
     def __init__(
@@ -108,6 +108,7 @@ class NoStallGraph:
         from torch._inductor.codecache import FxGraphCache
         from torch.fx._lazy_graph_module import _LazyGraphModule
 
+        super().__init__()
         self._boxed_call = True
         self._no_stall = no_stall
         self._key = deferred.key
@@ -120,8 +121,6 @@ class NoStallGraph:
         #: when this process last looked the graph up again, and whether it saw another one compile it since
         self._looked = time.monotonic()
         self._saw_lease = False
-        self._lock = threading.Lock()
-        self._compiled: Callable[[list[Any]], Any] | None = None
         #: our own compile published the graph, yet it did not load (or the process is exiting): eager for good
         self._given_up = False
         _LazyGraphModule.force_recompile(gm)  # as torch's own eager output of an empty graph
@@ -236,7 +235,7 @@ class NoStallGraph:
             seconds = time.perf_counter() - start
             self._guards = getattr(compiled, "guards_expr", None) or None
             self._guards_code = None if self._guards is None else compile(self._guards, "<inductor guards>", "eval")
-            self._compiled = compiled
+            self._loaded(compiled)
             no_stall.store.events.record("switch", self._key, seconds)
             no_stall.metrics.no_stall(switches=1)
             with no_stall._lock:
@@ -248,3 +247,27 @@ class NoStallGraph:
     def _load(self) -> Callable[[list[Any]], Any]:
         """torch's ``_compile_fx_inner`` again, in the context of the first attempt (:func:`..deferral.reload`)."""
         return deferral.reload(self._deferred, self._reload)
+
+    def load_at_exit(self) -> bool:
+        """The script has ended: load the compiled graph if it is published, without switching (no call follows),
+        for what waits for the load (an AOTAutograd entry, :meth:`awaits_load`). Whether it loaded.
+
+        Only where the graph is there: our own compile (or the compile pool's taker for us) ended well, or, for a
+        graph another process led, its lease is gone. A miss then is never compiled here
+        (:meth:`.controller.NoStall.intercept` defers every graph while the process loads at exit) and is no
+        failure: the graph stays as it was.
+        """
+        with self._lock:
+            if self._compiled is not None or self._given_up:
+                return False
+            job = self._job
+            if job is not None and (not job.done() or job.cancelled() or job.exception() is not None):
+                return False
+            if job is None and self._no_stall.store.compiling(self._key):
+                return False
+            try:
+                self._loaded(self._load())
+            except Exception:  # not there after all (a Deferred), or not loadable: left as it is
+                log.debug("recipecache: %s %s did not load at exit", *self._what, exc_info=True)
+                return False
+            return True
