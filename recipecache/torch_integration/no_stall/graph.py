@@ -85,6 +85,71 @@ def views_as_reshapes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph)
 
 
+def _physical_order(strides: list[int]) -> list[int]:
+    """The dims of a tensor from its outermost to its innermost in memory (``torch.empty_permuted``'s layout)."""
+    return sorted(range(len(strides)), key=lambda d: (-strides[d], d))
+
+
+def _hint(value: Any) -> int | None:
+    """An int, or a symbolic size's value where the graph was traced (None: it has none)."""
+    if isinstance(value, int):
+        return value
+    hint = getattr(getattr(value, "node", None), "hint", None)
+    return hint if isinstance(hint, int) else None
+
+
+class TracedLayouts:
+    """The memory layouts a graph's tensor inputs had where it was traced, which its compiled code asserts.
+
+    A graph compiled behind was traced on the layouts eager computes; the compiled graph asserts them
+    (``assert_size_stride``). Once a forward runs compiled, inductor may lay its outputs out otherwise (on the CPU
+    every convolution's activations and weights go channels-last), and those outputs are its backward's inputs:
+    AOTAutograd traces a backward on the compiled forward's layouts only when it knows them, and a forward compiled
+    behind reported none. A backward compiled behind then asserted eager's layouts on inductor's and raised as soon as
+    both had switched (a two-conv net, the step after the switch). :meth:`restride` copies each input that comes in
+    another layout into the traced one: the values the compiled graph expects, where it expects them. Static strides
+    are matched exactly; symbolic ones by the order of the dims in memory, as traced.
+    """
+
+    def __init__(self, example_inputs: list[Any]) -> None:
+        #: (position, strides) of the inputs traced with static strides; (position, dims' order in memory) of the rest
+        self._static: list[tuple[int, tuple[int, ...]]] = []
+        self._ordered: list[tuple[int, list[int]]] = []
+        for position, traced in enumerate(example_inputs):
+            if not isinstance(traced, torch.Tensor):
+                continue
+            strides = [_hint(stride) for stride in traced.stride()]
+            sizes = [_hint(size) for size in traced.shape]
+            if all(isinstance(stride, int) for stride in traced.stride()):
+                self._static.append((position, tuple(traced.stride())))
+            elif None not in strides and None not in sizes:
+                self._ordered.append((position, _physical_order(strides)))  # type: ignore[arg-type]
+
+    def restride(self, args: list[Any]) -> int:
+        """Copy every input of ``args`` (in place in the list) that is not laid out as traced into the traced layout;
+        how many were copied."""
+        copied = 0
+        with torch.no_grad():
+            for position, strides in self._static:
+                arg = args[position]
+                if isinstance(arg, torch.Tensor) and arg.dim() == len(strides) and arg.stride() != strides:
+                    args[position] = torch.empty_strided(arg.shape, strides, dtype=arg.dtype, device=arg.device)
+                    args[position].copy_(arg)
+                    copied += 1
+            for position, order in self._ordered:
+                arg = args[position]
+                if not isinstance(arg, torch.Tensor) or arg.dim() != len(order):
+                    continue
+                sizes = list(arg.shape)
+                if [d for d in _physical_order(list(arg.stride())) if sizes[d] > 1] != [
+                    d for d in order if sizes[d] > 1
+                ]:
+                    args[position] = torch.empty_permuted(arg.shape, order, dtype=arg.dtype, device=arg.device)
+                    args[position].copy_(arg)
+                    copied += 1
+        return copied
+
+
 class NoStallGraph(StandIn):
     """Inductor's output for one graph while it compiles elsewhere: eager until the compiled graph exists.
 
@@ -129,6 +194,9 @@ class NoStallGraph(StandIn):
         symints = FxGraphCache._filter_backed_symints(example_inputs)
         self._symint_positions = [i for i, x in enumerate(example_inputs) if any(x is s for s in symints)]
         self._shape_env = symints[0].node.shape_env if symints else None
+        self._layouts = TracedLayouts(example_inputs)
+        #: calls after the switch whose inputs came in another layout than traced (:class:`TracedLayouts`)
+        self._restrided = 0
         #: the compiled graph's guards (``guards_expr``), set at the switch; None: it accepts every input
         self._guards: str | None = None
         #: the same, compiled once: ``eval`` of the text would compile it at every call (~7x slower)
@@ -140,6 +208,14 @@ class NoStallGraph(StandIn):
             compiled = self._switch()
         if compiled is not None:
             if self._accepts(args):
+                if self._layouts.restride(args):
+                    self._restrided += 1
+                    if self._restrided == 1:
+                        log.info(
+                            "recipecache: %s %s: inputs come laid out otherwise than traced (a forward compiled since);"
+                            " copied to the traced layout for the compiled graph",
+                            *self._what,
+                        )
                 return compiled(args)
             return self._rejected(args)
         start = time.perf_counter()

@@ -311,6 +311,31 @@ def test_a_backward_run_without_inductor_takes_saved_tensors_in_the_compiled_for
 
 
 @pytest.mark.torch
+def test_inputs_laid_out_otherwise_than_traced_are_copied_into_the_traced_layout() -> None:
+    """What a graph compiled behind asserts of its inputs is the layout they were traced with: static strides
+    exactly, symbolic ones (a dynamic graph) by the order of the dims in memory; inputs in that layout pass as they
+    are."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from recipecache.torch_integration.no_stall.graph import TracedLayouts
+
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
+    traced_dynamic = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(torch.ones(2, 3, 4, 5),
+                                                                        symbolic_context=dynamic)
+    assert not all(isinstance(stride, int) for stride in traced_dynamic.stride())
+    layouts = TracedLayouts([torch.ones(2, 3, 4, 5), 7, traced_dynamic])
+    channels_last = torch.arange(120.0).reshape(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    bigger = torch.arange(360.0).reshape(2, 3, 6, 10).contiguous(memory_format=torch.channels_last)
+    args = [channels_last, 7, bigger]
+    assert layouts.restride(args) == 2
+    assert args[0].stride() == (60, 20, 5, 1) and torch.equal(args[0], channels_last)
+    assert args[2].is_contiguous() and torch.equal(args[2], bigger)
+    assert layouts.restride(args) == 0  # in the traced layouts now: nothing copied
+
+
+@pytest.mark.torch
 def test_switching_callable_runs_eager_until_its_compile_is_done_then_compiled() -> None:
     import torch
 
@@ -432,6 +457,21 @@ def test_the_switched_graph_runs_only_for_inputs_inductors_guards_accept(tmp_pat
     no_stall = result["metrics"]["no_stall"]
     assert no_stall["failed"] == 0 and no_stall["switches"] >= 1
     assert no_stall["guard_rejected"] >= 1  # inductor's guard held a length off the specialized graph
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_backward_switched_after_its_forward_takes_inductors_layouts(tmp_path: Path) -> None:
+    """A conv net (CPU: inductor lays activations and weights out channels-last) trains on once its forward and
+    backward both run compiled: the backward, traced on eager's layouts while the forward ran without inductor,
+    gets its inputs copied into them (it raised in ``assert_size_stride`` the step after the switch)."""
+    out = tmp_path / "out.json"
+    proc = _run_script(tmp_path, "no_stall_conv.py", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    no_stall = result["metrics"]["no_stall"]
+    assert no_stall["failed"] == 0 and no_stall["switches"] == len(no_stall["graphs"]) == 2, no_stall
+    assert result["worst"] <= LOSS_TOLERANCE
 
 
 @pytest.mark.torch
