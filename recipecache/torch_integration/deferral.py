@@ -115,6 +115,10 @@ class StandIn:
         """Whether something (an AOTAutograd entry) waits for this graph to be loaded."""
         return bool(self._on_load)
 
+    def fits_its_entry(self) -> bool:
+        """Whether AOTAutograd's entry naming the loaded graph may be saved (a subclass may know better)."""
+        return True
+
     @property
     def _fx_graph_cache_key(self) -> str | None:
         return getattr(self._compiled, "_fx_graph_cache_key", None)
@@ -140,16 +144,24 @@ def stand_in_of(compiled: Any) -> StandIn | None:
 
 
 def save_when_loaded(save: Callable[[], R], graphs: list[StandIn]) -> R | None:
-    """``save()`` now if every graph in ``graphs`` is loaded, else once the last of them is (once)."""
+    """``save()`` now if every graph in ``graphs`` is loaded, else once the last of them is (once); never where one
+    of them does not fit the entry (:meth:`StandIn.fits_its_entry`)."""
+
+    def save_if_fit() -> R | None:
+        if all(g.fits_its_entry() for g in graphs):
+            return save()
+        log.info("recipecache: an AOTAutograd entry naming a graph compiled later was not saved: it does not fit it")
+        return None
+
     pending = [g for g in graphs if g._compiled is None]
     if not pending:
-        return save()
+        return save_if_fit()
     done = threading.Event()
 
     def again() -> None:
         if not done.is_set() and all(g._compiled is not None for g in graphs):
             done.set()
-            save()
+            save_if_fit()
 
     for graph in pending:
         if not graph.when_loaded(again):

@@ -98,6 +98,18 @@ def _hint(value: Any) -> int | None:
     return hint if isinstance(hint, int) else None
 
 
+def _output_strides(gm: torch.fx.GraphModule) -> list[tuple[str, ...] | None]:
+    """The strides of traced graph ``gm``'s outputs, written as inductor writes a compiled graph's (``output_strides``:
+    ``str`` of each, an int or a size expression); None for an output that is no tensor, or that nothing describes."""
+    output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
+    values = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+    strides: list[tuple[str, ...] | None] = []
+    for value in values:
+        traced = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        strides.append(tuple(str(stride) for stride in traced.stride()) if isinstance(traced, torch.Tensor) else None)
+    return strides
+
+
 class TracedLayouts:
     """The memory layouts a graph's tensor inputs had where it was traced, which its compiled code asserts.
 
@@ -195,6 +207,8 @@ class NoStallGraph(StandIn):
         self._symint_positions = [i for i, x in enumerate(example_inputs) if any(x is s for s in symints)]
         self._shape_env = symints[0].node.shape_env if symints else None
         self._layouts = TracedLayouts(example_inputs)
+        #: a forward's outputs' strides as traced, as inductor writes a compiled graph's (None: a backward)
+        self._traced_output_strides = None if backward else _output_strides(gm)
         #: calls after the switch whose inputs came in another layout than traced (:class:`TracedLayouts`)
         self._restrided = 0
         #: the compiled graph's guards (``guards_expr``), set at the switch; None: it accepts every input
@@ -228,6 +242,20 @@ class NoStallGraph(StandIn):
             graph.eager_calls += 1
             graph.eager_s += seconds
         return out
+
+    def fits_its_entry(self) -> bool:
+        """Whether AOTAutograd's entry pairing this graph with its backward may be saved: a forward only where it
+        lays its outputs out as traced. Its backward was traced on those layouts (AOTAutograd had no compiled ones
+        to trace it on), and its compiled code asserts them: a forward inductor laid out otherwise (convolutions on
+        the CPU go channels-last) would hand a next process's backward, loaded through the entry, inputs it rejects.
+        Such a next process traces the backward on the loaded forward's layouts instead, as without the entry."""
+        traced = self._traced_output_strides
+        if traced is None:
+            return True
+        compiled = getattr(self._compiled, "output_strides", None)
+        if compiled is None or len(compiled) != len(traced):
+            return False
+        return all(c is None or t is None or tuple(map(str, c)) == t for c, t in zip(compiled, traced, strict=True))
 
     def _accepts(self, args: list[Any]) -> bool:
         """Whether the compiled graph's guards accept these inputs.

@@ -412,6 +412,32 @@ def test_what_waits_for_a_graphs_load_runs_at_its_switch_or_at_exit_where_it_is_
 
 
 @pytest.mark.torch
+def test_an_entry_pairing_a_forward_laid_out_otherwise_than_traced_is_never_saved() -> None:
+    """The backward of a forward compiled behind was traced on the forward's eager layouts: AOTAutograd's entry
+    pairing them is saved only where the compiled forward lays its outputs out as traced, never where inductor chose
+    others (a next process would load a backward that rejects the forward's outputs)."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from recipecache.torch_integration.deferral import Deferred, save_when_loaded
+
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (x * 2,)
+
+    gm = make_fx(forward)(torch.ones(2, 3))  # its output traced contiguous: strides (3, 1)
+    _, _, no_stall = _no_stall_graph(lambda: None)
+    for compiled_strides, fits in (([("3", "1")], True), ([("1", "2")], False)):
+        compiled = _Compiled()
+        compiled.output_strides = compiled_strides  # type: ignore[attr-defined]  # as inductor writes them
+        graph = no_stall.graph(Deferred("k-fw", ("f", "f32[2,3]"), None, {}, None), lambda: compiled, gm,
+                               [torch.ones(2, 3)])
+        saved: list[str] = []
+        save_when_loaded(lambda: saved.append("entry"), [graph])
+        graph.load_at_exit()
+        assert graph.fits_its_entry() is fits and saved == (["entry"] if fits else [])
+
+
+@pytest.mark.torch
 def test_a_graph_that_misses_while_loading_at_exit_is_deferred_never_compiled() -> None:
     """The load at exit runs torch's compile again, which hits where the graph is published; a miss there (an entry
     gone, a store down) must not compile the graph inline as the process exits: it is deferred, its lease freed."""
