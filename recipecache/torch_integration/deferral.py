@@ -6,17 +6,26 @@ graph store's overlap (:mod:`.graphs.integration`: another process compiles it, 
 and waits at the graph's first call). Both raise :class:`Deferred` from inside torch's
 ``fx_codegen_and_compile``, the patched ``_compile_fx_inner`` turns it into a boxed callable, and
 that callable later runs torch's ``_compile_fx_inner`` again (:func:`reload`), which then hits.
+Both callables are stand-ins (:class:`StandIn`): AOTAutograd's cache entry naming one is saved once the graph it
+stands for is loaded (:func:`save_when_loaded`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
+import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch._inductor.config as inductor_config
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 
 class Deferred(Exception):
@@ -68,3 +77,93 @@ def reload(deferred: Deferred, compile_again: Callable[[], Any]) -> Any:
         stack.enter_context(inductor_config.patch(deferred.config))
         stack.enter_context(torch._guards.tracing(deferred.context))
         return compile_again()
+
+
+class StandIn:
+    """What ``_compile_fx_inner`` returned for a deferred graph, until the compiled graph is loaded into it.
+
+    What AOTAutograd's cache entry reads of a compiled graph (its FX key, debug lines and guards) is the loaded
+    graph's, None before: the entry is saved once every graph it names is loaded (:meth:`when_loaded`,
+    :func:`save_when_loaded`), so a later process of fresh ranks skips AOTAutograd's trace, as after an inline
+    compile. The subclass sets ``_compiled`` through :meth:`_loaded`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._compiled: Callable[[list[Any]], Any] | None = None
+        self._on_load: list[Callable[[], object]] = []
+
+    def _loaded(self, compiled: Callable[[list[Any]], Any]) -> None:
+        """``compiled`` is loaded (the caller holds ``_lock``): run what waited for it."""
+        self._compiled = compiled
+        on_load, self._on_load = self._on_load, []
+        for call in on_load:
+            try:
+                call()
+            except Exception:  # an AOTAutograd entry not saved: a later job traces again
+                log.warning("recipecache: saving an AOTAutograd entry after a load failed", exc_info=True)
+
+    def when_loaded(self, call: Callable[[], object]) -> bool:
+        """Run ``call`` once this graph is loaded; False if it is already (the caller runs it)."""
+        with self._lock:
+            if self._compiled is not None:
+                return False
+            self._on_load.append(call)
+            return True
+
+    def awaits_load(self) -> bool:
+        """Whether something (an AOTAutograd entry) waits for this graph to be loaded."""
+        return bool(self._on_load)
+
+    def fits_its_entry(self) -> bool:
+        """Whether AOTAutograd's entry naming the loaded graph may be saved (a subclass may know better)."""
+        return True
+
+    @property
+    def _fx_graph_cache_key(self) -> str | None:
+        return getattr(self._compiled, "_fx_graph_cache_key", None)
+
+    @property
+    def _fx_graph_cache_debug_lines(self) -> list[str] | None:
+        return getattr(self._compiled, "_fx_graph_cache_debug_lines", None)
+
+    @property
+    def guards_expr(self) -> str | None:
+        return getattr(self._compiled, "guards_expr", None)
+
+    @property
+    def _time_taken_ns(self) -> int | None:
+        return getattr(self._compiled, "_time_taken_ns", None)
+
+
+def stand_in_of(compiled: Any) -> StandIn | None:
+    """The :class:`StandIn` that ``compiled`` (AOTAutograd's compiled forward or backward, maybe wrapped) is, if it
+    is one."""
+    inner = inspect.unwrap(compiled) if compiled is not None else None
+    return inner if isinstance(inner, StandIn) else None
+
+
+def save_when_loaded(save: Callable[[], R], graphs: list[StandIn]) -> R | None:
+    """``save()`` now if every graph in ``graphs`` is loaded, else once the last of them is (once); never where one
+    of them does not fit the entry (:meth:`StandIn.fits_its_entry`)."""
+
+    def save_if_fit() -> R | None:
+        if all(g.fits_its_entry() for g in graphs):
+            return save()
+        log.info("recipecache: an AOTAutograd entry naming a graph compiled later was not saved: it does not fit it")
+        return None
+
+    pending = [g for g in graphs if g._compiled is None]
+    if not pending:
+        return save_if_fit()
+    done = threading.Event()
+
+    def again() -> None:
+        if not done.is_set() and all(g._compiled is not None for g in graphs):
+            done.set()
+            save_if_fit()
+
+    for graph in pending:
+        if not graph.when_loaded(again):
+            again()
+    return None

@@ -33,7 +33,6 @@ from ..reasons import Reason
 from ..store import Store
 from . import compat, deferral, describe, every_thread, rank_binding
 from .graphs.integration import Integration
-from .graphs.overlap import WaitingGraph, save_when_loaded, waiting_graph_in
 from .metrics import Metrics
 
 if TYPE_CHECKING:
@@ -306,12 +305,13 @@ def _overlap(integration: Integration) -> list[Patch]:
 
     def _cache_autograd_info(*args: Any, **kwargs: Any) -> Any:
         """AOTAutograd's cache entry of a compile: saved now, or (the backward compiled lazily) after that compile.
-        An entry naming a graph that waits for its first call (overlap, :class:`.graphs.overlap.WaitingGraph`) is saved
-        once that graph is loaded: the entry names the loaded graph's key and guards."""
+        An entry naming a stand-in for a graph compiled later (:class:`.deferral.StandIn`: overlap's graph waiting
+        for its first call, no-stall's running without inductor) is saved once that graph is loaded: the entry names
+        the loaded graph's key and guards."""
         bound = inspect.signature(original_cache_info).bind(*args, **kwargs)
-        forward = waiting_graph_in(bound.arguments["compiled_fw_func"])
+        forward = deferral.stand_in_of(bound.arguments["compiled_fw_func"])
         backward_func = bound.arguments["compiled_bw_func"]
-        backward = waiting_graph_in(backward_func)
+        backward = deferral.stand_in_of(backward_func)
         if forward is None and backward is None:
             try_save, entry = original_cache_info(*args, **kwargs)
             return (None if try_save is None else _saving_when_loaded(try_save, [])), entry
@@ -328,15 +328,15 @@ def _overlap(integration: Integration) -> list[Patch]:
             bound.arguments["aot_config"],
         )
         waiting = [g for g in (forward, backward) if g is not None]
-        return None, save_when_loaded(functools.partial(try_save, *arguments), waiting)
+        return None, deferral.save_when_loaded(functools.partial(try_save, *arguments), waiting)
 
-    def _saving_when_loaded(try_save: Any, waiting: list[WaitingGraph]) -> Any:
-        """AOTAutograd's function saving an entry after a lazy backward compile, which may give a WaitingGraph."""
+    def _saving_when_loaded(try_save: Any, waiting: list[deferral.StandIn]) -> Any:
+        """AOTAutograd's function saving an entry after a lazy backward compile, which may give a stand-in."""
 
         def save(compiled_bw_func: Any, *rest: Any) -> Any:
-            backward = waiting_graph_in(compiled_bw_func)
+            backward = deferral.stand_in_of(compiled_bw_func)
             graphs = [*waiting, *([backward] if backward is not None else [])]
-            return save_when_loaded(functools.partial(try_save, backward or compiled_bw_func, *rest), graphs)
+            return deferral.save_when_loaded(functools.partial(try_save, backward or compiled_bw_func, *rest), graphs)
 
         return save
 

@@ -979,7 +979,8 @@ def test_overlap_a_busy_backward_is_waited_for_at_its_first_call_and_loads_the_l
 
 def test_overlap_an_autograd_entry_naming_waiting_graphs_is_saved_once_all_are_loaded_with_their_keys() -> None:
     from recipecache.torch_integration import deferral
-    from recipecache.torch_integration.graphs.overlap import WaitingGraph, save_when_loaded, waiting_graph_in
+    from recipecache.torch_integration.deferral import save_when_loaded, stand_in_of
+    from recipecache.torch_integration.graphs.overlap import WaitingGraph
 
     def waiting(key: str) -> WaitingGraph:
         def compiled(args: list[Any]) -> str:
@@ -996,7 +997,7 @@ def test_overlap_an_autograd_entry_naming_waiting_graphs_is_saved_once_all_are_l
     assert backward([]) == "bw" and backward([]) == "bw" and forward([]) == "fw"
     assert saved == [("fw", "bw")], "saved once, naming the loaded graphs' keys"
     assert save_when_loaded(lambda: "now", [forward]) == "now"
-    assert waiting_graph_in(functools.wraps(forward)(lambda args: None)) is forward and waiting_graph_in(save) is None
+    assert stand_in_of(functools.wraps(forward)(lambda args: None)) is forward and stand_in_of(save) is None
 
 
 def test_bad_artifact_in_the_store_falls_back_without_writing(integration: Any, tmp_path: Path) -> None:

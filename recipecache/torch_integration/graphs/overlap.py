@@ -11,10 +11,9 @@ stand-in mechanism is :mod:`..deferral`.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from ...reasons import Reason, Role
 from ...store import Flight, Store
@@ -25,8 +24,6 @@ from .artifacts import KIND_NAMES
 from .attempt import Attempt, Leases
 
 log = logging.getLogger(__name__)
-
-R = TypeVar("R")
 
 #: what the store key of a forward's output strides adds to the forward's
 STRIDES_SUFFIX = ":output-strides"
@@ -155,26 +152,22 @@ class Overlap:
         return WaitingGraph(deferred, compile_again)
 
 
-class WaitingGraph:
+class WaitingGraph(deferral.StandIn):
     """Inductor's output for a graph another process is compiling (overlap): at its first call, that graph.
 
     The first call waits for the lease holder's artifact and loads it (:func:`..deferral.reload`:
     torch's ``_compile_fx_inner`` again, whose lookup waits as a compile's would: a hit, or, if the
     holder died or the wait timed out, the take-over or a local compile, counted); every call then runs
     the loaded graph. Boxed calling convention, as an instance attribute (see
-    :class:`..no_stall.graph.NoStallGraph`). What AOTAutograd's cache entry reads of a compiled
-    graph (its FX key, debug lines and guards) is the loaded graph's, so the entry is saved once every
-    graph it names is loaded (:meth:`when_loaded`, :func:`save_when_loaded`): a later job of fresh
-    ranks skips AOTAutograd's trace as after an inline compile.
+    :class:`..no_stall.graph.NoStallGraph`). AOTAutograd's cache entry naming it is saved once it is
+    loaded (:class:`..deferral.StandIn`).
     """
 
     def __init__(self, deferred: deferral.Deferred, compile_again: Callable[[], Any]) -> None:
+        super().__init__()
         self._boxed_call = True
         self._deferred = deferred
         self._compile_again = compile_again
-        self._lock = threading.Lock()
-        self._compiled: Callable[[list[Any]], Any] | None = None
-        self._on_load: list[Callable[[], object]] = []
 
     def __call__(self, args: list[Any]) -> Any:
         compiled = self._compiled
@@ -185,65 +178,9 @@ class WaitingGraph:
     def _load(self) -> Callable[[list[Any]], Any]:
         with self._lock:
             if self._compiled is None:
-                self._compiled = deferral.reload(self._deferred, self._compile_again)
-                on_load, self._on_load = self._on_load, []
-                for call in on_load:
-                    try:
-                        call()
-                    except Exception:  # an AOTAutograd entry not saved: a later job traces again
-                        log.warning("recipecache: saving an AOTAutograd entry after a load failed", exc_info=True)
+                self._loaded(deferral.reload(self._deferred, self._compile_again))
+            assert self._compiled is not None
             return self._compiled
-
-    def when_loaded(self, call: Callable[[], object]) -> bool:
-        """Run ``call`` once this graph is loaded; False if it is already (the caller runs it)."""
-        with self._lock:
-            if self._compiled is not None:
-                return False
-            self._on_load.append(call)
-            return True
-
-    @property
-    def _fx_graph_cache_key(self) -> str | None:
-        return getattr(self._compiled, "_fx_graph_cache_key", None)
-
-    @property
-    def _fx_graph_cache_debug_lines(self) -> list[str] | None:
-        return getattr(self._compiled, "_fx_graph_cache_debug_lines", None)
-
-    @property
-    def guards_expr(self) -> str | None:
-        return getattr(self._compiled, "guards_expr", None)
-
-    @property
-    def _time_taken_ns(self) -> int | None:
-        return getattr(self._compiled, "_time_taken_ns", None)
-
-
-def waiting_graph_in(compiled: Any) -> WaitingGraph | None:
-    """The :class:`WaitingGraph` that ``compiled`` (AOTAutograd's compiled forward or backward, maybe wrapped) is,
-    if it is one."""
-    import inspect
-
-    inner = inspect.unwrap(compiled) if compiled is not None else None
-    return inner if isinstance(inner, WaitingGraph) else None
-
-
-def save_when_loaded(save: Callable[[], R], graphs: list[WaitingGraph]) -> R | None:
-    """``save()`` now if every graph in ``graphs`` is loaded, else once the last of them is (once)."""
-    pending = [g for g in graphs if g._compiled is None]
-    if not pending:
-        return save()
-    done = threading.Event()
-
-    def again() -> None:
-        if not done.is_set() and all(g._compiled is not None for g in graphs):
-            done.set()
-            save()
-
-    for graph in pending:
-        if not graph.when_loaded(again):
-            again()
-    return None
 
 
 def strides_wanted() -> bool:
@@ -253,10 +190,6 @@ def strides_wanted() -> bool:
 
     context = torch._guards.TracingContext.try_get()
     return context is not None and context.output_strides is not None
-
-
-#: what the store key of a forward's output strides adds to the forward's
-STRIDES_SUFFIX = ":output-strides"
 
 
 def _strides_key(key: str) -> str:

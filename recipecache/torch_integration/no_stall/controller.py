@@ -45,7 +45,8 @@ does) applied to torch.compile, with the store as the meeting point:
   process, counted. Never a crash, never a hang.
 * Compiles still running when the script ends are finished before the process exits,
   for at most the exit grace (:meth:`NoStall.finish`), then ended; those still queued are
-  cancelled. Their leases are released either way.
+  cancelled. Their leases are released either way. Graphs published meanwhile are loaded (no
+  switch: no call follows), so AOTAutograd saves its entries naming them for the next process.
 
 This module is the controller (:class:`NoStall`: which graphs are compiled behind, by whom, and what became of
 them); beside it :mod:`.protocol` (what travels to the worker, and how), :mod:`.pool` (the compile thread and the
@@ -194,6 +195,10 @@ class NoStall:
         self._retry_at: dict[str, float] = {}
         self._inline: set[str] = set()
         self._closed = False
+        #: every graph's stand-in (:meth:`graph`), for the loads at exit (:meth:`_load_at_exit`)
+        self._stand_ins: list[NoStallGraph] = []
+        #: set while :meth:`_load_at_exit` runs: a graph that misses then is deferred, never compiled
+        self._loading_at_exit = False
         #: the seconds :meth:`finish` gave the compiles in flight (for the report of those it ended)
         self._finish_s = exit_grace
         self._cpu_probe = CpuProbeWarmer()
@@ -212,6 +217,10 @@ class NoStall:
         its cache for this graph), a lease-less fallback (the store failed: nothing to meet
         at), or a graph torch's wire format cannot carry.
         """
+        if self._loading_at_exit:  # not there after all: loaded at exit or not at all, never compiled now
+            if flight is not None and flight.role is Role.LEADER:
+                flight.release()
+            return Deferred.here("" if flight is None else flight.key, what)
         if flight is None or flight.role not in (Role.LEADER, Role.BUSY) or self._closed:
             return None
         self._row(flight.key, what)
@@ -293,7 +302,10 @@ class NoStall:
         """The switching callable ``_compile_fx_inner`` returns for the deferred graph (``backward``: AOTAutograd's
         backward of a forward, which may run compiled meanwhile)."""
         self._row(deferred.key, deferred.what)
-        return NoStallGraph(self, deferred, reload, gm, example_inputs, backward=backward)
+        stand_in = NoStallGraph(self, deferred, reload, gm, example_inputs, backward=backward)
+        with self._lock:
+            self._stand_ins.append(stand_in)
+        return stand_in
 
     def _row(self, key: str, what: tuple[str, str]) -> _Graph:
         """The report's row of graph ``key`` (``what``: its name and input shapes), made at its first sight."""
@@ -508,9 +520,33 @@ class NoStall:
         for job in jobs:
             with contextlib.suppress(Exception):
                 job.future.result(timeout=KILLED_JOB_WAIT_S)
+        self._load_at_exit(deadline)
         if self._sharing is not None:
             self._sharing.stop()
         self.workers.close()
+
+    def _load_at_exit(self, deadline: float) -> None:
+        """Load, within the exit grace, the published graphs that ran here without inductor and never switched, for
+        the AOTAutograd entries that wait for them (:meth:`.graph.NoStallGraph.load_at_exit`).
+
+        A graph compiled behind in a short job is often published after the script ended, in the exit grace: no
+        call switches to it, and AOTAutograd's entry naming it would never be saved. The next process would then
+        trace the graph through AOTAutograd again before its FX lookup hits (Lightning's fresh no-stall job: 2
+        AOTAutograd misses, iterations 0+1 1.8x the graph store's fresh job).
+        """
+        with self._lock:
+            waiting = [g for g in self._stand_ins if g.awaits_load()]
+        loaded = 0
+        self._loading_at_exit = True
+        try:
+            for stand_in in waiting:
+                if time.monotonic() >= deadline:
+                    break
+                loaded += stand_in.load_at_exit()
+        finally:
+            self._loading_at_exit = False
+        if loaded:
+            log.info("recipecache: loaded %d graph(s) compiled behind at exit, for their AOTAutograd entries", loaded)
 
     def close(self) -> None:
         """End every worker at once (disable)."""

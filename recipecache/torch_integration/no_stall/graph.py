@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import deferral
-from ..deferral import Deferred, deferred_of
+from ..deferral import Deferred, StandIn, deferred_of
 
 if TYPE_CHECKING:
     from .controller import NoStall
@@ -98,6 +98,18 @@ def _hint(value: Any) -> int | None:
     return hint if isinstance(hint, int) else None
 
 
+def _output_strides(gm: torch.fx.GraphModule) -> list[tuple[str, ...] | None]:
+    """The strides of traced graph ``gm``'s outputs, written as inductor writes a compiled graph's (``output_strides``:
+    ``str`` of each, an int or a size expression); None for an output that is no tensor, or that nothing describes."""
+    output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
+    values = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+    strides: list[tuple[str, ...] | None] = []
+    for value in values:
+        traced = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        strides.append(tuple(str(stride) for stride in traced.stride()) if isinstance(traced, torch.Tensor) else None)
+    return strides
+
+
 class TracedLayouts:
     """The memory layouts a graph's tensor inputs had where it was traced, which its compiled code asserts.
 
@@ -150,14 +162,14 @@ class TracedLayouts:
         return copied
 
 
-class NoStallGraph:
+class NoStallGraph(StandIn):
     """Inductor's output for one graph while it compiles elsewhere: eager until the compiled graph exists.
 
     Boxed calling convention (``_boxed_call``), like the ``OutputCode`` it stands for; an
     instance attribute, since torch wraps the backward's callable (``functools.wraps`` copies
-    the instance's ``__dict__``, not its class's). It carries no ``_fx_graph_cache_key``, so
-    AOTAutograd does not save an entry pointing at it; the next process finds the graph's FX
-    entry through its own trace.
+    the instance's ``__dict__``, not its class's). AOTAutograd's entry naming it is saved once
+    the compiled graph is loaded (:class:`..deferral.StandIn`): at the switch, or at exit
+    (:meth:`load_at_exit`), so that the next process skips AOTAutograd's trace.
     """
 
     def __init__(
@@ -173,6 +185,7 @@ class NoStallGraph:
         from torch._inductor.codecache import FxGraphCache
         from torch.fx._lazy_graph_module import _LazyGraphModule
 
+        super().__init__()
         self._boxed_call = True
         self._no_stall = no_stall
         self._key = deferred.key
@@ -185,8 +198,6 @@ class NoStallGraph:
         #: when this process last looked the graph up again, and whether it saw another one compile it since
         self._looked = time.monotonic()
         self._saw_lease = False
-        self._lock = threading.Lock()
-        self._compiled: Callable[[list[Any]], Any] | None = None
         #: our own compile published the graph, yet it did not load (or the process is exiting): eager for good
         self._given_up = False
         _LazyGraphModule.force_recompile(gm)  # as torch's own eager output of an empty graph
@@ -196,6 +207,8 @@ class NoStallGraph:
         self._symint_positions = [i for i, x in enumerate(example_inputs) if any(x is s for s in symints)]
         self._shape_env = symints[0].node.shape_env if symints else None
         self._layouts = TracedLayouts(example_inputs)
+        #: a forward's outputs' strides as traced, as inductor writes a compiled graph's (None: a backward)
+        self._traced_output_strides = None if backward else _output_strides(gm)
         #: calls after the switch whose inputs came in another layout than traced (:class:`TracedLayouts`)
         self._restrided = 0
         #: the compiled graph's guards (``guards_expr``), set at the switch; None: it accepts every input
@@ -229,6 +242,20 @@ class NoStallGraph:
             graph.eager_calls += 1
             graph.eager_s += seconds
         return out
+
+    def fits_its_entry(self) -> bool:
+        """Whether AOTAutograd's entry pairing this graph with its backward may be saved: a forward only where it
+        lays its outputs out as traced. Its backward was traced on those layouts (AOTAutograd had no compiled ones
+        to trace it on), and its compiled code asserts them: a forward inductor laid out otherwise (convolutions on
+        the CPU go channels-last) would hand a next process's backward, loaded through the entry, inputs it rejects.
+        Such a next process traces the backward on the loaded forward's layouts instead, as without the entry."""
+        traced = self._traced_output_strides
+        if traced is None:
+            return True
+        compiled = getattr(self._compiled, "output_strides", None)
+        if compiled is None or len(compiled) != len(traced):
+            return False
+        return all(c is None or t is None or tuple(map(str, c)) == t for c, t in zip(compiled, traced, strict=True))
 
     def _accepts(self, args: list[Any]) -> bool:
         """Whether the compiled graph's guards accept these inputs.
@@ -312,7 +339,7 @@ class NoStallGraph:
             seconds = time.perf_counter() - start
             self._guards = getattr(compiled, "guards_expr", None) or None
             self._guards_code = None if self._guards is None else compile(self._guards, "<inductor guards>", "eval")
-            self._compiled = compiled
+            self._loaded(compiled)
             no_stall.store.events.record("switch", self._key, seconds)
             no_stall.metrics.no_stall(switches=1)
             with no_stall._lock:
@@ -324,3 +351,27 @@ class NoStallGraph:
     def _load(self) -> Callable[[list[Any]], Any]:
         """torch's ``_compile_fx_inner`` again, in the context of the first attempt (:func:`..deferral.reload`)."""
         return deferral.reload(self._deferred, self._reload)
+
+    def load_at_exit(self) -> bool:
+        """The script has ended: load the compiled graph if it is published, without switching (no call follows),
+        for what waits for the load (an AOTAutograd entry, :meth:`awaits_load`). Whether it loaded.
+
+        Only where the graph is there: our own compile (or the compile pool's taker for us) ended well, or, for a
+        graph another process led, its lease is gone. A miss then is never compiled here
+        (:meth:`.controller.NoStall.intercept` defers every graph while the process loads at exit) and is no
+        failure: the graph stays as it was.
+        """
+        with self._lock:
+            if self._compiled is not None or self._given_up:
+                return False
+            job = self._job
+            if job is not None and (not job.done() or job.cancelled() or job.exception() is not None):
+                return False
+            if job is None and self._no_stall.store.compiling(self._key):
+                return False
+            try:
+                self._loaded(self._load())
+            except Exception:  # not there after all (a Deferred), or not loadable: left as it is
+                log.debug("recipecache: %s %s did not load at exit", *self._what, exc_info=True)
+                return False
+            return True

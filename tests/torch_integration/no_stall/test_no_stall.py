@@ -8,7 +8,8 @@
   compiles (tf32, float32 matmul precision, deterministic algorithms, config changed at run time: torch's
   keys read them): each rank runs graphs eagerly while a worker compiles them, every graph is compiled
   once in the job, none fails behind, every rank switches, the losses match plain torchrun's; a job of
-  fresh ranks right after compiles nothing and runs nothing eagerly;
+  fresh ranks right after compiles nothing, runs nothing eagerly and traces nothing through AOTAutograd (the cold
+  ranks saved its entries at their switches; a graph published after the script ended is loaded at exit for them);
 * the compile pool: rank 0 alone evaluates (graphs only it meets, queued behind its worker); rank 1's idle
   worker compiles some of them for it, each graph once, and rank 0 switches to them;
 * a 2-rank job whose rank 0 loses its worker mid-compile: rank 1 takes that graph over (leads it: its worker or,
@@ -257,6 +258,10 @@ def test_fresh_ranks_after_compile_nothing(jobs: dict[str, dict[str, Any]]) -> N
     fresh = jobs["fresh"]
     assert not _events(fresh, "compile") and not _events(fresh, "eager")
     assert len({e["key"] for e in _events(fresh, "hit")}) == len({e["key"] for e in _events(jobs["cold"], "switch")})
+    # the cold ranks saved AOTAutograd's entries naming the graphs compiled behind when they switched to them: no
+    # fresh rank traces a graph through AOTAutograd again before its FX lookup
+    aot = [metrics["lookups"]["aot"] for metrics in fresh["metrics"]]
+    assert all(lookups["hit"] >= 1 and lookups["miss"] == 0 for lookups in aot), aot
 
 
 # -- the switching callable on its own ------------------------------------------------------
@@ -375,6 +380,86 @@ def test_switching_callable_stays_eager_when_its_compile_failed_or_its_load_fail
     metrics = no_stall.metrics.snapshot()
     assert metrics["no_stall"]["failed"] == 1 and metrics["fallbacks"] == {"no_stall_failed": 1}
     assert "cannot load the compiled graph" in no_stall.snapshot()["k"]["failed"]
+
+
+@pytest.mark.torch
+def test_what_waits_for_a_graphs_load_runs_at_its_switch_or_at_exit_where_it_is_published() -> None:
+    """AOTAutograd's entry naming a graph compiled behind waits for its load (the entry names the compiled graph's
+    key): it is saved at the switch; a graph published after the script ended (a short job) is loaded at exit for
+    it, where it is there: never one whose compile failed or is still running, never compiled at exit."""
+    import torch
+
+    graph, job, no_stall = _no_stall_graph(lambda: _Compiled())
+    saved: list[str] = []
+    assert graph.when_loaded(lambda: saved.append(graph._fx_graph_cache_key))
+    assert graph._fx_graph_cache_key is None and graph.awaits_load()  # what AOTAutograd reads: nothing yet
+    job.set_result(1.0)
+    graph([torch.ones(2)])  # the switch
+    assert saved == ["fx-key"] and not graph.awaits_load() and not graph.when_loaded(lambda: None)
+
+    at_exit, job, no_stall = _no_stall_graph(lambda: _Compiled())
+    at_exit.when_loaded(lambda: saved.append("at exit"))
+    running, _, _ = _no_stall_graph(lambda: _Compiled())
+    failed, failed_job, _ = _no_stall_graph(lambda: _Compiled())
+    failed_job.set_exception(RuntimeError("worker exited with status -9"))
+    for waiting in (running, failed):
+        waiting.when_loaded(lambda: saved.append("never"))
+        assert not waiting.load_at_exit()
+    job.set_result(1.0)  # published in the exit grace: no call switches to it
+    no_stall._load_at_exit(float("inf"))
+    assert saved == ["fx-key", "at exit"] and no_stall.snapshot()["k"]["switched_at"] is None
+    assert no_stall.metrics.snapshot()["no_stall"]["switches"] == 0  # a load at exit is no switch
+
+
+@pytest.mark.torch
+def test_an_entry_pairing_a_forward_laid_out_otherwise_than_traced_is_never_saved() -> None:
+    """The backward of a forward compiled behind was traced on the forward's eager layouts: AOTAutograd's entry
+    pairing them is saved only where the compiled forward lays its outputs out as traced, never where inductor chose
+    others (a next process would load a backward that rejects the forward's outputs)."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from recipecache.torch_integration.deferral import Deferred, save_when_loaded
+
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (x * 2,)
+
+    gm = make_fx(forward)(torch.ones(2, 3))  # its output traced contiguous: strides (3, 1)
+    _, _, no_stall = _no_stall_graph(lambda: None)
+    for compiled_strides, fits in (([("3", "1")], True), ([("1", "2")], False)):
+        compiled = _Compiled()
+        compiled.output_strides = compiled_strides  # type: ignore[attr-defined]  # as inductor writes them
+        graph = no_stall.graph(Deferred("k-fw", ("f", "f32[2,3]"), None, {}, None), lambda: compiled, gm,
+                               [torch.ones(2, 3)])
+        saved: list[str] = []
+        save_when_loaded(lambda: saved.append("entry"), [graph])
+        graph.load_at_exit()
+        assert graph.fits_its_entry() is fits and saved == (["entry"] if fits else [])
+
+
+@pytest.mark.torch
+def test_a_graph_that_misses_while_loading_at_exit_is_deferred_never_compiled() -> None:
+    """The load at exit runs torch's compile again, which hits where the graph is published; a miss there (an entry
+    gone, a store down) must not compile the graph inline as the process exits: it is deferred, its lease freed."""
+    from recipecache.torch_integration.deferral import Deferred
+
+    _, _, no_stall = _no_stall_graph(lambda: None)
+    leader = no_stall.store.begin("k-exit", wait=False)
+    assert leader.role is Role.LEADER
+    no_stall._loading_at_exit = True
+    deferred = no_stall.intercept(leader, ("f", "f32[2]"), (None, [], []), {})
+    assert isinstance(deferred, Deferred) and deferred.job is None
+    assert not no_stall.store.compiling("k-exit")  # released: another process may compile it
+    assert isinstance(no_stall.intercept(None, ("f", "f32[2]"), (None, [], []), {}), Deferred)
+
+
+class _Compiled:
+    """A loaded graph as torch's FX cache gives it: callable, with the key AOTAutograd's entry names."""
+
+    _fx_graph_cache_key = "fx-key"
+
+    def __call__(self, args: list[Any]) -> tuple[str]:
+        return ("compiled",)
 
 
 # -- guards, deadlines, exit, the job's input -------------------------------------------------
