@@ -132,6 +132,8 @@ class TracedLayouts:
                 continue
             strides = [_hint(stride) for stride in traced.stride()]
             sizes = [_hint(size) for size in traced.shape]
+            if any(stride == 0 and size != 1 for stride, size in zip(strides, sizes, strict=True)):
+                continue  # traced as a broadcast view, which no copy can be: the compiled graph sees it as it comes
             if all(isinstance(stride, int) for stride in traced.stride()):
                 self._static.append((position, tuple(traced.stride())))
             elif None not in strides and None not in sizes:

@@ -325,11 +325,11 @@ def test_inputs_laid_out_otherwise_than_traced_are_copied_into_the_traced_layout
     traced_dynamic = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(torch.ones(2, 3, 4, 5),
                                                                         symbolic_context=dynamic)
     assert not all(isinstance(stride, int) for stride in traced_dynamic.stride())
-    layouts = TracedLayouts([torch.ones(2, 3, 4, 5), 7, traced_dynamic])
+    layouts = TracedLayouts([torch.ones(2, 3, 4, 5), 7, traced_dynamic, torch.ones(3, 1).expand(3, 4)])
     channels_last = torch.arange(120.0).reshape(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
     bigger = torch.arange(360.0).reshape(2, 3, 6, 10).contiguous(memory_format=torch.channels_last)
-    args = [channels_last, 7, bigger]
-    assert layouts.restride(args) == 2
+    args = [channels_last, 7, bigger, torch.ones(3, 4)]
+    assert layouts.restride(args) == 2  # not the broadcast view's input: no copy can be one
     assert args[0].stride() == (60, 20, 5, 1) and torch.equal(args[0], channels_last)
     assert args[2].is_contiguous() and torch.equal(args[2], bigger)
     assert layouts.restride(args) == 0  # in the traced layouts now: nothing copied
