@@ -143,25 +143,31 @@ class TracedLayouts:
         """Copy every input of ``args`` (in place in the list) that is not laid out as traced into the traced layout;
         how many were copied."""
         copied = 0
-        with torch.no_grad():
-            for position, strides in self._static:
-                arg = args[position]
-                if isinstance(arg, torch.Tensor) and arg.dim() == len(strides) and arg.stride() != strides:
-                    args[position] = torch.empty_strided(arg.shape, strides, dtype=arg.dtype, device=arg.device)
-                    args[position].copy_(arg)
-                    copied += 1
-            for position, order in self._ordered:
-                arg = args[position]
-                if not isinstance(arg, torch.Tensor) or arg.dim() != len(order):
-                    continue
-                sizes = list(arg.shape)
-                if [d for d in _physical_order(list(arg.stride())) if sizes[d] > 1] != [
-                    d for d in order if sizes[d] > 1
-                ]:
-                    args[position] = torch.empty_permuted(arg.shape, order, dtype=arg.dtype, device=arg.device)
-                    args[position].copy_(arg)
-                    copied += 1
+        for position, strides in self._static:
+            arg = args[position]
+            if isinstance(arg, torch.Tensor) and arg.dim() == len(strides) and arg.stride() != strides:
+                args[position] = _copied(
+                    arg, torch.empty_strided(arg.shape, strides, dtype=arg.dtype, device=arg.device)
+                )
+                copied += 1
+        for position, order in self._ordered:
+            arg = args[position]
+            if not isinstance(arg, torch.Tensor) or arg.dim() != len(order):
+                continue
+            sizes = list(arg.shape)
+            if [d for d in _physical_order(list(arg.stride())) if sizes[d] > 1] != [d for d in order if sizes[d] > 1]:
+                args[position] = _copied(
+                    arg, torch.empty_permuted(arg.shape, order, dtype=arg.dtype, device=arg.device)
+                )
+                copied += 1
         return copied
+
+
+def _copied(arg: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``target`` holding ``arg``'s values, copied outside autograd (only where a copy is due: a call that needs
+    none, every call of a switched graph in the common case, enters no grad-mode context)."""
+    with torch.no_grad():
+        return target.copy_(arg)
 
 
 class NoStallGraph(StandIn):
