@@ -926,6 +926,53 @@ def test_a_steady_call_reads_no_signature_and_describes_no_pin_again(monkeypatch
     assert Values(pins[3:], scope, {}).changed(dict, every=False) == "G['gone'] is missing, traced as int:1"
 
 
+def test_variants_are_tried_most_recently_used_first_as_dynamo_tries_its_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A size the static variant served before goes to the dynamic variant once that one joined and served, as
+    dynamo's cache entries are tried most recently used first: diffusers' UNet at sizes 16, 24, 16 ran the static
+    graph at the third step here and the dynamic one under plain torch.compile, whose kernels round otherwise
+    (losses 1.2e-7 apart). A size only the static variant accepts still goes to it."""
+    import torch
+
+    from recipecache import torch_integration
+    from recipecache.torch_integration.precompiled.traced_values import Values
+    from recipecache.torch_integration.precompiled.variant import Variant
+
+    class Compiled:
+        """A loaded function whose guards accept the sizes given."""
+
+        def __init__(self, name: str, sizes: set[int]) -> None:
+            self.name, self.sizes = name, sizes
+            self.fn = lambda: None  # torch's function, whose globals a call points at this process's (none here)
+
+        def prepare_f_locals(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return {}
+
+        def guard_check(self, x: torch.Tensor) -> bool:
+            return x.shape[0] in self.sizes
+
+        def __call__(self, x: torch.Tensor) -> str:
+            return self.name
+
+    static = Variant(Compiled("static", {16}), (), Values((), {}, {}))
+    dynamic = Variant(Compiled("dynamic", {16, 24}), (), Values((), {}, {}), dynamic=True)
+    torch_integration.enable("memory://", namespace=NAMESPACE, precompile=True)
+    try:
+        module = torch.nn.Linear(2, 2)
+        dispatcher = torch.compile(module).forward
+        served = iter([static, dynamic])
+        monkeypatch.setattr(dispatcher.tier, "resolve", lambda *a: next(served))
+        monkeypatch.setattr(dispatcher.tier.builder, "share", lambda *a: None)
+
+        def call(rows: int) -> str:
+            return str(dispatcher.run(module, (torch.zeros(rows, 2),), {}, lambda *a: "normal"))
+
+        assert [call(rows) for rows in (16, 24, 16, 16, 24)] == ["static"] + ["dynamic"] * 4
+        dynamic.fn.sizes = {24}  # as if its guards rejected 16 now: the static variant serves it again
+        assert [call(rows) for rows in (16, 24)] == ["static", "dynamic"]
+    finally:
+        torch_integration.disable()
+
+
 def test_calls_off_the_cpu_run_on_the_normal_path_counted() -> None:
     """The tier is checked on the CPU only (a cold precompile on CUDA crashed its process): a call whose inputs,
     parameters or buffers live elsewhere is a counted ``device_unchecked`` fallback, decided before any compile."""
