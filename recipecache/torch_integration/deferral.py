@@ -35,7 +35,13 @@ class Deferred(Exception):
     """
 
     def __init__(
-        self, key: str, what: tuple[str, str], job: Future[float] | None, config: dict[str, Any], context: Any
+        self,
+        key: str,
+        what: tuple[str, str],
+        job: Future[float] | None,
+        config: dict[str, Any],
+        context: Any,
+        compile_context: Any = None,
     ) -> None:
         super().__init__(f"compile of {key} deferred")
         self.key = key
@@ -44,14 +50,27 @@ class Deferred(Exception):
         self.job = job
         self.config = config
         self.context = context
+        #: dynamo's compile context (the compile id a lookup's records are named by), None outside a compile
+        self.compile_context = compile_context
         #: overlap: False when the graph is to be waited for at once, in the compile (its stand-in could not be
         #: made safely: :meth:`.graphs.overlap.Overlap.waiting_graph`)
         self.later = True
+        #: no-stall: a backward left uncompiled until its forward, compiled behind, is loaded, and AOTAutograd's stage
+        #: that traces it again on that forward's layouts (:class:`.no_stall.graph.BackwardStage`)
+        self.follows: Any = None
 
     @classmethod
     def here(cls, key: str, what: tuple[str, str], job: Future[float] | None = None) -> Deferred:
         """Deferred from inside torch's compile: with the inductor config and tracing context a reload needs."""
-        return cls(key, what, job, inductor_config.save_config_portable(), torch._guards.TracingContext.try_get())
+        guards = torch._guards
+        return cls(
+            key,
+            what,
+            job,
+            inductor_config.save_config_portable(),
+            guards.TracingContext.try_get(),
+            guards.CompileContext.try_get(),
+        )
 
 
 def deferred_of(exc: BaseException) -> Deferred | None:
@@ -76,6 +95,8 @@ def reload(deferred: Deferred, compile_again: Callable[[], Any]) -> Any:
         stack.enter_context(DebugContext())
         stack.enter_context(inductor_config.patch(deferred.config))
         stack.enter_context(torch._guards.tracing(deferred.context))
+        if deferred.compile_context is not None:
+            stack.enter_context(torch._guards.compile_context(deferred.compile_context))
         return compile_again()
 
 

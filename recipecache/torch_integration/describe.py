@@ -71,11 +71,13 @@ def function_name(fx_kwargs: Mapping[str, Any]) -> str:
         with _names_lock:
             forward = _forward_names.get(compile_id)
         return f"{forward or 'graph'} backward"
-    name = _traced_function() or "graph"
-    if compile_id:
-        with _names_lock:
-            _forward_names[compile_id] = name
-    return name
+    traced = _traced_function()
+    with _names_lock:
+        if traced is None:  # not tracing: a forward loaded again later (a stand-in's load), named as when traced
+            return _forward_names.get(compile_id, "graph") if compile_id else "graph"
+        if compile_id:
+            _forward_names[compile_id] = traced
+    return traced
 
 
 def input_shapes(example_inputs: Sequence[Any]) -> str:

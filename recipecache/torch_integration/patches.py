@@ -98,6 +98,16 @@ def _compile_scope(integration: Integration) -> list[Patch]:
         no_stall = integration.no_stall
         if no_stall is None and not integration.overlap.enabled:
             return run_inner(*args, **kwargs)
+        # a stand-in's loads run this compile again (a hit then), on these inputs or a backward's restrided ones
+        gm, example_inputs, rest = args[0], list(args[1]), args[2:]
+
+        def compile_with(inputs: list[Any]) -> Any:
+            return run_inner(gm, inputs, *rest, **kwargs)
+
+        if no_stall is not None and kwargs.get("is_backward"):
+            awaiting = integration.guarded(no_stall.awaiting_forward, gm, example_inputs, compile_with)
+            if awaiting is not None:  # its forward is compiled behind: neither looked up nor compiled yet
+                return awaiting
         try:
             with integration.overlap.may_defer(kwargs):
                 return run_inner(*args, **kwargs)
@@ -105,14 +115,12 @@ def _compile_scope(integration: Integration) -> list[Patch]:
             deferred = deferral.deferred_of(exc)
             if deferred is None:
                 raise
-            # a stand-in until the compiled graph exists; reloading runs this compile again (a hit then)
-            args = (args[0], list(args[1]), *args[2:])
-            compile_again = functools.partial(run_inner, *args, **kwargs)
             if no_stall is not None:  # no-stall: eager meanwhile
                 return no_stall.graph(
-                    deferred, compile_again, args[0], args[1], backward=bool(kwargs.get("is_backward"))
+                    deferred, compile_with, gm, example_inputs, backward=bool(kwargs.get("is_backward"))
                 )
-            return integration.overlap.waiting_graph(deferred, compile_again)  # overlap: waits at its first call
+            # overlap: waits at its first call
+            return integration.overlap.waiting_graph(deferred, functools.partial(compile_with, example_inputs))
 
     return [(compile_fx, "_compile_fx_inner", _compile_fx_inner)]
 
@@ -289,9 +297,11 @@ def _overlap(integration: Integration) -> list[Patch]:
         ran) unless told otherwise: after a forward left for its first call (overlap, :meth:`.graphs.overlap.Overlap.backward_now`)
         the backward is compiled now, by torch's own eager path (the one it takes for backwards that save sizes);
         should that raise, the stage runs again as torch's default, the backward compiled at its first call."""
+        bound = inspect.signature(original_backward_stage).bind(*args, **kwargs)
+        if integration.no_stall is not None:
+            integration.guarded(integration.no_stall.backward_stage, original_backward_stage, bound.arguments)
         if not integration.guarded(integration.overlap.backward_now):
             return original_backward_stage(*args, **kwargs)
-        bound = inspect.signature(original_backward_stage).bind(*args, **kwargs)
         aot_config = bound.arguments["aot_config"]
         bound.arguments["aot_config"] = dataclasses.replace(aot_config, force_non_lazy_backward_lowering=True)
         try:

@@ -64,6 +64,7 @@ import pickle
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
@@ -77,10 +78,11 @@ from ...compile_pool import CompilePool
 from ...lease import HeldLease
 from ...reasons import Reason, Role
 from ...store import Flight, Store
+from .. import describe
 from ..deferral import Deferred
 from ..metrics import Metrics
 from . import global_state
-from .graph import RETRY_S, CpuProbeWarmer, NoStallGraph
+from .graph import RETRY_S, BackwardStage, CpuProbeWarmer, NoStallGraph
 from .pool import CompileTimeout, WorkerPool
 from .protocol import needs_process_groups, wire_input
 from .sharing import Sharing
@@ -95,6 +97,9 @@ NO_STALL_TRIES = 2
 #: and sent with each job by name, so that the worker imports nothing above its feature): given the worker's
 #: store, metrics and lease wait, it yields the integration whose ``last_key`` is the key the worker computed
 HookUp = Callable[[Store, Metrics, float | None], AbstractContextManager[Any]]
+#: what the key of a backward awaiting its forward's layouts (its report row's, its events') adds to the forward's:
+#: its own key is computed once that forward is loaded (:meth:`NoStall.awaiting_forward`)
+AWAITING_SUFFIX = ":backward-awaiting-forward"
 
 
 @dataclass
@@ -197,6 +202,11 @@ class NoStall:
         self._closed = False
         #: every graph's stand-in (:meth:`graph`), for the loads at exit (:meth:`_load_at_exit`)
         self._stand_ins: list[NoStallGraph] = []
+        #: per tracing context (one per dynamo graph; DDP's optimizer compiles a graph per bucket in it): the forward
+        #: last compiled behind, until AOTAutograd's backward stage of its compile; the stages kept to trace their
+        #: backwards again on their forwards' compiled layouts (:class:`.graph.BackwardStage`)
+        self._forwards: weakref.WeakKeyDictionary[Any, NoStallGraph] = weakref.WeakKeyDictionary()
+        self._stages: weakref.WeakKeyDictionary[Any, list[BackwardStage]] = weakref.WeakKeyDictionary()
         #: set while :meth:`_load_at_exit` runs: a graph that misses then is deferred, never compiled
         self._loading_at_exit = False
         #: the seconds :meth:`finish` gave the compiles in flight (for the report of those it ended)
@@ -293,19 +303,75 @@ class NoStall:
     def graph(
         self,
         deferred: Deferred,
-        reload: Callable[[], Any],
+        compile_with: Callable[[list[Any]], Any],
         gm: torch.fx.GraphModule,
         example_inputs: list[Any],
         *,
         backward: bool = False,
     ) -> NoStallGraph:
         """The switching callable ``_compile_fx_inner`` returns for the deferred graph (``backward``: AOTAutograd's
-        backward of a forward, which may run compiled meanwhile)."""
+        backward of a forward, which may run compiled meanwhile); ``compile_with(inputs)`` runs torch's compile of
+        the graph again on ``inputs``."""
         self._row(deferred.key, deferred.what)
-        stand_in = NoStallGraph(self, deferred, reload, gm, example_inputs, backward=backward)
+        stand_in = NoStallGraph(self, deferred, compile_with, gm, example_inputs, backward=backward)
+        context = deferred.context
+        if not backward and context is not None and context.output_strides is not None:  # AOTAutograd's forward
+            self._forwards[context] = stand_in
         with self._lock:
             self._stand_ins.append(stand_in)
         return stand_in
+
+    def backward_stage(self, stage: Callable[..., Any], arguments: dict[str, Any]) -> None:
+        """AOTAutograd is about to run its backward stage ``stage(**arguments)`` (``_aot_stage2b_bw_compile``): where
+        the forward of this compile is compiled behind, keep the stage, so that the backward is traced again on that
+        forward's layouts before it is compiled (:class:`.graph.BackwardStage`)."""
+        context = torch._guards.TracingContext.try_get()
+        forward = self._forwards.pop(context, None) if context is not None else None
+        if forward is not None and not arguments.get("fwd_output_strides"):  # reported none (an empty list)
+            self._stages.setdefault(context, []).append(BackwardStage(stage, dict(arguments), forward))
+
+    def awaiting_forward(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], compile_with: Callable[[list[Any]], Any]
+    ) -> NoStallGraph | None:
+        """What ``_compile_fx_inner`` returns for a backward whose forward is compiled behind: a stand-in that runs it
+        eagerly, neither looked up nor compiled, until that forward is loaded, and then traces it on the forward's
+        layouts (:class:`.graph.BackwardStage`); None for any other graph (compiled as usual).
+
+        Not even its key is computed before: a key computed on eager's layouts is one no process compiles, and
+        computing it (torch reads its inputs' symbolic strides) may leave facts in the shape environment that a
+        fresh process, whose forward hits, does not have when it traces the same backward: the keys of dynamic
+        backwards differed. Its row in the report is named by its forward's key until then.
+        """
+        stage = self._awaits_its_forward(example_inputs)
+        if stage is None:
+            return None
+        what = (describe.function_name({"is_backward": True}), describe.input_shapes(example_inputs))
+        deferred = Deferred.here(stage.forward.key + AWAITING_SUFFIX, what)
+        deferred.follows = stage
+        return self.graph(deferred, compile_with, gm, example_inputs, backward=True)
+
+    def _awaits_its_forward(self, example_inputs: list[Any]) -> BackwardStage | None:
+        """The kept stage of the backward torch is compiling on ``example_inputs`` (taken: its compile is left to it),
+        if its forward is compiled behind; else None."""
+        context = torch._guards.TracingContext.try_get()
+        stages = (self._stages.get(context) if context is not None else None) or []
+        stage = next((s for s in stages if s.is_for(example_inputs)), None)
+        if stage is not None:
+            stages.remove(stage)
+        return stage
+
+    def rekey(self, old: str, new: str, stand_in: NoStallGraph) -> None:
+        """``stand_in``, a backward that ran under key ``old`` while it awaited its forward, is now graph ``new`` (traced
+        on its forward's layouts): its eager calls move to the new key's row, which the report shows."""
+        with self._lock:
+            row = self.graphs.get(old)
+            if row is None or old == new:
+                return
+            target = self.graphs.setdefault(new, _Graph(new, row.name, row.shapes))
+            if not any(g is not stand_in and g._key == old for g in self._stand_ins):
+                del self.graphs[old]
+                target.eager_calls += row.eager_calls
+                target.eager_s += row.eager_s
 
     def _row(self, key: str, what: tuple[str, str]) -> _Graph:
         """The report's row of graph ``key`` (``what``: its name and input shapes), made at its first sight."""
@@ -484,6 +550,8 @@ class NoStall:
         (briefly) to free its own.
         """
         deadline = time.monotonic() + max(timeout, 0.0)
+        if timeout > 0:
+            self._follow_at_exit(deadline)
         with self._lock:
             self._finish_s = timeout
             self._closed = True
@@ -524,6 +592,23 @@ class NoStall:
         if self._sharing is not None:
             self._sharing.stop()
         self.workers.close()
+
+    def _follow_at_exit(self, deadline: float) -> None:
+        """Within the exit grace, compile behind the backwards that await their forwards' layouts, once those forwards'
+        compiles (here or by the lease holder) end and they load. A short job ends before such a forward switches:
+        without this its backward would never be compiled, and the next job would compile it."""
+        with self._lock:
+            waiting = [(g, g.follows_its_forward()) for g in self._stand_ins]
+        for backward, stage in waiting:
+            if stage is None or time.monotonic() >= deadline:
+                continue
+            stage.forward.wait_for_compile(_wait_s(deadline))
+            self._loading_at_exit = True
+            try:
+                stage.forward.load_at_exit()
+            finally:
+                self._loading_at_exit = False
+            backward.follow_now()
 
     def _load_at_exit(self, deadline: float) -> None:
         """Load, within the exit grace, the published graphs that ran here without inductor and never switched, for

@@ -7,6 +7,7 @@ whom, is :mod:`.controller`'s; this module only looks, calls and switches, and r
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
@@ -170,6 +171,87 @@ def _copied(arg: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return target.copy_(arg)
 
 
+class BackwardStage:
+    """AOTAutograd's backward stage of one compile whose forward is compiled behind, kept to be run again once that
+    forward is loaded.
+
+    AOTAutograd traces a backward on the layouts its forward's compiled code gives the saved activations
+    (``_aot_stage2b_bw_compile`` restrides them), and only where the forward's compile reports them; a forward
+    compiled behind reports none, so its backward was traced on eager's layouts. Compiled and keyed on those, it
+    was another graph than the one a next process traces after loading that forward from the store (on the CPU
+    inductor lays convolutions' activations out channels-last): torchvision's and diffusers' fresh no-stall jobs
+    compiled their backwards again. So the backward waits, eager, for its forward's compiled graph, and is then
+    traced as torch traces it after a hit: torch's own stage, run again with the loaded forward's output strides
+    (torch's ``set_tracing_context_output_strides``), gives the inputs; nothing of torch's layout rules is
+    copied here.
+    """
+
+    def __init__(self, stage: Callable[..., Any], arguments: dict[str, Any], forward: NoStallGraph) -> None:
+        self._stage = stage
+        self._arguments = arguments
+        #: the forward compiled behind whose layouts the backward awaits
+        self.forward = forward
+        #: the backward's inputs as traced (the values of its graph's placeholders)
+        self._traced = [node.meta.get("val") for node in arguments["bw_module"].graph.nodes if node.op == "placeholder"]
+
+    def is_for(self, example_inputs: list[Any]) -> bool:
+        """Whether the backward compiled on ``example_inputs`` is this stage's: torch compiles it on the very tensors
+        the stage traced (several compiles share one tracing context: DDP's optimizer compiles a graph per bucket)."""
+        given = {id(value) for value in example_inputs}
+        traced = [value for value in self._traced if isinstance(value, torch.Tensor)]
+        return bool(traced) and all(id(value) in given for value in traced)
+
+    def ready(self) -> bool:
+        """Whether the backward may be compiled now: its forward is loaded, or will never be (it runs eagerly)."""
+        return self.forward.loaded_or_given_up()
+
+    def inputs(self, example_inputs: list[Any]) -> list[Any] | None:
+        """The backward's compile inputs ``example_inputs`` (traced on eager's layouts) as AOTAutograd traces them on
+        the loaded forward's output layouts; None where the forward is not loaded (they stay as traced)."""
+        import dataclasses
+
+        strides = self.forward.reported_output_strides()
+        if strides is None:
+            return None
+        aot_config = dataclasses.replace(self._arguments["aot_config"], force_non_lazy_backward_lowering=False)
+        arguments = {
+            **self._arguments,
+            "fwd_output_strides": strides,
+            "aot_config": aot_config,
+            "bw_compiler": _placeholder_compiler,
+        }
+        lazy_info, _ = self._stage(**arguments)
+        layouts = {id(old): new for old, new in zip(self._traced, lazy_info.placeholder_list, strict=True)}
+        return [layouts.get(id(value), value) for value in example_inputs]
+
+    def key_of(self, backward: Any) -> str | None:
+        """The store key of ``backward``, the compiled graph of this stage's backward loaded from the store: its FX key
+        in its forward's store key (both graphs' keys are made alike), or None where they do not say it."""
+        forward_fx, backward_fx = self.forward._fx_graph_cache_key, getattr(backward, "_fx_graph_cache_key", None)
+        if not forward_fx or not backward_fx or forward_fx not in self.forward.key:
+            return None
+        return self.forward.key.replace(forward_fx, backward_fx)
+
+
+def _requiring_grad(value: Any, requires_grad: bool) -> Any:
+    """``value``, or where it is a tensor whose ``requires_grad`` is no longer ``requires_grad``, an alias of it that
+    has it (the same sizes, strides and storage)."""
+    if not isinstance(value, torch.Tensor) or value.requires_grad == requires_grad:
+        return value
+    alias = value.detach()
+    return alias.requires_grad_(True) if requires_grad else alias
+
+
+def _placeholder_compiler(gm: Any, example_inputs: list[Any]) -> Callable[..., None]:
+    """The backward compiler :class:`BackwardStage` hands torch's stage: only its inputs are wanted (a stage that
+    saves sizes compiles at once, with the restrided inputs), never a compiled graph."""
+
+    def never_called(*args: Any) -> None:
+        raise RuntimeError("a placeholder backward was called")
+
+    return never_called
+
+
 class NoStallGraph(StandIn):
     """Inductor's output for one graph while it compiles elsewhere: eager until the compiled graph exists.
 
@@ -184,7 +266,7 @@ class NoStallGraph(StandIn):
         self,
         no_stall: NoStall,
         deferred: Deferred,
-        reload: Callable[[], Any],
+        compile_with: Callable[[list[Any]], Any],
         gm: torch.fx.GraphModule,
         example_inputs: list[Any],
         *,
@@ -198,7 +280,16 @@ class NoStallGraph(StandIn):
         self._no_stall = no_stall
         self._key = deferred.key
         self._what = deferred.what
-        self._reload = reload
+        self._compile_with = compile_with
+        #: the inputs the compile and its key are of (a backward's: restrided once its forward is loaded)
+        self._example_inputs = example_inputs
+        #: a backward awaiting its forward's compiled layouts before it is compiled (:class:`BackwardStage`)
+        self._follows: BackwardStage | None = deferred.follows
+        #: its inputs' ``requires_grad`` as torch compiles it now (the key holds it; DDP's optimizer sets it later on
+        #: a tensor the next bucket's graph takes, which is one of this backward's inputs)
+        self._requires_grad = [isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs]
+        #: a forward: a backward was traced on its compiled layouts (:meth:`fits_its_entry`)
+        self._followed = False
         #: the first attempt, whose inductor config and tracing context the load runs under
         self._deferred = deferred
         self._job = deferred.job
@@ -258,7 +349,7 @@ class NoStallGraph(StandIn):
         the CPU go channels-last) would hand a next process's backward, loaded through the entry, inputs it rejects.
         Such a next process traces the backward on the loaded forward's layouts instead, as without the entry."""
         traced = self._traced_output_strides
-        if traced is None:
+        if traced is None or self._followed:
             return True
         compiled = getattr(self._compiled, "output_strides", None)
         if compiled is None or len(compiled) != len(traced):
@@ -297,9 +388,12 @@ class NoStallGraph(StandIn):
         return self._eager(*args)
 
     def _due(self) -> bool:
-        """Whether to try the switch now: our job ended; or (looked at every POLL_S) the key's lease is gone and the
-        artifact may be there or ours to make: another process's compile just ended, this process may lead the
-        graph, or it last looked the graph up RETRY_S ago."""
+        """Whether to try the switch now: a backward awaiting its forward's layouts, once that forward is loaded; our
+        job ended; or (looked at every POLL_S) the key's lease is gone and the artifact may be there or ours to
+        make: another process's compile just ended, this process may lead the graph, or it last looked the graph up
+        RETRY_S ago."""
+        if self._follows is not None:
+            return self._follows.ready()
         if self._job is not None:
             return self._job.done()
         now = time.monotonic()
@@ -322,6 +416,8 @@ class NoStallGraph(StandIn):
             if self._compiled is not None or self._given_up:
                 return self._compiled
             no_stall = self._no_stall
+            if self._follows is not None:
+                return self._follow()
             job, self._job = self._job, None
             if job is not None:
                 if job.cancelled():  # the process is exiting
@@ -344,21 +440,104 @@ class NoStallGraph(StandIn):
                 # not there yet (the holder failed, or its lease expired): we lead now, or wait for the new holder
                 self._job = deferred.job
                 return None
-            seconds = time.perf_counter() - start
-            self._guards = getattr(compiled, "guards_expr", None) or None
-            self._guards_code = None if self._guards is None else compile(self._guards, "<inductor guards>", "eval")
-            self._loaded(compiled)
-            no_stall.store.events.record("switch", self._key, seconds)
-            no_stall.metrics.no_stall(switches=1)
-            with no_stall._lock:
-                graph = no_stall.graphs[self._key]
-                graph.switched_at, graph.switch_s = time.time(), seconds
-            log.info("recipecache: %s %s now runs compiled (switch took %.3f s)", *self._what, seconds)
-            return compiled
+            return self._switched(compiled, time.perf_counter() - start)
+
+    def _switched(self, compiled: Callable[[list[Any]], Any], seconds: float) -> Callable[[list[Any]], Any]:
+        """The compiled graph is loaded (the caller holds ``_lock``): run it from now on, for the inputs its guards
+        accept; counted and logged."""
+        no_stall = self._no_stall
+        self._guards = getattr(compiled, "guards_expr", None) or None
+        self._guards_code = None if self._guards is None else compile(self._guards, "<inductor guards>", "eval")
+        self._loaded(compiled)
+        no_stall.store.events.record("switch", self._key, seconds)
+        no_stall.metrics.no_stall(switches=1)
+        with no_stall._lock:
+            graph = no_stall.graphs[self._key]
+            graph.switched_at, graph.switch_s = time.time(), seconds
+        log.info("recipecache: %s %s now runs compiled (switch took %.3f s)", *self._what, seconds)
+        return compiled
+
+    def _follow(self) -> Callable[[list[Any]], Any] | None:
+        """A backward whose forward is now loaded (or never will be): trace it on that forward's layouts
+        (:class:`BackwardStage`) and compile it as any graph that missed: a hit loads it now; a miss is compiled
+        behind (or left to the process that leads it) under the key of the restrided graph, which this graph's row
+        and lease now follow. The caller holds ``_lock``."""
+        stage, self._follows = self._follows, None
+        assert stage is not None
+        try:
+            restrided = stage.inputs(self._example_inputs)
+        except Exception:  # torch's stage refused the strides: compiled as traced, as before the forward loaded
+            log.warning("recipecache: %s %s: tracing it on its forward's layouts failed", *self._what, exc_info=True)
+            restrided = None
+        if restrided is not None:
+            stage.forward._followed = True
+        inputs = restrided if restrided is not None else self._example_inputs
+        self._example_inputs = [_requiring_grad(v, flag) for v, flag in zip(inputs, self._requires_grad, strict=True)]
+        self._layouts = TracedLayouts(self._example_inputs)
+        start = time.perf_counter()
+        try:
+            compiled = self._load()
+        except Exception as exc:  # noqa: BLE001 - Deferred included: see below
+            deferred = deferred_of(exc)
+            if deferred is None:
+                self._given_up = True
+                self._no_stall._failed(self._key, self._what, f"cannot compile it ({exc!r})")
+                return None
+            self._no_stall.rekey(self._key, deferred.key, self)
+            self._key, self._deferred, self._job = deferred.key, deferred, deferred.job
+            self._looked = time.monotonic()
+            return None
+        key = stage.key_of(compiled)  # a hit: another process compiled it since
+        if key is not None:
+            self._no_stall.rekey(self._key, key, self)
+            self._key = key
+        return self._switched(compiled, time.perf_counter() - start)
+
+    @property
+    def key(self) -> str:
+        """The graph's store key (a backward awaiting its forward's layouts: its forward's, suffixed: ``AWAITING_SUFFIX``)."""
+        return self._key
+
+    def follows_its_forward(self) -> BackwardStage | None:
+        """The stage of a backward that awaits its forward's layouts (:class:`BackwardStage`), else None."""
+        return self._follows
+
+    def follow_now(self) -> None:
+        """At exit: compile a backward awaiting its forward's layouts now, if that forward is loaded (or never will
+        be): :meth:`_follow`."""
+        with self._lock:
+            if self._follows is not None and self._follows.ready():
+                self._follow()
+
+    def wait_for_compile(self, timeout: float) -> None:
+        """Wait at most ``timeout`` seconds for the graph's compile to end: this process's, or the lease holder's."""
+        job, end = self._job, time.monotonic() + timeout
+        if job is not None:
+            with contextlib.suppress(Exception):  # failures are counted where they are seen
+                job.result(timeout=timeout)
+            return
+        while time.monotonic() < end and self._compiled is None and self._no_stall.store.compiling(self._key):
+            time.sleep(min(POLL_S, max(end - time.monotonic(), 0.0)))
+
+    def loaded_or_given_up(self) -> bool:
+        """Whether the compiled graph is loaded, or never will be here."""
+        return self._compiled is not None or self._given_up
+
+    def reported_output_strides(self) -> list[Any] | None:
+        """A loaded forward's output strides as torch's load reports them to AOTAutograd (``output_strides`` of the
+        tracing context, torch's ``set_tracing_context_output_strides``), None where it is not loaded."""
+        from torch._inductor.utils import set_tracing_context_output_strides
+
+        compiled, context = self._compiled, self._deferred.context
+        if compiled is None or getattr(compiled, "output_strides", None) is None or context is None:
+            return None
+        with torch._guards.tracing(context), torch._guards.TracingContext.report_output_strides() as strides:
+            set_tracing_context_output_strides(self._example_inputs, compiled)
+        return list(strides) if strides is not None else None
 
     def _load(self) -> Callable[[list[Any]], Any]:
         """torch's ``_compile_fx_inner`` again, in the context of the first attempt (:func:`..deferral.reload`)."""
-        return deferral.reload(self._deferred, self._reload)
+        return deferral.reload(self._deferred, lambda: self._compile_with(self._example_inputs))
 
     def load_at_exit(self) -> bool:
         """The script has ended: load the compiled graph if it is published, without switching (no call follows),
@@ -370,7 +549,7 @@ class NoStallGraph(StandIn):
         failure: the graph stays as it was.
         """
         with self._lock:
-            if self._compiled is not None or self._given_up:
+            if self._compiled is not None or self._given_up or self._follows is not None:
                 return False
             job = self._job
             if job is not None and (not job.done() or job.cancelled() or job.exception() is not None):

@@ -163,6 +163,8 @@ def _events(job: dict[str, Any], kind: str, rank: int | None = None) -> list[dic
 @pytest.mark.multirank
 @pytest.mark.timeout(1800)
 def test_ranks_run_eager_while_a_worker_compiles_then_switch(jobs: dict[str, dict[str, Any]]) -> None:
+    from recipecache.torch_integration.no_stall.controller import AWAITING_SUFFIX
+
     cold = jobs["cold"]
     no_stall = Counter(e["key"] for e in _events(cold, "compile") if e.get("behind"))
     assert no_stall and max(no_stall.values()) == 1, f"graphs compiled more than once: {no_stall}"
@@ -170,11 +172,16 @@ def test_ranks_run_eager_while_a_worker_compiles_then_switch(jobs: dict[str, dic
     most_compiled_by_one_worker = 0
     assert cold["report"]["total"]["compiles"] == 0  # no step waited for a compile
     for rank in range(RANKS):
-        eager = {e["key"] for e in _events(cold, "eager", rank)}
+        # a backward whose forward is compiled behind runs eagerly under a key of its own until that forward is
+        # loaded (traced then on its layouts, and compiled under its own key)
+        eager = {e["key"] for e in _events(cold, "eager", rank) if not e["key"].endswith(AWAITING_SUFFIX)}
+        awaited = {e["key"] for e in _events(cold, "eager", rank) if e["key"].endswith(AWAITING_SUFFIX)}
         switched = {e["key"]: e["time"] for e in _events(cold, "switch", rank)}
         assert eager and eager == set(switched) == set(no_stall), f"rank {rank}"
+        assert awaited and len(awaited) < len(eager), f"rank {rank}: {awaited}"
         for e in _events(cold, "eager", rank):
-            assert e["time"] <= switched[e["key"]]  # eager until the switch, compiled after it
+            if e["key"] in switched:
+                assert e["time"] <= switched[e["key"]]  # eager until the switch, compiled after it
         # rank r compiles what it met first; the graphs another rank compiled it ran eagerly meanwhile
         compiled_here = {e["key"] for e in _events(cold, "compile", rank)}
         assert compiled_here and eager - compiled_here
@@ -281,7 +288,9 @@ def _no_stall_graph(reload: Any) -> tuple[Any, Any, Any]:
     store = Store.open(StoreSettings("memory://", namespace="behind-unit"))
     no_stall = NoStall(store, Metrics(store, None, flush=False), 10.0, 600.0, hook_up=patches.hooked_for_worker)
     job: Future[float] = Future()
-    graph = no_stall.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()), [])
+    graph = no_stall.graph(
+        Deferred("k", ("f", "f32[2]"), job, {}, None), lambda _inputs: reload(), torch.fx.symbolic_trace(Double()), []
+    )
     return graph, job, no_stall
 
 
@@ -305,7 +314,7 @@ def test_a_backward_run_without_inductor_takes_saved_tensors_in_the_compiled_for
         gm(inductors_layout)
     _, _, no_stall = _no_stall_graph(lambda: None)
     deferred = Deferred("k-bw", ("f backward", "f32[2,3]"), None, {}, None)
-    graph = no_stall.graph(deferred, lambda: None, gm, [torch.ones(2, 3)], backward=True)
+    graph = no_stall.graph(deferred, lambda _inputs: None, gm, [torch.ones(2, 3)], backward=True)
     assert torch.equal(graph([inductors_layout])[0], inductors_layout.reshape(6) * 2)
     assert any(n.target is torch.ops.aten.view.default for n in gm.graph.nodes), "the traced graph is untouched"
 
@@ -429,7 +438,7 @@ def test_an_entry_pairing_a_forward_laid_out_otherwise_than_traced_is_never_save
     for compiled_strides, fits in (([("3", "1")], True), ([("1", "2")], False)):
         compiled = _Compiled()
         compiled.output_strides = compiled_strides  # type: ignore[attr-defined]  # as inductor writes them
-        graph = no_stall.graph(Deferred("k-fw", ("f", "f32[2,3]"), None, {}, None), lambda: compiled, gm,
+        graph = no_stall.graph(Deferred("k-fw", ("f", "f32[2,3]"), None, {}, None), lambda _inputs: compiled, gm,
                                [torch.ones(2, 3)])
         saved: list[str] = []
         save_when_loaded(lambda: saved.append("entry"), [graph])
@@ -451,6 +460,64 @@ def test_a_graph_that_misses_while_loading_at_exit_is_deferred_never_compiled() 
     assert isinstance(deferred, Deferred) and deferred.job is None
     assert not no_stall.store.compiling("k-exit")  # released: another process may compile it
     assert isinstance(no_stall.intercept(None, ("f", "f32[2]"), (None, [], []), {}), Deferred)
+
+
+@pytest.mark.torch
+def test_each_backward_awaits_the_forward_of_its_own_compile_in_a_shared_tracing_context() -> None:
+    """DDP's optimizer compiles one graph per bucket, each forward then its backward stage, all in one tracing
+    context; the backwards are compiled later, in reverse order. Each must await the forward of its own compile
+    (a stage bound to the context's last forward paired the first bucket's backward with the second's forward, and
+    torchvision's fresh no-stall job compiled that backward again), found by the tensors it is compiled on; a
+    backward whose forward was not compiled behind awaits nothing."""
+    import torch
+
+    from recipecache.torch_integration.deferral import Deferred
+
+    def bw_module(*values: Any) -> torch.fx.GraphModule:
+        graph = torch.fx.Graph()
+        for index, value in enumerate(values):
+            graph.placeholder(f"saved_{index}").meta["val"] = value
+        graph.output(())
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+    def stage(**arguments: Any) -> None:
+        raise AssertionError("not run in this test")
+
+    _, _, no_stall = _no_stall_graph(lambda: None)
+    context = torch._guards.TracingContext(None)
+    context.output_strides = []  # as in AOTAutograd's forward compile (report_output_strides)
+    saved = [[torch.ones(2), torch.ones(3)], [torch.ones(4)], [torch.ones(5)]]
+    forwards = []
+    with torch._guards.tracing(context):
+        for bucket, tensors in enumerate(saved):
+            if bucket < 2:  # the third bucket's forward was a hit: its compile reported strides
+                deferred = Deferred(f"fw-{bucket}", ("f", ""), None, {}, context)
+                identity = torch.fx.symbolic_trace(torch.nn.Identity())
+                forwards.append(no_stall.graph(deferred, lambda _inputs: None, identity, []))
+            reported = [] if bucket < 2 else [(1,)]
+            no_stall.backward_stage(stage, {"bw_module": bw_module(*tensors), "fwd_output_strides": reported})
+        assert no_stall._awaits_its_forward([torch.ones(5)]) is None, "not a kept stage's tensors"
+        for bucket in (2, 1, 0):  # backwards compile in reverse order
+            found = no_stall._awaits_its_forward([*saved[bucket], torch.ones(1)])  # and the gradients of outputs
+            assert (found and found.forward) is (forwards[bucket] if bucket < 2 else None)
+        assert no_stall._awaits_its_forward(saved[0]) is None, "each stage is taken once"
+
+
+@pytest.mark.torch
+def test_a_backward_awaiting_its_forward_is_compiled_on_the_requires_grad_it_met() -> None:
+    """DDP's optimizer sets ``requires_grad`` on the tensor a bucket's graph hands the next one, after the first
+    bucket's backward met it: a backward traced again later must see what it met (the key holds it), or its key is
+    not the one a fresh process computes (torchvision's dynamic backward compiled again). The alias has the
+    tensor's sizes and strides."""
+    import torch
+
+    from recipecache.torch_integration.no_stall.graph import _requiring_grad
+
+    met = torch.ones(2, 3).t()
+    later = met.requires_grad_(True)
+    alias = _requiring_grad(later, False)
+    assert not alias.requires_grad and alias.stride() == (1, 3) and alias.data_ptr() == met.data_ptr()
+    assert _requiring_grad(later, True) is later and _requiring_grad(3, False) == 3
 
 
 class _Compiled:
@@ -487,17 +554,27 @@ def test_the_switched_graph_runs_only_for_inputs_inductors_guards_accept(tmp_pat
 
 @pytest.mark.torch
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_a_backward_switched_after_its_forward_takes_inductors_layouts(tmp_path: Path) -> None:
+def test_a_conv_nets_backward_is_compiled_on_its_compiled_forwards_layouts(tmp_path: Path) -> None:
     """A conv net (CPU: inductor lays activations and weights out channels-last) trains on once its forward and
-    backward both run compiled: the backward, traced on eager's layouts while the forward ran without inductor,
-    gets its inputs copied into them (it raised in ``assert_size_stride`` the step after the switch)."""
-    out = tmp_path / "out.json"
-    proc = _run_script(tmp_path, "no_stall_conv.py", str(out))
+    backward both run compiled, and a fresh process then compiles nothing. The backward is compiled once its forward
+    compiled behind is loaded, traced on that forward's layouts as torch traces it after a hit: traced on eager's
+    (the forward ran without inductor), it raised in ``assert_size_stride`` the step after the switch, and a fresh
+    process, whose forward hits, traced it under another key and compiled it again (torchvision's and diffusers'
+    fresh no-stall jobs in the corpus)."""
+    cold, fresh = tmp_path / "cold.json", tmp_path / "fresh.json"
+    proc = _run_script(tmp_path, "no_stall_conv.py", str(cold))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(out.read_text())
+    result = json.loads(cold.read_text())
     no_stall = result["metrics"]["no_stall"]
     assert no_stall["failed"] == 0 and no_stall["switches"] == len(no_stall["graphs"]) == 2, no_stall
     assert result["worst"] <= LOSS_TOLERANCE
+    proc = _run_script(
+        tmp_path, "no_stall_conv.py", str(fresh), extra_env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "fresh")}
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    metrics = json.loads(fresh.read_text())["metrics"]
+    assert metrics["store"]["compiles"] == 0 and not metrics["no_stall"]["graphs"], metrics["no_stall"]
+    assert metrics["lookups"]["aot"] == {"hit": 1, "miss": 0, "put": 0}, metrics["lookups"]  # the pair's entry
 
 
 @pytest.mark.torch

@@ -271,7 +271,9 @@ def test_a_graph_whose_compile_failed_switches_once_another_process_publishes_it
         return lambda args: ("compiled", len(args))
 
     job: Future[float] = Future()
-    graph = no_stall.graph(Deferred("k", ("f", "f32[2]"), job, {}, None), reload, torch.fx.symbolic_trace(Double()), [])
+    graph = no_stall.graph(
+        Deferred("k", ("f", "f32[2]"), job, {}, None), lambda _inputs: reload(), torch.fx.symbolic_trace(Double()), []
+    )
     job.set_exception(RuntimeError("worker exited with status -9"))
     no_stall._compile_failed("k", RuntimeError("worker exited with status -9"))
     assert torch.equal(graph([torch.ones(2)])[0], torch.full((2,), 2.0))
