@@ -65,7 +65,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -603,12 +603,19 @@ class NoStall:
             if stage is None or time.monotonic() >= deadline:
                 continue
             stage.forward.wait_for_compile(_wait_s(deadline))
-            self._loading_at_exit = True
-            try:
+            with self._only_loading():
                 stage.forward.load_at_exit()
-            finally:
-                self._loading_at_exit = False
             backward.follow_now()
+
+    @contextlib.contextmanager
+    def _only_loading(self) -> Iterator[None]:
+        """Graphs looked up in this block are loaded where published, never compiled: a miss is deferred
+        (:meth:`intercept`), its lease freed. For the loads at exit."""
+        self._loading_at_exit = True
+        try:
+            yield
+        finally:
+            self._loading_at_exit = False
 
     def _load_at_exit(self, deadline: float) -> None:
         """Load, within the exit grace, the published graphs that ran here without inductor and never switched, for
@@ -622,14 +629,11 @@ class NoStall:
         with self._lock:
             waiting = [g for g in self._stand_ins if g.awaits_load()]
         loaded = 0
-        self._loading_at_exit = True
-        try:
+        with self._only_loading():
             for stand_in in waiting:
                 if time.monotonic() >= deadline:
                     break
                 loaded += stand_in.load_at_exit()
-        finally:
-            self._loading_at_exit = False
         if loaded:
             log.info("recipecache: loaded %d graph(s) compiled behind at exit, for their AOTAutograd entries", loaded)
 
