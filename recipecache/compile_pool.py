@@ -177,24 +177,17 @@ class CompilePool:
         return True
 
     def _change_index(self, change: Callable[[dict[str, str]], dict[str, str] | None]) -> bool:
-        """Apply ``change`` to the index by compare-and-set (None: nothing to write); False if it could not."""
-        skey = storage_key(self._namespace, INDEX_KEY)
-        for _ in range(INDEX_ATTEMPTS):
-            current, stored = self._entries.fetch(INDEX_KEY)
-            if current.failed:
-                return False
-            new = change({} if current.data is None else _index(current.data))
-            if new is None:
-                return True
-            data = msgpack.packb(new)
-            try:
-                if self._backend.put_if(skey, stored, self._entries.seal(INDEX_KEY, data), data):
-                    return True
-            except BackendError as exc:
-                log.warning("recipecache: the compile pool could not change its index: %s", exc)
-                return False
-        log.warning("recipecache: the compile pool's index changed under %d tries in a row", INDEX_ATTEMPTS)
-        return False
+        """Apply ``change`` to the index by compare-and-set (None: nothing to write); False if it could not. Not
+        counted in the store's figures, which are the graphs'."""
+
+        def changed(data: memoryview | None) -> bytes | None:
+            new = change({} if data is None else _index(data))
+            return None if new is None else msgpack.packb(new)
+
+        done = self._entries.update(INDEX_KEY, changed, attempts=INDEX_ATTEMPTS)
+        if done.failed:
+            log.warning("recipecache: the compile pool could not change its index: %s", done.value.reason)
+        return not done.failed
 
 
 def _index(data: Buffer) -> dict[str, str]:

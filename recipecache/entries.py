@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from . import envelope
 from .backends.base import Backend
 from .breaker import Breakers
-from .buffers import Buffer
+from .buffers import Buffer, byte_view
 from .errors import BackendError, VerificationError
 from .keys import storage_key
 from .node_tier import NodeTier
@@ -28,6 +31,11 @@ from .reasons import ABSENT, FAILED, REFUSED, Reason
 from .stats import Stats
 
 log = logging.getLogger(__name__)
+
+#: Tries of one :meth:`Entries.update` before it gives up as a ``conflict``, and its backoff.
+UPDATE_ATTEMPTS = 16
+_UPDATE_BACKOFF_S = 0.002
+_UPDATE_BACKOFF_MAX_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,23 @@ class Lookup:
     def failed(self) -> bool:
         """The backend did not answer usefully (down, slow, full, broken)."""
         return self.reason in FAILED
+
+
+@dataclass(frozen=True)
+class Update:
+    """How one compare-and-set update ended (:meth:`Entries.update`)."""
+
+    #: the value written, or (nothing written) what is there, or None and why: the backend's failure, ``conflict``
+    value: Lookup
+    #: the header of the envelope written; None when nothing was
+    header: bytes | None
+    #: the races lost on the way (each retried)
+    conflicts: int
+
+    @property
+    def failed(self) -> bool:
+        """Nothing was written, and not because nothing needed to be: the backend failed, or every race was lost."""
+        return self.header is None and (self.value.failed or self.value.reason is Reason.CONFLICT)
 
 
 class Entries:
@@ -149,3 +174,35 @@ class Entries:
             assert blob is not None
             self._node.publish(storage_key(self._namespace, key), blob)
         return result.data
+
+    def update(
+        self,
+        key: str,
+        change: Callable[[memoryview | None], Buffer | None],
+        *,
+        meta: dict[str, Any] | None = None,
+        attempts: int = UPDATE_ATTEMPTS,
+    ) -> Update:
+        """Replace the value under ``key`` with ``change(current)`` by compare-and-set on the envelope read from the
+        backend; on a lost race, retry on what the other process wrote after a short random backoff, up to
+        ``attempts`` times. ``current`` is the verified payload, or None where none is accepted (absent, refused,
+        damaged: the new value replaces it); ``change`` may run once per attempt, must only compute, and returns None
+        to write nothing. Counts nothing but bytes read: the caller counts what the update means to it."""
+        skey = storage_key(self._namespace, key)
+        for attempt in range(attempts):
+            current, stored = self.fetch(key)
+            if current.failed:
+                return Update(current, None, attempt)
+            new = change(current.data)
+            if new is None:
+                return Update(current, None, attempt)
+            new = byte_view(new)
+            header = self.seal(key, new, meta)
+            try:
+                written = self._breakers.call("put", self._backend.put_if, skey, stored, header, new)
+            except BackendError as exc:
+                return Update(Lookup(None, exc.reason), None, attempt)
+            if written:
+                return Update(Lookup(memoryview(new).toreadonly()), header, attempt)
+            time.sleep(random.uniform(0, min(_UPDATE_BACKOFF_MAX_S, _UPDATE_BACKOFF_S * 2**attempt)))
+        return Update(Lookup(None, Reason.CONFLICT), None, attempts)

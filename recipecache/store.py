@@ -40,7 +40,6 @@ entries as stored are :class:`~recipecache.store_admin.StoreAdmin`.
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +48,7 @@ from .backends import open_backend
 from .backends.base import Backend
 from .breaker import Breakers
 from .buffers import Buffer, byte_view
-from .entries import Entries, Lookup
+from .entries import UPDATE_ATTEMPTS, Entries, Lookup
 from .errors import BackendError
 from .eventlog import EventLog
 from .flight import Flight, Flights
@@ -61,11 +60,6 @@ from .settings import StoreSettings
 from .stats import Stats
 
 __all__ = ["Flight", "Lookup", "Store", "open_store"]
-
-#: Tries of one :meth:`Store.update` before it gives up as a ``conflict``, and its backoff.
-UPDATE_ATTEMPTS = 16
-_UPDATE_BACKOFF_S = 0.002
-_UPDATE_BACKOFF_MAX_S = 0.2
 
 
 class Store:
@@ -236,31 +230,17 @@ class Store:
         skey = storage_key(self.namespace, key)
         copy_to = self.node if node else None
         with copy_to.rewriting(skey) if copy_to is not None else contextlib.nullcontext():
-            for attempt in range(attempts):
-                current, stored = self.entries.fetch(key)
-                if current.failed:
-                    assert current.reason is not None
-                    self._stats.reason("put_failures", current.reason)
-                    return current
-                new = change(current.data)
-                if new is None:
-                    return current
-                new = byte_view(new)
-                header = self.entries.seal(key, new, meta)
-                try:
-                    written = self._breakers.call("put", self.backend.put_if, skey, stored, header, new)
-                except BackendError as exc:
-                    self._stats.reason("put_failures", exc.reason)
-                    return Lookup(None, exc.reason)
-                if written:
-                    if copy_to is not None:
-                        copy_to.publish(skey, header, new)
-                    self._published(key, new, start, trace, kind)
-                    return Lookup(memoryview(new).toreadonly())
-                self._stats.count("update_conflicts")
-                time.sleep(random.uniform(0, min(_UPDATE_BACKOFF_MAX_S, _UPDATE_BACKOFF_S * 2**attempt)))
-        self._stats.reason("put_failures", Reason.CONFLICT)
-        return Lookup(None, Reason.CONFLICT)
+            done = self.entries.update(key, change, meta=meta, attempts=attempts)
+            if done.header is not None:
+                assert done.value.data is not None
+                if copy_to is not None:
+                    copy_to.publish(skey, done.header, done.value.data)
+                self._published(key, done.value.data, start, trace, kind)
+        self._stats.count("update_conflicts", done.conflicts)
+        if done.failed:
+            assert done.value.reason is not None
+            self._stats.reason("put_failures", done.value.reason)
+        return done.value
 
     # -- single flight -------------------------------------------------------------
     def begin(
