@@ -14,7 +14,7 @@
 #      once, in one process or the smallest job: what differs between releases) on torch 2.14.1, in
 #      a second environment ($RECIPECACHE_TEST_VENV_2_14, default ~/.cache/recipecache/venv-torch2.14);
 #   3. the same on CPU torch 2.13.0, this python: CPU torch first (a bare `torch` requirement would
-#      pull several GB of CUDA wheels).
+#      pull several GB of CUDA wheels); 2 and 3 run side by side.
 # Each environment is created on the first run and reused by later runs and fresh clones on the
 # same machine (each install takes minutes), with this checkout installed into it (editable) each
 # time; Debian's redis-server is installed if missing (the tests start their own redis-server
@@ -52,12 +52,23 @@ PYTHON=python3 bash scripts/lint.sh || status_lint=$?
 status_2_15=0
 echo "== torch 2.15.0 ($venv_2_15): all tests"
 PATH="$venv_2_15/bin:$PATH" "$venv_2_15/bin/python" -m pytest "$@" || status_2_15=$?
+# the two internals runs side by side (each mostly one process compiling at a time; together about the time of
+# one), each under its own pytest temporary root; torch 2.14.1's output is printed whole once both ended
 status_2_14=0
-echo "== torch 2.14.1 ($venv_2_14): the tests marked internals"
-PATH="$venv_2_14/bin:$PATH" "$venv_2_14/bin/python" -m pytest -m internals "$@" || status_2_14=$?
 status_2_13=0
+log_2_14=$(mktemp)
+temp_2_14=$(mktemp -d)
+temp_2_13=$(mktemp -d)
+echo "== torch 2.14.1 ($venv_2_14) and torch 2.13.0 (python3), side by side: the tests marked internals"
+PYTEST_DEBUG_TEMPROOT="$temp_2_14" PATH="$venv_2_14/bin:$PATH" "$venv_2_14/bin/python" -m pytest -m internals "$@" \
+  >"$log_2_14" 2>&1 &
+pid_2_14=$!
 echo "== torch 2.13.0 (python3): the tests marked internals"
-python3 -m pytest -m internals "$@" || status_2_13=$?
+PYTEST_DEBUG_TEMPROOT="$temp_2_13" python3 -m pytest -m internals "$@" || status_2_13=$?
+wait "$pid_2_14" || status_2_14=$?
+echo "== torch 2.14.1 ($venv_2_14): the tests marked internals"
+cat "$log_2_14"
+rm -rf "$log_2_14" "$temp_2_14" "$temp_2_13"
 echo "== exit status: lint and types $status_lint; pytest: torch 2.15.0 (all tests) $status_2_15," \
      "torch 2.14.1 (internals) $status_2_14, torch 2.13.0 (internals) $status_2_13"
 if [ "$status_lint" -ne 0 ] || [ "$status_2_15" -ne 0 ] || [ "$status_2_14" -ne 0 ] || [ "$status_2_13" -ne 0 ]; then

@@ -689,9 +689,9 @@ def run_launcher(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> su
 @pytest.mark.internals
 def test_ranks_see_the_wiring(probe_script: Path, tmp_path: Path) -> None:
     launched = time.time()
-    proc = run_launcher("--nproc", "2", "--no-enable", "--run-dir", str(tmp_path / "run"), "--rank-dirs",
-                        str(tmp_path / "dirs"), "--namespace", "wired", str(probe_script), str(tmp_path / "seen"),
-                        cwd=tmp_path)
+    proc = run_launcher("--nproc", "2", "--master-port", str(free_port()), "--no-enable", "--run-dir",
+                        str(tmp_path / "run"), "--rank-dirs", str(tmp_path / "dirs"), "--namespace", "wired",
+                        str(probe_script), str(tmp_path / "seen"), cwd=tmp_path)
     ended = time.time()
     assert proc.returncode == 0, proc.stderr
     for rank in (0, 1):
