@@ -4,6 +4,7 @@
     python benchmarks/sim_fidelity.py --no-run --run-dir DIR   # compare an existing run
     python benchmarks/sim_fidelity.py --policy no_stall # the job with --no-stall, no compile pool, replayed under no_stall
     python benchmarks/sim_fidelity.py --policy pool     # the job with --no-stall and its compile pool, under pool
+    python benchmarks/sim_fidelity.py --policy pool --script-args "--steps 16"  # more steps: finer eager counts
 
 The job is ``recipecache-run --nproc N --cache file://<run-dir>/cache --run-dir <run-dir> SCRIPT``
 (``--policy no_stall`` adds ``--no-stall``), so its event logs land in ``<run-dir>/events``.
@@ -31,12 +32,13 @@ from recipecache.sim.fidelity import FIDELITY_POLICIES, replay
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_job(run_dir: Path, nproc: int, script: Path, extra: list[str], env: dict[str, str] | None = None) -> None:
+def run_job(run_dir: Path, nproc: int, script: Path, extra: list[str], script_args: list[str],
+            env: dict[str, str] | None = None) -> None:
     launcher = shutil.which("recipecache-run")
     if launcher is None:
         sys.exit("recipecache-run is not on PATH (pip install -e . once the launcher exists)")
     cmd = [launcher, "--nproc", str(nproc), "--url", f"file://{run_dir / 'cache'}", "--run-dir", str(run_dir),
-           *extra, str(script)]
+           *extra, str(script), *script_args]
     print("$", shlex.join(cmd), flush=True)
     if subprocess.run(cmd, cwd=run_dir, check=False, env=env).returncode != 0:
         print("the job failed", file=sys.stderr)
@@ -53,6 +55,7 @@ def main() -> int:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--script", type=Path, default=REPO / "examples" / "train.py")
     ap.add_argument("--launcher-args", default="", help="extra launcher arguments, shell-quoted")
+    ap.add_argument("--script-args", default="", help="the script's arguments, shell-quoted")
     ap.add_argument("--no-run", action="store_true", help="only replay an existing --run-dir")
     ap.add_argument("--tolerance", type=float, default=0.20)
     args = ap.parse_args()
@@ -64,7 +67,7 @@ def main() -> int:
         extra = (["--no-stall"] if args.policy in ("no_stall", "pool") else []) + shlex.split(args.launcher_args)
         # the no_stall policy is the job without the compile pool; pool is the job's default
         env = {**os.environ, "RECIPECACHE_COMPILE_POOL": "0"} if args.policy == "no_stall" else None
-        run_job(run_dir, args.nproc, args.script.resolve(), extra, env)
+        run_job(run_dir, args.nproc, args.script.resolve(), extra, shlex.split(args.script_args), env)
     try:
         result = replay(run_dir / "events", args.report or run_dir / "report.json", args.field, policy=args.policy)
     except ConfigError as exc:
