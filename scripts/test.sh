@@ -59,6 +59,7 @@ status_2_13=0
 log_2_14=$(mktemp)
 temp_2_14=$(mktemp -d)
 temp_2_13=$(mktemp -d)
+echo  # a line of its own: what the last run wrote may not have ended one (a library's leak report at exit)
 echo "== torch 2.14.1 ($venv_2_14) and torch 2.13.0 (python3), side by side: the tests marked internals"
 PYTEST_DEBUG_TEMPROOT="$temp_2_14" PATH="$venv_2_14/bin:$PATH" "$venv_2_14/bin/python" -m pytest -m internals "$@" \
   >"$log_2_14" 2>&1 &
