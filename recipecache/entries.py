@@ -204,5 +204,6 @@ class Entries:
                 return Update(Lookup(None, exc.reason), None, attempt)
             if written:
                 return Update(Lookup(memoryview(new).toreadonly()), header, attempt)
-            time.sleep(random.uniform(0, min(_UPDATE_BACKOFF_MAX_S, _UPDATE_BACKOFF_S * 2**attempt)))
+            if attempt + 1 < attempts:  # a backoff only before another try, never before giving up
+                time.sleep(random.uniform(0, min(_UPDATE_BACKOFF_MAX_S, _UPDATE_BACKOFF_S * 2**attempt)))
         return Update(Lookup(None, Reason.CONFLICT), None, attempts)
