@@ -598,14 +598,27 @@ class NoStall:
         compiles (here or by the lease holder) end and they load. A short job ends before such a forward switches:
         without this its backward would never be compiled, and the next job would compile it."""
         with self._lock:
-            waiting = [(g, g.follows_its_forward()) for g in self._stand_ins]
+            reachable = self._reachable_at_exit()
+            waiting = [(g, g.follows_its_forward()) for g in reachable]
         for backward, stage in waiting:
-            if stage is None or time.monotonic() >= deadline:
+            if stage is None or stage.forward not in reachable or time.monotonic() >= deadline:
                 continue
             stage.forward.wait_for_compile(_wait_s(deadline))
             with self._only_loading():
                 stage.forward.load_at_exit()
             backward.follow_now()
+
+    def _reachable_at_exit(self) -> list[NoStallGraph]:
+        """The graphs standing in that may still be keyed and loaded at exit; the caller holds ``_lock``.
+
+        Not those that use process groups once the script destroyed them (``dist.destroy_process_group()``, as most
+        end): a device mesh no longer names its groups, so torch's FX key falls back to pickling this rank's mesh
+        whole, a key no other rank shares, looked up and missed in vain (test_collectives: 9 graph keys, not 7).
+        """
+        import torch.distributed as dist
+
+        groups_gone = dist.is_available() and not dist.is_initialized()
+        return [g for g in self._stand_ins if not (groups_gone and g.uses_process_groups)]
 
     @contextlib.contextmanager
     def _only_loading(self) -> Iterator[None]:
@@ -627,7 +640,15 @@ class NoStall:
         AOTAutograd misses, iterations 0+1 1.8x the graph store's fresh job).
         """
         with self._lock:
-            waiting = [g for g in self._stand_ins if g.awaits_load()]
+            reachable = self._reachable_at_exit()
+            waiting = [g for g in reachable if g.awaits_load()]
+            left = [g for g in self._stand_ins if g not in reachable and (g.awaits_load() or g.follows_its_forward())]
+        if left:
+            log.info(
+                "recipecache: %d graph(s) using process groups neither loaded nor compiled at exit: the script "
+                "destroyed its process groups first; the next job compiles them",
+                len(left),
+            )
         loaded = 0
         with self._only_loading():
             for stand_in in waiting:

@@ -19,6 +19,7 @@ import torch
 
 from .. import deferral
 from ..deferral import Deferred, StandIn, deferred_of
+from .protocol import needs_process_groups
 
 if TYPE_CHECKING:
     from .controller import NoStall
@@ -301,6 +302,9 @@ class NoStallGraph(StandIn):
         self._given_up = False
         _LazyGraphModule.force_recompile(gm)  # as torch's own eager output of an empty graph
         self._eager = views_as_reshapes(gm).forward if backward else gm.forward
+        #: the graph runs collectives or takes a device mesh: once the script destroyed its process groups it can no
+        #: longer be keyed as the ranks share it (the mesh's groups are gone), nor compiled
+        self.uses_process_groups = needs_process_groups(gm, example_inputs) is not None
         # the inputs the FX cache's guards speak of (torch's ``_filter_backed_symints``), by position
         symints = FxGraphCache._filter_backed_symints(example_inputs)
         self._symint_positions = [i for i, x in enumerate(example_inputs) if any(x is s for s in symints)]

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch._inductor.config as inductor_config
 
+from ..rank_binding import is_mesh
+
 log = logging.getLogger(__name__)
 
 
@@ -46,7 +48,7 @@ def needs_process_groups(gm: torch.fx.GraphModule, example_inputs: Any) -> str |
     for node in gm.graph.nodes:
         if node.op == "call_function" and getattr(node.target, "namespace", None) in _COLLECTIVE_NAMESPACES:
             return f"the graph runs collectives ({node.target}) on this process's groups"
-    if any(isinstance(x, FakeScriptObject) for x in example_inputs):
+    if any(isinstance(x, FakeScriptObject) or is_mesh(x) for x in example_inputs):
         return "the graph takes an opaque object (a device mesh) that only this process holds"
     return None
 
