@@ -87,6 +87,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.cpu import children_cpu_s
+
 #: when the script began to run (in a rank: after the bootstrap and, under recipecache-run, enable())
 SCRIPT_START = time.time()
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,6 +323,9 @@ class Run:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     #: the job's phases: name -> Unix time (:func:`phase_marks`)
     phases: dict[str, float] = field(default_factory=dict)
+    #: CPU seconds (user + system) of every process of the job that was waited for (ranks, workers, g++): on a
+    #: machine whose cores the job keeps busy, the wall follows it
+    cpu_s: float = 0.0
 
     @property
     def iter0_s(self) -> float:
@@ -522,10 +527,10 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
         cmd = [sys.executable, "-m", "launcher.main", "--nproc", str(nproc), *port, "--url", f"file://{store}",
                "--namespace", "cold-bench", "--run-dir", str(run_dir), "--rank-dirs", str(dirs), *launcher_args, *script_args]
     launched = time.time()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), children_cpu_s()
     with RankExits(str(out), nproc) as exits:
         proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, children_cpu_s() - cpu_start
     ended = time.time()
     if proc.returncode != 0:
         log = work / f"{name}.log"  # whole: a rank's error can lie above thousands of lines of exit noise
@@ -536,14 +541,15 @@ def run_job(work: Path, scenario: str, case: str, rep: str, job_args: list[str],
     ranks_marks = [json.loads(path.read_text()) for path in sorted(out.parent.glob(f"{out.name}.marks*"))]
     report = run_dir / "report.json"
     run = Run(scenario, case, rep, wall, json.loads(out.read_text())["ranks"], events, metrics,
-              phase_marks(launched, ended, ranks_marks, metrics, report if store is not None else None, exits.last))
+              phase_marks(launched, ended, ranks_marks, metrics, report if store is not None else None, exits.last),
+              cpu)
     extra = ""
     if events:
         extra = (f"  compile {' '.join(f'{s:5.1f}' for s in run.seconds('compile'))}"
                  f"  wait {' '.join(f'{s:5.1f}' for s in run.seconds('wait'))}")
     if "--precompile" in launcher_args:
         extra += f"  compiles {run.compiles}  precompile fallbacks {run.precompile_fallbacks() or 'none'}"
-    print(f"  {case:<8} rep {rep:<4} {scenario:<10}  wall {wall:6.1f} s  iter0 {run.iter0_s:6.2f} s  "
+    print(f"  {case:<8} rep {rep:<4} {scenario:<10}  wall {wall:6.1f} s  cpu {cpu:6.1f} s  iter0 {run.iter0_s:6.2f} s  "
           f"in steps {' '.join(f'{s:6.1f}' for s in run.critical_s)}{extra}", flush=True)
     return run
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from harness.cpu import children_cpu_s
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "benchmarks" / "tp_block_worker.py"
@@ -65,12 +66,6 @@ def _env(compile_threads: str) -> dict[str, str]:
 def _plain_compiles(local: Path) -> int:
     """Graphs inductor compiled in the plain job: every rank's FX cache entries in its local dirs."""
     return sum(1 for p in local.rglob("fxgraph/*/*/*") if p.is_file())
-
-
-def _children_cpu_s() -> float:
-    """CPU seconds (user + system) of this process's waited-for descendants: a job's, g++ included."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def gxx_work(root: Path) -> dict[str, tuple[int, float]]:
@@ -115,11 +110,11 @@ def run(tmp: Path, name: str, mode: str, steps: int, store: str | None, rank_dir
     load = os.getloadavg()[0]
     launched = time.time()
     start = time.perf_counter()
-    cpu = _children_cpu_s()
+    cpu = children_cpu_s()
     proc = subprocess.run([*command, str(WORKER), str(out), "--mode", mode, "--steps", str(steps), *own_dirs],
                           env=env, capture_output=True, text=True, check=False, timeout=1800)
     wall = time.perf_counter() - start
-    cpu = _children_cpu_s() - cpu
+    cpu = children_cpu_s() - cpu
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     result = json.loads(out.read_text()) | {"wall_s": wall, "cpu_s": cpu, "load": (load, os.getloadavg()[0]),

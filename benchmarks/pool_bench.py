@@ -132,6 +132,7 @@ def job(args: argparse.Namespace) -> None:
                     call(compiled, "eval", it, length, it * 1009 + 500 + step, args.eval_batch)
             model.train()
         mine["iter_s"].append(time.perf_counter() - it_start)
+    mine["end"] = time.time()  # trained: what follows is reporting and, under no-stall, the compiles behind finishing
     mine["torch_compile_s"] = {name: sum(times) for name, times in compilation_time_metrics.items()}
     mine["torch_counters"] = {group: dict(counters[group]) for group in ("inductor", "aot_autograd") if group in counters}
     ranks = gather_at_rank0(mine, Path(args.out), rank, world)  # not all_gather_object: see its docstring
@@ -196,6 +197,12 @@ class Job:
         return max(seconds) / mean if mean > 0 else float("nan")
 
     @property
+    def trained_s(self) -> float:
+        """From the launcher's start to the last rank's last step: the job's wall less its exit (under no-stall, the
+        compiles behind that finish for the next job, within the exit grace)."""
+        return max(r["end"] for r in self.run.ranks) - self.run.phases["launcher start"]
+
+    @property
     def largest_over_smallest(self) -> float:
         seconds = self.compile_s
         return max(seconds) / min(seconds) if min(seconds) > 0 else float("inf")
@@ -209,7 +216,7 @@ class Job:
 
     def to_json(self, plain: Job | None) -> dict[str, Any]:
         return {
-            "wall_s": self.run.wall_s, "iter0_s": self.run.iter0_s, "iters_s": self.run.iters_s,
+            "wall_s": self.run.wall_s, "trained_s": self.trained_s, "cpu_s": self.run.cpu_s, "iter0_s": self.run.iter0_s, "iters_s": self.run.iters_s,
             "per_rank_iter_s": [r["iter_s"] for r in self.run.ranks],
             "compile_s": self.compile_s, "compile_source": self.compile_source,
             "largest_over_mean": self.largest_over_mean, "largest_over_smallest": self.largest_over_smallest,
@@ -279,7 +286,7 @@ def summarise(jobs: list[Job], nproc: int) -> dict[str, Any]:
         return [getattr(a.run, measure) / getattr(b.run, measure) for a, b in zip(by[side], other)]
 
     print(f"\n== {nproc} ranks, {reps} repetition(s): medians (min-max) over the repetitions")
-    print(f"{'side':<12} {'cold wall s':>18} {'iter 0 s (slowest)':>20}  {'compile s per rank':<26} "
+    print(f"{'side':<12} {'cold wall s':>18} {'trained s':>14} {'job CPU s':>14} {'iter 0 s (slowest)':>20}  {'compile s per rank':<26} "
           f"{'largest/mean':>12} {'largest/smallest':>16}  losses vs plain")
     figures: dict[str, Any] = {"nproc": nproc, "reps": reps, "sides": {}}
     for side, js in by.items():
@@ -293,6 +300,7 @@ def summarise(jobs: list[Job], nproc: int) -> dict[str, Any]:
             diff = max(j.loss_diff(p) for j, p in zip(js, plain))
             loss_text = "bitwise equal" if equal else f"max |diff| {diff:.2e}"
         print(f"{side:<12} {spread([j.run.wall_s for j in js], '{:.1f}'):>18} "
+              f"{spread([j.trained_s for j in js], '{:.1f}'):>14} {spread([j.run.cpu_s for j in js], '{:.1f}'):>14} "
               f"{spread([j.run.iter0_s for j in js]):>20}  {' '.join(f'{s:5.1f}' for s in per_rank):<26} "
               f"{median([j.largest_over_mean for j in js]):>12.2f} {median([j.largest_over_smallest for j in js]):>16.2f}"
               f"  {loss_text}")
@@ -301,15 +309,21 @@ def summarise(jobs: list[Job], nproc: int) -> dict[str, Any]:
     print("compile s per rank: recipecache sides from each rank's metrics (graph_compilation.TotalTime + "
           f"no_stall.compile_s); torchrun's sides torch's {INDUCTOR_TIMER} (compilation_time_metrics)")
 
-    print("\nratios (median over the repetitions): cold wall and iteration 0 over plain torchrun's and over torch redis'")
+    print("trained: from the launcher's start to the last rank's last step (the wall less the exit: under no-stall, "
+          "the compiles behind finishing for the next job); job CPU: every process of the job, g++ included")
+
+    print("\nratios (median over the repetitions): cold wall, trained and iteration 0 over plain torchrun's and over "
+          "torch redis'")
     for side in by:
         cells = []
         for name, other in (("plain", plain), ("torch redis", redis_side)):
             if other and side != name:
                 wall, iter0 = ratios(side, other, "wall_s"), ratios(side, other, "iter0_s")
+                trained = [a.trained_s / b.trained_s for a, b in zip(by[side], other)]
                 figures["sides"][side][f"wall_over_{name.replace(' ', '_')}"] = wall
+                figures["sides"][side][f"trained_over_{name.replace(' ', '_')}"] = trained
                 figures["sides"][side][f"iter0_over_{name.replace(' ', '_')}"] = iter0
-                cells.append(f"/ {name}: wall {spread(wall)}, iter 0 {spread(iter0)}")
+                cells.append(f"/ {name}: wall {spread(wall)}, trained {spread(trained)}, iter 0 {spread(iter0)}")
         if cells:
             print(f"  {side:<12} {'; '.join(cells)}")
 
