@@ -21,8 +21,10 @@ Sides, each job on new nodes (fresh empty rank dirs, an empty store, a fresh red
 * ``ns pool``: ``recipecache-run --no-stall`` with ``RECIPECACHE_COMPILE_POOL=1`` (idle ranks compile others'
   graphs; where the pool is not built yet it runs as ``ns nopool``).
 
-Printed: one table (cold wall, iteration 0 of the slowest rank, compile seconds per rank and their largest over
-mean and over smallest, the losses against plain torchrun's), each side's ratios to plain torchrun and torch's
+Printed: one table (cold wall, trained (the launcher's start to the last rank's last step: the wall less the exit,
+where no-stall finishes its compiles behind), the job's CPU (every process waited for, g++ included), iteration 0 of
+the slowest rank, compile seconds per rank and their largest over mean and over smallest, the losses against plain
+torchrun's), each side's ratios to plain torchrun and torch's
 remote cache, torch's own counters per rank, and the issue's targets with met/MISSED:
 
 * ``ns pool`` cold wall <= 0.7x torch redis and <= 0.65x plain; its iteration 0 <= 0.8x torch redis;
