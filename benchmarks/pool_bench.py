@@ -55,6 +55,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,7 +219,8 @@ class Job:
 
     def to_json(self, plain: Job | None) -> dict[str, Any]:
         return {
-            "wall_s": self.run.wall_s, "trained_s": self.trained_s, "cpu_s": self.run.cpu_s, "iter0_s": self.run.iter0_s, "iters_s": self.run.iters_s,
+            "wall_s": self.run.wall_s, "trained_s": self.trained_s, "cpu_s": self.run.cpu_s,
+            "iter0_s": self.run.iter0_s, "iters_s": self.run.iters_s,
             "per_rank_iter_s": [r["iter_s"] for r in self.run.ranks],
             "compile_s": self.compile_s, "compile_source": self.compile_source,
             "largest_over_mean": self.largest_over_mean, "largest_over_smallest": self.largest_over_smallest,
@@ -276,6 +278,11 @@ def met(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
+def ratios(mine: list[Job], theirs: list[Job], measure: Callable[[Job], float]) -> list[float]:
+    """Per repetition, ``measure`` of one side's job over another side's."""
+    return [measure(a) / measure(b) for a, b in zip(mine, theirs)]
+
+
 def summarise(jobs: list[Job], nproc: int) -> dict[str, Any]:
     """Print the table, the ratios, torch's counters and the targets; returns every figure."""
     by = {side: [j for j in jobs if j.side == side] for side in SIDES}
@@ -284,12 +291,9 @@ def summarise(jobs: list[Job], nproc: int) -> dict[str, Any]:
     plain = by.get("plain", [])
     redis_side = by.get("torch redis", [])
 
-    def ratios(side: str, other: list[Job], measure: str) -> list[float]:
-        return [getattr(a.run, measure) / getattr(b.run, measure) for a, b in zip(by[side], other)]
-
     print(f"\n== {nproc} ranks, {reps} repetition(s): medians (min-max) over the repetitions")
-    print(f"{'side':<12} {'cold wall s':>18} {'trained s':>14} {'job CPU s':>14} {'iter 0 s (slowest)':>20}  {'compile s per rank':<26} "
-          f"{'largest/mean':>12} {'largest/smallest':>16}  losses vs plain")
+    print(f"{'side':<12} {'cold wall s':>18} {'trained s':>14} {'job CPU s':>14} {'iter 0 s (slowest)':>20}  "
+          f"{'compile s per rank':<26} {'largest/mean':>12} {'largest/smallest':>16}  losses vs plain")
     figures: dict[str, Any] = {"nproc": nproc, "reps": reps, "sides": {}}
     for side, js in by.items():
         per_rank = [median([j.compile_s[k] for j in js]) for k in range(nproc)]
@@ -320,8 +324,9 @@ def summarise(jobs: list[Job], nproc: int) -> dict[str, Any]:
         cells = []
         for name, other in (("plain", plain), ("torch redis", redis_side)):
             if other and side != name:
-                wall, iter0 = ratios(side, other, "wall_s"), ratios(side, other, "iter0_s")
-                trained = [a.trained_s / b.trained_s for a, b in zip(by[side], other)]
+                wall = ratios(by[side], other, lambda j: j.run.wall_s)
+                trained = ratios(by[side], other, lambda j: j.trained_s)
+                iter0 = ratios(by[side], other, lambda j: j.run.iter0_s)
                 figures["sides"][side][f"wall_over_{name.replace(' ', '_')}"] = wall
                 figures["sides"][side][f"trained_over_{name.replace(' ', '_')}"] = trained
                 figures["sides"][side][f"iter0_over_{name.replace(' ', '_')}"] = iter0
@@ -364,11 +369,10 @@ def targets(by: dict[str, list[Job]], nproc: int) -> dict[str, Any]:
     pool = by.get("ns pool", [])
     for other, limit in (("torch redis", WALL_VS_REDIS), ("plain", WALL_VS_PLAIN)):
         if pool and by.get(other):
-            verdict(f"ns pool cold wall / {other}",
-                    median([a.run.wall_s / b.run.wall_s for a, b in zip(pool, by[other])]), limit)
+            verdict(f"ns pool cold wall / {other}", median(ratios(pool, by[other], lambda j: j.run.wall_s)), limit)
     if pool and by.get("torch redis"):
         verdict("ns pool cold iteration 0 / torch redis",
-                median([a.run.iter0_s / b.run.iter0_s for a, b in zip(pool, by["torch redis"])]), ITER0_VS_REDIS)
+                median(ratios(pool, by["torch redis"], lambda j: j.run.iter0_s)), ITER0_VS_REDIS)
     if pool:
         if nproc == 2:
             verdict("ns pool compile seconds, largest / smallest rank", median([j.largest_over_smallest for j in pool]),
