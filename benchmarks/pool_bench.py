@@ -22,8 +22,8 @@ Sides, each job on new nodes (fresh empty rank dirs, an empty store, a fresh red
   graphs; where the pool is not built yet it runs as ``ns nopool``).
 
 Printed: one table (cold wall, trained (the launcher's start to the last rank's last step: the wall less the exit,
-where no-stall finishes its compiles behind), the job's CPU (every process waited for, g++ included), iteration 0 of
-the slowest rank, compile seconds per rank and their largest over mean and over smallest, the losses against plain
+where no-stall finishes its compiles behind), the job's CPU (every process waited for, g++ included) and the share of
+the machine's cores it kept busy (near 100%, the pool has no idle core to compile on), iteration 0 of the slowest rank, compile seconds per rank and their largest over mean and over smallest, the losses against plain
 torchrun's), each side's ratios to plain torchrun and torch's
 remote cache, torch's own counters per rank, and the issue's targets with met/MISSED:
 
@@ -206,6 +206,12 @@ class Job:
         return max(r["end"] for r in self.run.ranks) - self.run.phases["launcher start"]
 
     @property
+    def cores_busy(self) -> float:
+        """The share of the machine's cores the job kept busy: its CPU over its wall times the cores. Near 1, the
+        job's wall is its CPU over the cores, and no compile can move onto an idle core: the pool has none to use."""
+        return self.run.cpu_s / (self.run.wall_s * (os.cpu_count() or 1))
+
+    @property
     def largest_over_smallest(self) -> float:
         seconds = self.compile_s
         return max(seconds) / min(seconds) if min(seconds) > 0 else float("inf")
@@ -219,7 +225,7 @@ class Job:
 
     def to_json(self, plain: Job | None) -> dict[str, Any]:
         return {
-            "wall_s": self.run.wall_s, "trained_s": self.trained_s, "cpu_s": self.run.cpu_s,
+            "wall_s": self.run.wall_s, "trained_s": self.trained_s, "cpu_s": self.run.cpu_s, "cores_busy": self.cores_busy,
             "iter0_s": self.run.iter0_s, "iters_s": self.run.iters_s,
             "per_rank_iter_s": [r["iter_s"] for r in self.run.ranks],
             "compile_s": self.compile_s, "compile_source": self.compile_source,
@@ -292,7 +298,7 @@ def summarise(jobs: list[Job], nproc: int) -> dict[str, Any]:
     redis_side = by.get("torch redis", [])
 
     print(f"\n== {nproc} ranks, {reps} repetition(s): medians (min-max) over the repetitions")
-    print(f"{'side':<12} {'cold wall s':>18} {'trained s':>14} {'job CPU s':>14} {'iter 0 s (slowest)':>20}  "
+    print(f"{'side':<12} {'cold wall s':>18} {'trained s':>14} {'job CPU s':>14} {'cores busy':>10} {'iter 0 s (slowest)':>20}  "
           f"{'compile s per rank':<26} {'largest/mean':>12} {'largest/smallest':>16}  losses vs plain")
     figures: dict[str, Any] = {"nproc": nproc, "reps": reps, "sides": {}}
     for side, js in by.items():
@@ -307,6 +313,7 @@ def summarise(jobs: list[Job], nproc: int) -> dict[str, Any]:
             loss_text = "bitwise equal" if equal else f"max |diff| {diff:.2e}"
         print(f"{side:<12} {spread([j.run.wall_s for j in js], '{:.1f}'):>18} "
               f"{spread([j.trained_s for j in js], '{:.1f}'):>14} {spread([j.run.cpu_s for j in js], '{:.1f}'):>14} "
+              f"{median([j.cores_busy for j in js]):>10.0%} "
               f"{spread([j.run.iter0_s for j in js]):>20}  {' '.join(f'{s:5.1f}' for s in per_rank):<26} "
               f"{median([j.largest_over_mean for j in js]):>12.2f} {median([j.largest_over_smallest for j in js]):>16.2f}"
               f"  {loss_text}")
@@ -316,7 +323,9 @@ def summarise(jobs: list[Job], nproc: int) -> dict[str, Any]:
           f"no_stall.compile_s); torchrun's sides torch's {INDUCTOR_TIMER} (compilation_time_metrics)")
 
     print("trained: from the launcher's start to the last rank's last step (the wall less the exit: under no-stall, "
-          "the compiles behind finishing for the next job); job CPU: every process of the job, g++ included")
+          "the compiles behind finishing for the next job); job CPU: every process of the job, g++ included; cores "
+          f"busy: the job's CPU over its wall times the machine's {os.cpu_count()} cores (near 100%: no idle core for "
+          "the pool to compile on, and the wall is the CPU over the cores)")
 
     print("\nratios (median over the repetitions): cold wall, trained and iteration 0 over plain torchrun's and over "
           "torch redis'")
