@@ -85,7 +85,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.cpu import children_cpu_s
 
@@ -653,7 +653,13 @@ def interval_text(span: tuple[float, float] | None) -> str:
     return f"{span[0]:.2f}-{span[1]:.2f}" if span is not None else "none (fewer than 5 pairs)"
 
 
-def ratios(numerator: list[Run], denominator: list[Run], measure: Callable[[Run], float]) -> list[float]:
+#: one side's run of a repetition: a :class:`Run` here, pool_bench's ``Job`` around one
+SideRun = TypeVar("SideRun")
+
+
+def ratios(
+    numerator: Sequence[SideRun], denominator: Sequence[SideRun], measure: Callable[[SideRun], float]
+) -> list[float]:
     """Per repetition (runs of one repetition ran back to back), ``measure`` of one side over the other."""
     return [measure(a) / measure(b) for a, b in zip(numerator, denominator)]
 

@@ -23,9 +23,10 @@ Sides, each job on new nodes (fresh empty rank dirs, an empty store, a fresh red
 
 Printed: one table (cold wall, trained (the launcher's start to the last rank's last step: the wall less the exit,
 where no-stall finishes its compiles behind), the job's CPU (every process waited for, g++ included) and the share of
-the machine's cores it kept busy (near 100%, the pool has no idle core to compile on), iteration 0 of the slowest rank, compile seconds per rank and their largest over mean and over smallest, the losses against plain
-torchrun's), each side's ratios to plain torchrun and torch's
-remote cache, torch's own counters per rank, and the issue's targets with met/MISSED:
+the machine's cores it kept busy (near 100%, the pool has no idle core to compile on), iteration 0 of the slowest
+rank, compile seconds per rank and their largest over mean and over smallest, the losses against plain torchrun's),
+each side's ratios to plain torchrun and torch's remote cache, torch's own counters per rank, and the issue's targets
+with met/MISSED:
 
 * ``ns pool`` cold wall <= 0.7x torch redis and <= 0.65x plain; its iteration 0 <= 0.8x torch redis;
 * its compile seconds per rank within 1.3x of each other (2 ranks), or largest <= 1.5x the mean (more ranks);
@@ -55,12 +56,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cold_bench import VOCAB, Run, run_job, spread
+from cold_bench import VOCAB, Run, ratios, run_job, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("plain", "torch redis", "rc", "ns nopool", "ns pool")
@@ -225,8 +225,8 @@ class Job:
 
     def to_json(self, plain: Job | None) -> dict[str, Any]:
         return {
-            "wall_s": self.run.wall_s, "trained_s": self.trained_s, "cpu_s": self.run.cpu_s, "cores_busy": self.cores_busy,
-            "iter0_s": self.run.iter0_s, "iters_s": self.run.iters_s,
+            "wall_s": self.run.wall_s, "trained_s": self.trained_s, "cpu_s": self.run.cpu_s,
+            "cores_busy": self.cores_busy, "iter0_s": self.run.iter0_s, "iters_s": self.run.iters_s,
             "per_rank_iter_s": [r["iter_s"] for r in self.run.ranks],
             "compile_s": self.compile_s, "compile_source": self.compile_source,
             "largest_over_mean": self.largest_over_mean, "largest_over_smallest": self.largest_over_smallest,
@@ -284,11 +284,6 @@ def met(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
-def ratios(mine: list[Job], theirs: list[Job], measure: Callable[[Job], float]) -> list[float]:
-    """Per repetition, ``measure`` of one side's job over another side's."""
-    return [measure(a) / measure(b) for a, b in zip(mine, theirs)]
-
-
 def summarise(jobs: list[Job], nproc: int) -> dict[str, Any]:
     """Print the table, the ratios, torch's counters and the targets; returns every figure."""
     by = {side: [j for j in jobs if j.side == side] for side in SIDES}
@@ -298,8 +293,8 @@ def summarise(jobs: list[Job], nproc: int) -> dict[str, Any]:
     redis_side = by.get("torch redis", [])
 
     print(f"\n== {nproc} ranks, {reps} repetition(s): medians (min-max) over the repetitions")
-    print(f"{'side':<12} {'cold wall s':>18} {'trained s':>14} {'job CPU s':>14} {'cores busy':>10} {'iter 0 s (slowest)':>20}  "
-          f"{'compile s per rank':<26} {'largest/mean':>12} {'largest/smallest':>16}  losses vs plain")
+    print(f"{'side':<12} {'cold wall s':>18} {'trained s':>14} {'job CPU s':>14} {'cores busy':>10} "
+          f"{'iter 0 s (slowest)':>20}  {'compile s per rank':<26} {'largest/mean':>12} {'largest/smallest':>16}  losses vs plain")
     figures: dict[str, Any] = {"nproc": nproc, "reps": reps, "sides": {}}
     for side, js in by.items():
         per_rank = [median([j.compile_s[k] for j in js]) for k in range(nproc)]
