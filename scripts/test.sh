@@ -49,14 +49,18 @@ echo "== lint and types (ruff, mypy)"
 PYTHON=python3 bash scripts/lint.sh || status_lint=$?
 
 # each venv's bin first on PATH, as if activated: a test that starts an installed console script gets that venv's
+# each run's output is also kept in a log, so that the end of this command's output can name every failed test:
+# a CI that shows only the last lines of a long run otherwise shows which release failed but not which test
 status_2_15=0
+log_2_15=$(mktemp)
 echo "== torch 2.15.0 ($venv_2_15): all tests"
-PATH="$venv_2_15/bin:$PATH" "$venv_2_15/bin/python" -m pytest "$@" || status_2_15=$?
+PATH="$venv_2_15/bin:$PATH" "$venv_2_15/bin/python" -m pytest "$@" 2>&1 | tee "$log_2_15" || status_2_15=$?
 # the two internals runs side by side (each mostly one process compiling at a time; together about the time of
 # one), each under its own pytest temporary root; torch 2.14.1's output is printed whole once both ended
 status_2_14=0
 status_2_13=0
 log_2_14=$(mktemp)
+log_2_13=$(mktemp)
 temp_2_14=$(mktemp -d)
 temp_2_13=$(mktemp -d)
 echo  # a line of its own: what the last run wrote may not have ended one (a library's leak report at exit)
@@ -65,11 +69,15 @@ PYTEST_DEBUG_TEMPROOT="$temp_2_14" PATH="$venv_2_14/bin:$PATH" "$venv_2_14/bin/p
   >"$log_2_14" 2>&1 &
 pid_2_14=$!
 echo "== torch 2.13.0 (python3): the tests marked internals"
-PYTEST_DEBUG_TEMPROOT="$temp_2_13" python3 -m pytest -m internals "$@" || status_2_13=$?
+PYTEST_DEBUG_TEMPROOT="$temp_2_13" python3 -m pytest -m internals "$@" 2>&1 | tee "$log_2_13" || status_2_13=$?
 wait "$pid_2_14" || status_2_14=$?
 echo "== torch 2.14.1 ($venv_2_14): the tests marked internals"
 cat "$log_2_14"
-rm -rf "$log_2_14" "$temp_2_14" "$temp_2_13"
+echo "== failed tests (the short test summaries' FAILED and ERROR lines; none when every run passed)"
+grep -h -E '^(FAILED|ERROR) ' "$log_2_15" | sed 's/^/torch 2.15.0: /' || true
+grep -h -E '^(FAILED|ERROR) ' "$log_2_14" | sed 's/^/torch 2.14.1: /' || true
+grep -h -E '^(FAILED|ERROR) ' "$log_2_13" | sed 's/^/torch 2.13.0: /' || true
+rm -rf "$log_2_15" "$log_2_14" "$log_2_13" "$temp_2_14" "$temp_2_13"
 echo "== exit status: lint and types $status_lint; pytest: torch 2.15.0 (all tests) $status_2_15," \
      "torch 2.14.1 (internals) $status_2_14, torch 2.13.0 (internals) $status_2_13"
 if [ "$status_lint" -ne 0 ] || [ "$status_2_15" -ne 0 ] || [ "$status_2_14" -ne 0 ] || [ "$status_2_13" -ne 0 ]; then
