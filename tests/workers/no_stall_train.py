@@ -8,7 +8,9 @@ Rank 0 writes ``--out``: per step every rank's loss, and the steps the job ran. 
 ``--pause`` seconds, as a data loader would, so a compile behind them gets the cores too. With
 ``--kill-worker`` rank 0 kills its no-stall worker after its first step, mid-compile (a worker
 that dies: another rank must take the graph over). With ``--rank0-eval LENGTHS`` rank 0 alone evaluates after each step
-(graphs no other rank meets: the compile pool's case). With ``--set-globals`` the script first sets the
+(graphs no other rank meets: the compile pool's case); with ``--eval-once-others-switched`` too, it starts only once
+every other rank runs all its own graphs compiled, so that their workers are idle when its graphs queue (whatever the
+compiles take, not a race between workers). With ``--set-globals`` the script first sets the
 process-global torch settings training scripts set before they compile (:func:`set_globals`), which
 torch's graph keys read: no-stall's worker, which never runs the script, must compile under them too.
 """
@@ -65,6 +67,8 @@ def main() -> None:
     p.add_argument("--set-globals", action="store_true", help="set global torch settings first (set_globals)")
     p.add_argument("--rank0-eval", default="", metavar="LENGTHS",
                    help="after each step rank 0 alone evaluates at these lengths: graphs only it meets")
+    p.add_argument("--eval-once-others-switched", action="store_true",
+                   help="rank 0 evaluates only from the step at which every other rank runs all its graphs compiled")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     if args.set_globals:
@@ -80,6 +84,7 @@ def main() -> None:
     step_s: list[float] = []
     give_up = time.monotonic() + args.until_switched
     step = 0
+    evaluating = bool(args.rank0_eval) and not args.eval_once_others_switched
     while step < args.steps or args.until_switched:
         tokens, targets = make_batch(step, rank, 4, bucket_length(step, rank, buckets), 0)
         start = time.perf_counter()
@@ -89,7 +94,11 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         step_s.append(time.perf_counter() - start)
         losses.append(loss.item())
-        if rank == 0 and args.rank0_eval:
+        if args.rank0_eval and not evaluating:
+            others_switched = torch.tensor([1 if rank == 0 or all_switched() else 0])
+            dist.all_reduce(others_switched, op=dist.ReduceOp.MIN)
+            evaluating = bool(others_switched.item())
+        if rank == 0 and evaluating:
             with torch.no_grad():
                 for length in (int(n) for n in args.rank0_eval.split(",")):
                     compiled(*make_batch(step, rank, 4, length, 0))
@@ -98,7 +107,9 @@ def main() -> None:
         time.sleep(args.pause)
         step += 1
         if args.until_switched and step >= 2 * len(buckets):
-            done = torch.tensor([1 if all_switched() or time.monotonic() > give_up else 0])
+            # a job that evaluates is done once rank 0 has evaluated and runs those graphs compiled too
+            finished = all_switched() and (evaluating or not args.rank0_eval)
+            done = torch.tensor([1 if finished or time.monotonic() > give_up else 0])
             dist.all_reduce(done, op=dist.ReduceOp.MIN)
             if done.item():
                 break

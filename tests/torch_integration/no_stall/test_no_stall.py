@@ -215,11 +215,11 @@ def test_a_graph_whose_worker_died_is_taken_over_by_another_rank(tmp_path: Path)
 @pytest.mark.multirank
 @pytest.mark.timeout(1800)
 def test_an_idle_rank_compiles_the_graphs_queued_behind_a_busy_one(tmp_path: Path) -> None:
-    # rank 0 alone evaluates at four lengths: graphs rank 1 never meets queue behind rank 0's worker. Four, not
-    # three: rank 1's worker is busy with its own graphs first (its backwards await their forwards), and with three
-    # rank 0's worker once claimed its last one 0.1 s before rank 1's went idle
+    # rank 0 alone evaluates at three lengths: graphs rank 1 never meets queue behind rank 0's worker. It starts
+    # once rank 1 runs all its own graphs compiled: rank 1's worker is idle then, whatever the compiles take (when
+    # both began together, rank 0's worker once claimed its last graph 0.1 s before rank 1's went idle)
     job = _launch(tmp_path, "pool", f"file://{tmp_path / 'store'}", "--until-switched", str(UNTIL_SWITCHED_S),
-                  "--rank0-eval", "20,24,28,36")
+                  "--rank0-eval", "20,24,28", "--eval-once-others-switched")
     zero, one = (job["metrics"][rank]["no_stall"] for rank in range(RANKS))
     taken = {e["key"] for e in _events(job, "compile", 1) if e.get("taken")}
     assert taken and one["pool_taken"] == len(taken), "rank 1's idle worker compiled none of rank 0's graphs"
