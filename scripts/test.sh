@@ -48,9 +48,13 @@ status_lint=0
 echo "== lint and types (ruff, mypy)"
 PYTHON=python3 bash scripts/lint.sh || status_lint=$?
 
-# each venv's bin first on PATH, as if activated: a test that starts an installed console script gets that venv's
 # each run's output is also kept in a log, so that the end of this command's output can name every failed test:
 # a CI that shows only the last lines of a long run otherwise shows which release failed but not which test
+failed_tests() {  # $1 the run's torch release, $2 its log: the short test summary's FAILED and ERROR lines
+  grep -h -E '^(FAILED|ERROR) ' "$2" | sed "s/^/torch $1: /" || true
+}
+
+# each venv's bin first on PATH, as if activated: a test that starts an installed console script gets that venv's
 status_2_15=0
 log_2_15=$(mktemp)
 echo "== torch 2.15.0 ($venv_2_15): all tests"
@@ -74,9 +78,9 @@ wait "$pid_2_14" || status_2_14=$?
 echo "== torch 2.14.1 ($venv_2_14): the tests marked internals"
 cat "$log_2_14"
 echo "== failed tests (the short test summaries' FAILED and ERROR lines; none when every run passed)"
-grep -h -E '^(FAILED|ERROR) ' "$log_2_15" | sed 's/^/torch 2.15.0: /' || true
-grep -h -E '^(FAILED|ERROR) ' "$log_2_14" | sed 's/^/torch 2.14.1: /' || true
-grep -h -E '^(FAILED|ERROR) ' "$log_2_13" | sed 's/^/torch 2.13.0: /' || true
+failed_tests 2.15.0 "$log_2_15"
+failed_tests 2.14.1 "$log_2_14"
+failed_tests 2.13.0 "$log_2_13"
 rm -rf "$log_2_15" "$log_2_14" "$log_2_13" "$temp_2_14" "$temp_2_13"
 echo "== exit status: lint and types $status_lint; pytest: torch 2.15.0 (all tests) $status_2_15," \
      "torch 2.14.1 (internals) $status_2_14, torch 2.13.0 (internals) $status_2_13"
